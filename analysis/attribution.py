@@ -1,0 +1,251 @@
+"""What was sent just before each drift event or crash — so the report can say what triggers it.
+
+For an event with an ``mm_hash`` (a drift / cache-miss log line) we look for requests that carried the same
+image (``image_hashes``) in the window before it. That only matches when ``mm_hash`` is in the same hash
+space as ``image_hashes``; vLLM's own mm_hash hashes the decoded image, so when no sent image matches we fall
+back to every request with images in the window, and say so (column ``match``). Crashes carry no mm_hash:
+their window runs from ``window_s`` before the last healthy moment to the detection.
+
+To tell a trigger from a bystander, each kind/case is compared with a background: the same windows placed
+before randomly chosen image requests of the same configuration. ``lift`` > 1 means the kind shows up before
+events more often than before any request.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from analysis.intervals import SEED
+from analysis.load import Campaign
+from analysis.stats import drift_events
+
+DEFAULT_WINDOW_S = 10.0
+SAME_IMAGE = "same image"
+WINDOW = "all images in window"
+NO_CASE = "—"
+BACKGROUND_SAMPLES = 500
+
+
+def attribute(c: Campaign, window_s: float = DEFAULT_WINDOW_S) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(per-event table, per-config summary). See the module docstring for the matching rules."""
+    events = _events(c, window_s)
+    index = _ImageIndex(c)
+    e_ids, rows, matched = index.pairs(events)
+    events["match"] = np.where(matched, SAME_IMAGE, WINDOW)
+    sent = index.sent(e_ids, rows)
+    return _per_event(events, sent), _summary(c, events, sent, index)
+
+
+def _events(c: Campaign, window_s: float) -> pd.DataFrame:
+    d = drift_events(c)
+    t = d["t"].to_numpy()
+    drift = pd.DataFrame({
+        "config": d["config"].astype(str).to_numpy(), "trial": d["trial"].to_numpy(), "event": "drift",
+        "signature": d["signature"].astype(str).to_numpy(), "t": t, "t_rel": d["t_rel"].to_numpy(),
+        "mm_hash": d["mm_hash"].astype(object).to_numpy(), "lo": t - window_s, "hi": t,
+    })
+    cr = c.crashes
+    t = cr["t_detected"].to_numpy(dtype=float)
+    start = np.fmin(cr["t_last_healthy"].to_numpy(dtype=float), t)  # fmin: a missing last-healthy is ignored
+    crash = pd.DataFrame({
+        "config": cr["config"].astype(str).to_numpy(), "trial": cr["trial"].to_numpy(), "event": "crash",
+        "signature": cr["signature"].astype(object).fillna("(unclassified)").astype(str).to_numpy(),
+        "t": t, "t_rel": cr["t_rel"].to_numpy(), "mm_hash": None, "lo": start - window_s, "hi": t,
+    })
+    ev = pd.concat([drift, crash], ignore_index=True)
+    ev["config"] = pd.Categorical(ev["config"], categories=c.configs)
+    ev = ev.sort_values(["config", "trial", "t"], ignore_index=True)
+    ev.insert(0, "event_id", np.arange(len(ev)))
+    return ev
+
+
+def _trial_code(config, trial, configs: list[str]) -> np.ndarray:
+    """One int per (config, trial); both sides use the campaign's config order, so codes agree."""
+    codes = pd.Categorical(np.asarray(config, dtype=object) if not isinstance(config, pd.Series) else config,
+                           categories=configs).codes
+    return codes.astype(np.int64) * (1 << 32) + np.asarray(trial, dtype=np.int64)
+
+
+class _ImageIndex:
+    """Requests that carried images, with their hashes exploded once (only if some event needs them)."""
+
+    def __init__(self, c: Campaign):
+        r = c.requests
+        img = r.loc[(r["n_images"] > 0) & r["image_hashes"].notna(),
+                    ["config", "trial", "t_start", "kind", "case", "image_hashes"]]
+        self.configs = c.configs
+        self.img = img
+        self.key = _trial_code(img["config"], img["trial"], c.configs)
+        self.t = img["t_start"].to_numpy()
+        self.kind = _Labels(img["kind"])
+        self.case = _Labels(img["case"])
+        self.config_code = pd.Categorical(img["config"], categories=c.configs).codes
+        self._hashes = self._by_trial = None
+
+    def hashes(self):
+        """(request position per hash, unique hashes, requests sorted by (trial, hash) and time)."""
+        if self._hashes is None:
+            # in Arrow: splitting and encoding 1M hash strings as Python objects would take seconds
+            split = pc.split_pattern(pa.chunked_array([pa.array(self.img["image_hashes"], pa.string())]), ",")
+            parent = pc.list_parent_indices(split).to_numpy()
+            enc = pc.dictionary_encode(pc.utf8_trim_whitespace(pc.list_flatten(split))).combine_chunks()
+            codes = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+            uniques = pd.Index(enc.dictionary.to_pylist(), dtype=object)
+            group = self.key[parent] * max(len(uniques), 1) + codes
+            self._hashes = parent, pd.Index(uniques), _Sorted(group, self.t[parent])
+        return self._hashes
+
+    def by_trial(self) -> _Sorted:
+        if self._by_trial is None:
+            self._by_trial = _Sorted(self.key, self.t)
+        return self._by_trial
+
+    def pairs(self, events: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(event positions, image-request positions, per-event "matched by image") for ``events``."""
+        ev_key = _trial_code(events["config"], events["trial"], self.configs)
+        lo, hi = events["lo"].to_numpy(dtype=float), events["hi"].to_numpy(dtype=float)
+        has_hash = events["mm_hash"].notna().to_numpy()
+        matched = np.zeros(len(events), dtype=bool)
+        out_e, out_r = [], []
+        if has_hash.any() and len(self.img):
+            parent, uniques, by_hash = self.hashes()
+            ev_codes = uniques.get_indexer(events["mm_hash"].astype(object).to_numpy())
+            sel = np.flatnonzero(has_hash & (ev_codes >= 0))
+            e, p = by_hash.join(ev_key[sel] * max(len(uniques), 1) + ev_codes[sel], lo[sel], hi[sel])
+            out_e.append(sel[e])
+            out_r.append(parent[p])
+            matched[sel[e]] = True
+        rest = np.flatnonzero(~matched)
+        e, p = self.by_trial().join(ev_key[rest], lo[rest], hi[rest])
+        out_e.append(rest[e])
+        out_r.append(p)
+        return np.concatenate(out_e), np.concatenate(out_r), matched
+
+    def sent(self, e_ids: np.ndarray, rows: np.ndarray) -> pd.DataFrame:
+        return pd.DataFrame({"event_id": e_ids, "kind": self.kind[rows], "case": self.case[rows],
+                             "t_start": self.t[rows]})
+
+
+class _Labels:
+    """A categorical column as codes, turned into text only for the rows asked for (700k strings are slow)."""
+
+    def __init__(self, col: pd.Series):
+        cat = col if isinstance(col.dtype, pd.CategoricalDtype) else col.astype("category")
+        self.codes = cat.cat.codes.to_numpy()
+        self.text = np.append(np.asarray(cat.cat.categories, dtype=object).astype(str), NO_CASE)  # code -1 -> last
+
+    def __getitem__(self, rows) -> np.ndarray:
+        return self.text[self.codes[rows]]
+
+
+class _Sorted:
+    """Requests sorted by (group, time), ready to answer "which rows of group g have lo <= t <= hi" for many
+    windows at once. Built once per kind of group key and reused (the sort is the expensive part)."""
+
+    def __init__(self, group, t):
+        group, t = np.asarray(group, np.int64), np.asarray(t, float)
+        self.order = np.lexsort((t, group))
+        self.right = pd.DataFrame({"g": group[self.order], "t": t[self.order],
+                                   "pos": np.arange(len(self.order))}).sort_values("t", kind="stable")
+
+    def join(self, ev_group, ev_lo, ev_hi) -> tuple[np.ndarray, np.ndarray]:
+        """All (event index, request index) with equal group and ev_lo <= t <= ev_hi.
+
+        Two as-of joins find, per event, the first and last request of its group inside the window (positions
+        in group-then-time order); the pairs are the ranges between them. No event × request product.
+        """
+        n_ev = len(ev_group)
+        if n_ev == 0 or len(self.order) == 0:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        ev = pd.DataFrame({"g": np.asarray(ev_group, np.int64), "lo": ev_lo, "hi": ev_hi, "eid": np.arange(n_ev)})
+        first = pd.merge_asof(ev.sort_values("lo").drop(columns="hi"), self.right.rename(columns={"t": "lo"}),
+                              on="lo", by="g", direction="forward")
+        last = pd.merge_asof(ev.sort_values("hi").drop(columns="lo"), self.right.rename(columns={"t": "hi"}),
+                             on="hi", by="g", direction="backward")
+        lo_pos = first.set_index("eid")["pos"].reindex(np.arange(n_ev)).to_numpy(dtype=float, na_value=np.nan)
+        hi_pos = last.set_index("eid")["pos"].reindex(np.arange(n_ev)).to_numpy(dtype=float, na_value=np.nan)
+        empty = np.isnan(lo_pos) | np.isnan(hi_pos) | (hi_pos < lo_pos)
+        counts = np.where(empty, 0, hi_pos - lo_pos + 1).astype(np.int64)
+        e_ids = np.repeat(np.arange(n_ev), counts)
+        offsets = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+        pos = np.repeat(np.nan_to_num(lo_pos).astype(np.int64), counts) + offsets
+        return e_ids, self.order[pos]
+
+
+def _label(kind, case) -> np.ndarray:
+    kind, case = np.asarray(kind, dtype=object), np.asarray(case, dtype=object)
+    return np.where(case != NO_CASE, kind + "/" + case, kind)
+
+
+def _per_event(events: pd.DataFrame, sent: pd.DataFrame) -> pd.DataFrame:
+    sent = sent.assign(label=_label(sent["kind"], sent["case"])).sort_values(["event_id", "t_start"])
+    g = sent.groupby("event_id")
+    per = pd.DataFrame({
+        "requests": g.size(),
+        "sent": g["label"].agg(lambda s: ", ".join(f"{k} ×{v}" for k, v in s.value_counts().items())),
+        "last_sent": g["label"].last(),
+        "last_t": g["t_start"].last(),
+    })
+    out = events.join(per, on="event_id")
+    out["requests"] = out["requests"].fillna(0).astype(int)
+    out["last_before_s"] = out["t"] - out.pop("last_t")
+    return out.drop(columns=["lo", "hi"])
+
+
+def _summary(c: Campaign, events: pd.DataFrame, sent: pd.DataFrame, index: _ImageIndex) -> pd.DataFrame:
+    """Per config × event type × kind/case: share of events whose window held it, the same share for random
+    windows (background) and their ratio (lift)."""
+    cols = ["config", "event", "kind", "case", "events_with", "events", "share_of_events", "background_share",
+            "lift", "requests", "match"]
+    if not len(events) or not len(sent):
+        return pd.DataFrame(columns=cols)
+    ev = events[["event_id", "config", "event"]].assign(config=events["config"].astype(str))
+    s = sent.merge(ev, on="event_id")
+    n_events = ev.groupby(["config", "event"]).size().rename("events")
+    g = s.groupby(["config", "event", "kind", "case"])
+    out = pd.DataFrame({"events_with": g["event_id"].nunique(), "requests": g.size()}).reset_index()
+    out = out.join(n_events, on=["config", "event"])
+    out["share_of_events"] = out["events_with"] / out["events"]
+    bg, modes = _background(events, index)
+    out = out.join(bg, on=["config", "event", "kind", "case"]).join(modes, on=["config", "event"])
+    out["background_share"] = out["background_share"].fillna(0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out["lift"] = out["share_of_events"] / out["background_share"]
+    out["config"] = pd.Categorical(out["config"].astype(str), categories=c.configs)
+    return out.sort_values(["config", "event", "lift", "share_of_events"], ascending=[True, True, False, False],
+                           ignore_index=True)[cols]
+
+
+def _background(events: pd.DataFrame, index: _ImageIndex) -> tuple[pd.Series, pd.Series]:
+    """Share of pseudo-events (random image requests, same window width and matching mode as the real events
+    of that config and type) whose window held each kind/case."""
+    rng = np.random.default_rng(SEED)
+    rows, modes = [], {}
+    for (cfg, etype), grp in events.groupby(["config", "event"], observed=True):
+        cand = np.flatnonzero(index.config_code == index.configs.index(str(cfg)))
+        if not len(cand):
+            continue
+        pick = rng.choice(cand, min(BACKGROUND_SAMPLES, len(cand)), replace=False)
+        width = float(np.nanmedian(grp["hi"] - grp["lo"]))
+        same = (grp["match"] == SAME_IMAGE).mean() >= 0.5
+        modes[(str(cfg), etype)] = SAME_IMAGE if same else WINDOW
+        t = index.t[pick]
+        first_hash = index.img["image_hashes"].to_numpy()[pick].astype(str)
+        pseudo = pd.DataFrame({
+            "config": str(cfg), "trial": index.img["trial"].to_numpy()[pick], "lo": t - width, "hi": t,
+            "mm_hash": [h.split(",")[0].strip() for h in first_hash] if same else None,
+        })
+        e, r, _ = index.pairs(pseudo)
+        seen = pd.DataFrame({"e": e, "kind": index.kind[r], "case": index.case[r]}).drop_duplicates()
+        share = seen.groupby(["kind", "case"]).size() / len(pick)
+        rows.append(share.rename("background_share").reset_index().assign(config=str(cfg), event=etype))
+    bg = pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(
+        columns=["kind", "case", "background_share", "config", "event"])
+    bg = bg.set_index(["config", "event", "kind", "case"])["background_share"]
+    mode = pd.Series(modes, name="match", dtype=object)
+    if len(mode):
+        mode.index = mode.index.set_names(["config", "event"])
+    return bg, mode

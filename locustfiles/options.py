@@ -1,0 +1,104 @@
+"""Every knob of the traffic, as data: registered as Locust custom arguments (so they appear, with their help,
+in the web UI's start form and work headless), and mapped from a campaign file's [workload] tables."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from payloads.requests import DEFAULT_INSTRUCTION
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str  # python name; the flag is --name-with-dashes
+    type: type
+    default: object
+    help: str
+    ui: bool = True  # shown in the web UI form
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+# Weights of each request kind (relative; 0 turns a kind off). Defaults: mostly valid image embeddings, some
+# text, and enough post-render failures and aborts on a hot image set to provoke drift within seconds.
+WEIGHTS = {
+    "valid_image": (50, "one image + text, chat form"),
+    "text": (12, "text only (input)"),
+    "multi_image": (8, "several images in one message"),
+    "batch": (5, "several inputs in one request"),
+    "tokenize": (3, "/tokenize of an image conversation (renders, never runs)"),
+    "malformed_pre": (5, "malformed request rejected before rendering (does not poison)"),
+    "malformed_post": (10, "malformed request rejected after rendering a pooled image (poisons P0)"),
+    "abort": (7, "valid image request abandoned by the client after --abort-after-ms"),
+}
+
+OPTIONS = [
+    *(Option(f"weight_{k}", int, w, f"weight of {h}") for k, (w, h) in WEIGHTS.items()),
+    Option("model", str, "", "model name for requests (empty: the first of /v1/models)"),
+    Option("instruction", str, DEFAULT_INSTRUCTION, "Qwen3-VL-Embedding instruction (system message); "
+           "empty for none"),
+    Option("pool_size", int, 48, "distinct images in the pool"),
+    Option("zipf", float, 1.1, "Zipf exponent of image popularity (0 = uniform; higher = hotter hot set)"),
+    Option("fresh_fraction", float, 0.1, "share of image draws that are never-repeated fresh images"),
+    Option("image_preset", str, "realistic", "generated pool preset: realistic (256-2048 px) or small"),
+    Option("max_side", int, 0, "cap on the long side of generated images in px (0 = the preset's)"),
+    Option("image_dir", str, "", "use your own images from this folder instead of generated ones"),
+    Option("image_seed", int, 0, "seed of the generated image pool"),
+    Option("multi_images", int, 3, "images per multi_image request"),
+    Option("batch_size", int, 4, "inputs per batch request"),
+    Option("base64_fraction", float, 0.1, "share of embedding requests asking encoding_format=base64"),
+    Option("abort_after_ms", int, 40, "the abort kind gives up (disconnects) after this many ms"),
+    Option("malformed_cases", str, "", "comma-separated malformed case names to use (empty: all)"),
+    Option("cases_file", str, "", "TOML file with extra malformed cases"),
+    Option("max_model_len", int, 4096, "the server's --max-model-len (for the over-length cases)"),
+    Option("request_timeout", float, 60.0, "seconds before a request counts as timed out"),
+    Option("refused_backoff_ms", int, 250, "a user waits this long after a request got no answer (server down)"),
+    Option("wait_ms", int, 0, "think time per user between requests, uniform in [0, wait_ms] ms"),
+    Option("seed", int, 1, "seed of each user's choices (kinds, images): runs are reproducible"),
+    Option("shape", str, "steady", "load shape: steady, ramp, spike or soak"),
+    Option("max_requests", int, 0, "stop after this many requests per Locust process (0: only the run time)"),
+    Option("results_dir", str, "", "where rows go (empty: results/adhoc/<time>)"),
+    Option("run_id", str, "", "id stamped on every row (empty: generated)", ui=False),
+    Option("config_name", str, "adhoc", "configuration name stamped on every row", ui=False),
+    Option("trial", int, 0, "trial number stamped on every row", ui=False),
+    Option("health_interval", float, 0.25, "seconds between /health polls"),
+    Option("metrics_interval", float, 1.0, "seconds between /metrics scrapes"),
+    Option("no_watch", bool, False, "do not poll /health and /metrics"),
+]
+BY_NAME = {o.name: o for o in OPTIONS}
+HARNESS_OWNED = {"model", "seed", "shape", "max_requests", "results_dir", "run_id", "config_name", "trial"}
+
+
+def register(parser) -> None:
+    for o in OPTIONS:
+        if o.type is bool:
+            parser.add_argument(o.flag, action="store_true", default=o.default, help=o.help,
+                                include_in_web_ui=o.ui)
+        else:
+            parser.add_argument(o.flag, type=o.type, default=o.default, help=o.help, include_in_web_ui=o.ui)
+
+
+class OptionError(ValueError):
+    pass
+
+
+def to_argv(mix: dict, options: dict) -> list[str]:
+    """Campaign [workload.mix] (kind = weight) and [workload.options] (name = value) as Locust arguments."""
+    argv = []
+    for kind, weight in mix.items():
+        if kind not in WEIGHTS:
+            raise OptionError(f"unknown kind '{kind}' in [workload.mix]; kinds: {', '.join(WEIGHTS)}")
+        argv += [BY_NAME[f"weight_{kind}"].flag, str(weight)]
+    for name, value in options.items():
+        o = BY_NAME.get(name)
+        if o is None or name in HARNESS_OWNED or name.startswith("weight_"):
+            raise OptionError(f"unknown option '{name}' in [workload.options]; options: "
+                              + ", ".join(n for n in BY_NAME if n not in HARNESS_OWNED and not n.startswith("weight_")))
+        if o.type is bool:
+            if value:
+                argv.append(o.flag)
+        else:
+            argv += [o.flag, str(value)]
+    return argv

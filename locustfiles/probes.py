@@ -1,0 +1,76 @@
+"""Deterministic probes: named sequences that each use a never-seen image, step by step, every step a row.
+
+    locust -f locustfiles/probes.py --host http://127.0.0.1:8000 --headless -u 1 -t 30s
+
+Sequences (``--probe-sequences``, comma-separated; default all, in turn):
+  poison_reuse    a request that fails after rendering the image (400), then a valid one with that image
+  tokenize_reuse  /tokenize of the image (renders, never runs), then a valid request with it
+  abort_reuse     a valid request abandoned by the client, then a valid request with the same image
+A 503 on the reuse step (a retryable cache miss) is retried once, as a client would.
+Rows: kind "probe", probe = the sequence, case = the step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from locust import constant, events, task
+
+from locustfiles import common  # noqa: F401  (registers the shared options, recorder and watchers)
+from locustfiles.base import ChaosUser
+from payloads import images, malformed
+from payloads import requests as build
+
+SEQUENCES = ("poison_reuse", "tokenize_reuse", "abort_reuse")
+POISON_CASE = "dimensions_unsupported"  # the report's measured post-render 400
+
+
+@events.init_command_line_parser.add_listener
+def _options(parser):
+    parser.add_argument("--probe-sequences", type=str, default=",".join(SEQUENCES),
+                        help=f"comma-separated probe sequences: {', '.join(SEQUENCES)}")
+
+
+def _as_probe(req: build.BuiltRequest, step: str, expected: int | None = None) -> build.BuiltRequest:
+    return req._replace(meta=replace(req.meta, kind="probe", case=step, expected_status=expected))
+
+
+class ProbeUser(ChaosUser):
+    wait_time = constant(0)
+
+    def on_start(self):
+        o = self.environment.parsed_options
+        names = [s.strip() for s in o.probe_sequences.split(",") if s.strip()]
+        unknown = set(names) - set(SEQUENCES)
+        if unknown or not names:
+            raise ValueError(f"unknown probe sequence(s) {sorted(unknown)}; known: {', '.join(SEQUENCES)}")
+        self.sequences = names
+        self.pool = images.shared_pool(n=8, seed=o.image_seed, preset="small")
+        self.poison = malformed.load_cases()[POISON_CASE]
+        self.n = 0
+
+    def _fresh(self):
+        self.n += 1
+        return self.pool.fresh(self.n % len(self.pool), f"probe-{self.worker_index}-{self.user_id}-{self.n}")
+
+    def _reuse(self, seq: str, image, model: str, ins) -> None:
+        valid = _as_probe(build.image_request(model, image, "probe", instruction=ins), "reuse")
+        status, _ = self.send(valid, probe=seq)
+        if status == 503:
+            self.send(_as_probe(valid, "retry"), probe=seq)
+
+    @task
+    def run_sequence(self):
+        o = self.environment.parsed_options
+        seq = self.sequences[self.n % len(self.sequences)]
+        image, model, ins = self._fresh(), o.model, o.instruction or None
+        if seq == "poison_reuse":
+            req = malformed.build_malformed_request(self.poison, image, model, instruction=ins)
+            self.send(_as_probe(req, "poison", self.poison.expected_status), probe=seq)
+        elif seq == "tokenize_reuse":
+            self.send(_as_probe(build.tokenize_request(model, image, "probe", instruction=ins), "tokenize"),
+                      probe=seq)
+        else:
+            req = build.image_request(model, image, "probe", instruction=ins)
+            self.send(_as_probe(req, "abort"), abort=True, probe=seq)
+        self._reuse(seq, image, model, ins)

@@ -1,0 +1,126 @@
+"""The per-request recorder: exactly one REQUESTS row for every request Locust reports, whatever happened to it.
+
+It listens to Locust's request event (fired once per request by FastHttpSession, success or failure), so it
+counts what Locust counts. Rows are flushed to Parquet parts every second (mmchaos.tables.PartWriter).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import gevent
+
+from mmchaos import schema
+from mmchaos.tables import PartWriter, process_tag, table_dir
+
+_TIMEOUTS = (socket.timeout, TimeoutError, gevent.Timeout)
+ERROR_CHARS = 200
+
+
+class StoppedByLocust(Exception):
+    """A request still in flight when Locust stopped its user: the client gave up on it."""
+
+
+def _status(response) -> int | None:
+    code = getattr(response, "status_code", None)
+    return code if code else None  # FastHttp reports 0 when no HTTP answer arrived
+
+
+def _error_text(response, exception, status: int | None) -> str | None:
+    if status is not None and 200 <= status < 300:
+        return None
+    if status is not None:
+        try:
+            body = response.text or ""
+        except Exception:  # a body that cannot be read is no reason to lose the row
+            body = ""
+        try:
+            msg = json.loads(body).get("error", {})
+            body = msg.get("message", body) if isinstance(msg, dict) else str(msg)
+        except (ValueError, AttributeError):
+            pass
+        return (body or f"HTTP {status}")[:ERROR_CHARS]
+    return f"{type(exception).__name__}: {exception}"[:ERROR_CHARS] if exception else None
+
+
+def _root_cause(exception):
+    """geventhttpclient wraps the socket error of a failed attempt as ``.original``: unwrap it."""
+    seen = 0
+    while getattr(exception, "original", None) is not None and seen < 5:
+        exception, seen = exception.original, seen + 1
+    return exception
+
+
+def outcome_of(status: int | None, exception, aborting: bool) -> str:
+    if status is not None:
+        return schema.OK if 200 <= status < 300 else schema.HTTP_ERROR
+    if isinstance(exception, StoppedByLocust):
+        return schema.ABORTED
+    exception = _root_cause(exception)
+    if isinstance(exception, _TIMEOUTS) or "timed out" in str(exception).lower():
+        return schema.ABORTED if aborting else schema.TIMEOUT
+    return schema.CONNECTION_ERROR
+
+
+class Recorder:
+    """Attach to a Locust environment; writes ``<out_dir>/requests/part-*.parquet``."""
+
+    def __init__(self, environment, out_dir, run_id: str, config: str, trial: int, interval: float = 1.0):
+        self.writer = PartWriter(table_dir(out_dir, "requests"), schema.REQUESTS)
+        self.run_id, self.config, self.trial = run_id, config, trial
+        self.worker = process_tag()
+        self.interval = interval
+        self.rows_seen = 0
+        self.environment = environment
+        environment.events.request.add_listener(self.on_request)
+        self._loop = gevent.spawn(self._flush_loop)
+
+    def on_request(self, request_type, name, response_time, response_length, response=None, context=None,
+                   exception=None, start_time=None, url=None, **_):
+        ctx = context or {}
+        status = _status(response)
+        # marking a request a success in Locust (catch_response) clears its exception; the cause stays on it
+        exception = exception or getattr(response, "error", None)
+        kind = ctx.get("kind")
+        self.rows_seen += 1
+        self.writer.add(
+            {
+                "run_id": self.run_id,
+                "config": self.config,
+                "trial": self.trial,
+                "worker": self.worker,
+                "user_id": ctx.get("user_id"),
+                "seq": ctx.get("seq"),
+                "kind": kind or "other",
+                "case": ctx.get("case"),
+                "probe": ctx.get("probe"),
+                "expected_status": ctx.get("expected_status"),
+                "endpoint": ctx.get("endpoint") or name,
+                "t_start": start_time,
+                "latency_ms": response_time,
+                "status": status,
+                "outcome": outcome_of(status, exception, bool(ctx.get("abort"))),
+                "error": _error_text(response, exception, status),
+                "n_images": ctx.get("n_images", 0),
+                "image_ids": ctx.get("image_ids"),
+                "image_hashes": ctx.get("image_hashes"),
+                "request_bytes": ctx.get("request_bytes"),
+                "response_bytes": response_length,
+            }
+        )
+
+    def _flush_loop(self) -> None:
+        while True:
+            gevent.sleep(self.interval)  # the flush period: bounds what a crash can lose
+            self.flush()
+
+    def flush(self) -> int:
+        # in the hub's thread on purpose: a few ms a second, and native threads under gevent's monkey-patching
+        # deadlock on patched locks (seen: pyarrow's first use from a threadpool thread)
+        return self.writer.flush()
+
+    def close(self) -> None:
+        self.environment.events.request.remove_listener(self.on_request)
+        self._loop.kill()
+        self.writer.flush()

@@ -1,0 +1,121 @@
+"""What one user sends next: a kind drawn by weight, images drawn by the reuse model, a request built for it.
+
+Kept apart from the Locust classes so the mix is testable without a server. Each user has its own numpy
+Generator seeded from (seed, worker index, user id): a run's sequence of requests is reproducible. (Locust's
+own task weighting draws from the global `random`, which cannot be seeded per user.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from locustfiles.options import WEIGHTS
+from payloads import images as image_pool
+from payloads import malformed
+from payloads import requests as build
+from payloads.reuse import ReuseModel
+
+KINDS = tuple(WEIGHTS)
+TEXTS = (
+    "a photo of a city street at dusk",
+    "product shot on a white background",
+    "screenshot of a settings page",
+    "a hand-drawn diagram with labels",
+    "two people talking in a kitchen",
+    "scanned receipt, slightly rotated",
+    "aerial view of farmland",
+    "close-up of a circuit board",
+)
+
+
+class TrafficConfigError(ValueError):
+    pass
+
+
+class Traffic:
+    """Process-wide, shared by all users: the pool, the reuse model, the catalogue and the weights."""
+
+    def __init__(self, o):
+        self.o = o
+        weights = np.array([max(0, getattr(o, f"weight_{k}")) for k in KINDS], dtype=float)
+        if weights.sum() <= 0:
+            raise TrafficConfigError("all request weights are 0: give at least one kind a weight")
+        self.p = weights / weights.sum()
+        if o.image_dir:
+            self.pool = image_pool.shared_pool(o.image_dir)
+        else:
+            kw = {"n": o.pool_size, "seed": o.image_seed, "preset": o.image_preset}
+            if o.max_side:
+                kw["max_side"] = o.max_side
+            self.pool = image_pool.shared_pool(**kw)
+        self.reuse = ReuseModel(len(self.pool), o.zipf, o.fresh_fraction)
+        catalogue = malformed.load_cases(*([o.cases_file] if o.cases_file else []))
+        usable = catalogue.usable(o.max_model_len)
+        if o.malformed_cases:
+            names = [n.strip() for n in o.malformed_cases.split(",") if n.strip()]
+            unknown = [n for n in names if n not in catalogue]
+            if unknown:
+                raise TrafficConfigError(f"unknown malformed case(s) {unknown}; known: {', '.join(catalogue)}")
+            usable = [c for c in usable if c.name in names]
+        self.cases = {
+            "malformed_pre": [c for c in usable if not c.poisons],
+            "malformed_post": [c for c in usable if c.poisons and c.carries_image],
+        }
+        for kind in self.cases:
+            if self.p[KINDS.index(kind)] > 0 and not self.cases[kind]:
+                raise TrafficConfigError(f"{kind} has weight but no malformed case of that stage is selected")
+        self.instruction = o.instruction or None
+
+
+class UserTraffic:
+    """One user's stream of requests."""
+
+    def __init__(self, traffic: Traffic, seed: int, worker_index: int, user_id: int, model: str):
+        self.t = traffic
+        ss = np.random.SeedSequence([seed, worker_index, user_id])
+        self.rng = np.random.default_rng(ss)
+        self.sampler = traffic.reuse.sampler(ss.spawn(1)[0])
+        self.model = model
+        self.user_id = user_id
+        self.worker_index = worker_index
+        self.fresh_n = 0
+
+    def image(self):
+        d = self.sampler.draw()
+        if d.fresh:
+            self.fresh_n += 1  # unique per user and worker: fresh images never repeat across the run
+            return self.t.pool.fresh(d.index, f"{self.worker_index}-{self.user_id}-{self.fresh_n}")
+        return self.t.pool[d.index]
+
+    def _format(self) -> str:
+        return "base64" if self.rng.random() < self.t.o.base64_fraction else "float"
+
+    def _text(self) -> str:
+        return TEXTS[int(self.rng.integers(len(TEXTS)))]
+
+    def next_kind(self) -> str:
+        return KINDS[int(self.rng.choice(len(KINDS), p=self.t.p))]
+
+    def build(self, kind: str) -> build.BuiltRequest:
+        o, ins = self.t.o, self.t.instruction
+        if kind in ("valid_image", "abort"):
+            req = build.image_request(self.model, self.image(), self._text(), instruction=ins,
+                                      encoding_format=self._format())
+            return req if kind == "valid_image" else req._replace(meta=replace(req.meta, kind="abort"))
+        if kind == "text":
+            return build.text_request(self.model, self._text(), encoding_format=self._format())
+        if kind == "multi_image":
+            ims = [self.image() for _ in range(max(2, o.multi_images))]
+            return build.multi_image_request(self.model, ims, self._text(), instruction=ins,
+                                             encoding_format=self._format())
+        if kind == "batch":
+            inputs = [build.EmbedInput(images=(self.image(),), text=self._text()) for _ in range(max(1, o.batch_size))]
+            return build.batch_request(self.model, inputs, instruction=ins, encoding_format=self._format())
+        if kind == "tokenize":
+            return build.tokenize_request(self.model, self.image(), self._text(), instruction=ins)
+        cases = self.t.cases[kind]
+        case = cases[int(self.rng.integers(len(cases)))]
+        return malformed.build_malformed_request(case, self.image(), self.model, max_model_len=o.max_model_len,
+                                                 instruction=ins)

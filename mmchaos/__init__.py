@@ -1,0 +1,1 @@
+"""mmchaos: load and chaos testing for vLLM multimodal embedding servers."""

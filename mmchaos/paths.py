@@ -1,0 +1,30 @@
+"""Where mmchaos keeps things on disk. Everything lives under the project unless MMCHAOS_HOME says otherwise."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def home() -> Path:
+    """The cache folder: engines, the tiny model, vLLM's compile cache. Git-ignored."""
+    return Path(os.environ.get("MMCHAOS_HOME") or PROJECT_ROOT / ".mmchaos").resolve()
+
+
+def engines_dir() -> Path:
+    return home() / "engines"
+
+
+def default_model_dir() -> Path:
+    return home() / "models" / "qwen3vl-embed-tiny"
+
+
+def vllm_cache_root() -> Path:
+    # kept between server starts: the first start compiles (~60 s), later ones reuse it (~35 s)
+    return home() / "vllm-cache"
+
+
+def results_dir() -> Path:
+    return Path(os.environ.get("MMCHAOS_RESULTS") or PROJECT_ROOT / "results").resolve()

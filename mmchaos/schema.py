@@ -1,0 +1,131 @@
+"""The one definition of every table mmchaos writes and reads.
+
+Writers (the Locust recorder, the watchers, the campaign runner) and readers (analysis) import from here;
+nobody else spells a column name or a file name.
+
+Layout of one trial (``results/<campaign>/<config>/<trial>/``). Every table is a folder of Parquet parts,
+written incrementally (see tables.py) so a crash of anything loses at most a second of rows::
+
+    requests/part-*.parquet     one row per request sent (REQUESTS)
+    health/part-*.parquet       /health polls (HEALTH)
+    metrics/part-*.parquet      Prometheus samples (METRICS)
+    log_events/part-*.parquet   classified server-log lines (LOG_EVENTS)
+    crashes/part-*.parquet      crash events (CRASHES)
+    server.log                  the server's combined stdout/stderr
+    manifest.json               what was run (versions, flags, workload, seeds, git revision, machine)
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+# Outcomes of one request. Exactly one per row.
+OK = "ok"  # 2xx
+HTTP_ERROR = "http_error"  # the server answered with a non-2xx status
+TIMEOUT = "timeout"  # no answer within the request's timeout (not asked for)
+CONNECTION_ERROR = "connection_error"  # refused / reset / closed before an answer
+ABORTED = "aborted"  # the client gave up on purpose (abort kind: short timeout, then disconnect)
+OUTCOMES = (OK, HTTP_ERROR, TIMEOUT, CONNECTION_ERROR, ABORTED)
+
+# Request kinds sent by the realistic mix and the probes.
+KINDS = (
+    "valid_image",
+    "text",
+    "multi_image",
+    "batch",
+    "tokenize",
+    "malformed_pre",
+    "malformed_post",
+    "abort",
+    "probe",
+)
+
+REQUESTS = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("config", pa.string()),
+        ("trial", pa.int32()),
+        ("worker", pa.string()),  # host:pid of the Locust process that sent it
+        ("user_id", pa.int32()),
+        ("seq", pa.int64()),  # per-user sequence number
+        ("kind", pa.string()),
+        ("case", pa.string()),  # malformed case name or probe step name; null otherwise
+        ("probe", pa.string()),  # probe sequence name; null outside probes
+        ("expected_status", pa.int32()),  # null when any 2xx is expected
+        ("endpoint", pa.string()),
+        ("t_start", pa.float64()),  # epoch seconds
+        ("latency_ms", pa.float64()),
+        ("status", pa.int32()),  # null when no HTTP status was received
+        ("outcome", pa.string()),
+        ("error", pa.string()),  # short text, null on success
+        ("n_images", pa.int16()),
+        ("image_ids", pa.string()),  # comma-separated pool ids
+        ("image_hashes", pa.string()),  # comma-separated content hashes (sha256[:16] of the encoded bytes)
+        ("request_bytes", pa.int64()),
+        ("response_bytes", pa.int64()),
+    ]
+)
+
+HEALTH = pa.schema(
+    [
+        ("t", pa.float64()),
+        ("ok", pa.bool_()),
+        ("status", pa.int32()),
+        ("latency_ms", pa.float64()),
+        ("error", pa.string()),
+    ]
+)
+
+METRICS = pa.schema(
+    [
+        ("t", pa.float64()),
+        ("name", pa.string()),  # sample name as exposed (e.g. vllm:mm_cache_hits_total)
+        ("labels", pa.string()),  # JSON object, sorted keys
+        ("value", pa.float64()),
+    ]
+)
+
+LOG_EVENTS = pa.schema(
+    [
+        ("t", pa.float64()),  # when the line was read (epoch seconds)
+        ("signature", pa.string()),  # name from the signature table
+        ("fatal", pa.bool_()),  # the signature, when seen, means the server is going down
+        ("mm_hash", pa.string()),
+        ("line", pa.string()),
+    ]
+)
+
+CRASHES = pa.schema(
+    [
+        ("t_detected", pa.float64()),
+        ("t_last_healthy", pa.float64()),
+        ("reason", pa.string()),  # process_exit | health_failed | hang
+        ("signature", pa.string()),
+        ("exit_code", pa.int32()),
+        ("in_flight", pa.int32()),  # requests sent and not yet answered at detection
+        ("restart", pa.int32()),  # 0 for the first server of a trial, 1 after the first restart, ...
+    ]
+)
+
+TABLES = {
+    "requests": REQUESTS,
+    "health": HEALTH,
+    "metrics": METRICS,
+    "log_events": LOG_EVENTS,
+    "crashes": CRASHES,
+}
+# Names inside a trial folder: each table's folder of parts, the server log, the manifest.
+TABLE_DIRS = {name: name for name in TABLES}
+REQUESTS_DIR = TABLE_DIRS["requests"]
+SERVER_LOG = "server.log"
+MANIFEST = "manifest.json"
+CAMPAIGN_MANIFEST = "campaign.json"
+
+
+def empty_table(schema: pa.Schema) -> pa.Table:
+    return schema.empty_table()
+
+
+def table_from_rows(rows: list[dict], schema: pa.Schema) -> pa.Table:
+    """Rows (dicts keyed by column) to a table with exactly ``schema``; missing keys become null."""
+    return pa.Table.from_pylist([{name: r.get(name) for name in schema.names} for r in rows], schema=schema)

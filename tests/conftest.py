@@ -1,0 +1,54 @@
+"""Shared fixtures: real vLLM servers (engine-marked tests) and the stand-in server (plumbing tests)."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import engines
+from harness.server import Server, Target
+from mmchaos import paths
+
+TESTS = Path(__file__).resolve().parent
+REPORT_VERSION = "0.30.0"  # the version of the original report
+FIXED_VERSION = "0.32.0"  # cache miss made retryable
+
+
+@contextlib.contextmanager
+def vllm_server(version: str, flags: list[str], log: Path, timeout: float = 420):
+    """A real vLLM server on the tiny model; fails (never skips) when the engine or model is missing."""
+    try:
+        engines.require(version)
+    except engines.EngineError as e:
+        pytest.fail(f"{e} (or run `make test`, which installs them)")
+    if not (paths.default_model_dir() / "config.json").is_file():
+        pytest.fail("the tiny model is not built: run `mmchaos model build` (or `make test`)")
+    server = Server(Target(mode="engine", engine=version, flags=flags), log)
+    server.start()
+    try:
+        server.wait_healthy(timeout)
+        yield server
+    finally:
+        server.stop()
+        assert not server.group_pids(), "server processes left behind"
+
+
+@contextlib.contextmanager
+def standin_server(log: Path, *args: str):
+    cmd = f"{sys.executable} {TESTS / 'standin_server.py'} --port {{port}} " + " ".join(args)
+    server = Server(Target(mode="command", command=cmd), log)
+    server.start()
+    try:
+        server.wait_healthy(30, interval=0.05)
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def standin(tmp_path):
+    with standin_server(tmp_path / "standin.log") as s:
+        yield s

@@ -1,0 +1,38 @@
+"""Run Locust as users do (the CLI, headless), for tests: bounded in time, its own process group."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from mmchaos.tables import read_table
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def locust(locustfile: str, host: str, out: Path, *args: str, users: int = 4, seconds: int = 4,
+           timeout: float = 120) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "locust", "-f", str(ROOT / locustfile), "--headless", "-u", str(users),
+           "-r", str(users), "-t", f"{seconds}s", "--host", host, "--only-summary", "--json-file", str(out / "locust"),
+           "--results-dir", str(out), "--image-preset", "small", "--pool-size", "16", *args]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                         start_new_session=True)
+    try:
+        stdout, _ = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        stdout, _ = p.communicate()
+    return subprocess.CompletedProcess(cmd, p.returncode, stdout, "")
+
+
+def locust_request_count(out: Path) -> int:
+    """Locust's own final count of requests (its --json-file stats, written at shutdown)."""
+    return sum(e["num_requests"] for e in json.loads((out / "locust.json").read_text()))
+
+
+def rows(out: Path):
+    return read_table(out, "requests").to_pandas()

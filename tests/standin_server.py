@@ -1,0 +1,111 @@
+"""A small stand-in for a vLLM embedding server, for plumbing tests only (not a product target).
+
+Answers /health, /v1/models, /v1/embeddings, /tokenize and /metrics. ``--die-after N`` makes the process print
+the report's crash lines and exit after N embedding requests, so crash detection can be tested without vLLM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+
+REGISTRY = CollectorRegistry()
+REQUESTS = Counter("standin_requests", "requests", ["handler", "status"], registry=REGISTRY)
+DIM = 64
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+    wbufsize = 1 << 16  # headers and body leave in one write
+    opts: argparse.Namespace
+    count = 0
+    lock = threading.Lock()
+
+    def log_message(self, *args):  # keep the log for our own lines
+        pass
+
+    def _send(self, status: int, body: dict | str, ctype: str = "application/json") -> None:
+        data = (json.dumps(body) if isinstance(body, dict) else body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+        REQUESTS.labels(self.path, str(status)).inc()
+
+    def do_GET(self):
+        if self.path == "/health":
+            self._send(503 if self.opts.unhealthy else 200, "" if not self.opts.unhealthy else "unhealthy", "text/plain")
+        elif self.path == "/v1/models":
+            self._send(200, {"object": "list", "data": [{"id": "standin", "object": "model"}]})
+        elif self.path == "/metrics":
+            self._send(200, generate_latest(REGISTRY).decode(), "text/plain; version=0.0.4")
+        else:
+            self._send(404, {"error": "not found"})
+
+    def do_POST(self):
+        n = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(n)
+        if self.opts.api_key and self.headers.get("Authorization") != f"Bearer {self.opts.api_key}":
+            return self._send(401, {"error": {"message": "Unauthorized", "code": 401}})
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            return self._send(400, {"error": {"message": "bad json", "code": 400}})
+        if self.opts.delay_ms:
+            time.sleep(self.opts.delay_ms / 1000)  # emulated service time
+        if self.path == "/tokenize":
+            return self._send(200, {"count": 8, "max_model_len": 4096, "tokens": list(range(8))})
+        if self.path != "/v1/embeddings":
+            return self._send(404, {"error": "not found"})
+        with self.lock:
+            Handler.count += 1
+            count = Handler.count
+        if self.opts.die_after and count > self.opts.die_after:
+            print("WARNING [core.py:1868] Multi-modal cache miss for request embd-x (mm_hashes=['ab12cd34ef']): "
+                  "P0/P1 cache drift; returning a retryable response so the items are resent with data.", flush=True)
+            print("    assert req_state.detokenizer is not None\nAssertionError", flush=True)
+            os._exit(1)
+        if not isinstance(body, dict) or ("input" not in body and "messages" not in body):
+            return self._send(400, {"error": {"message": "input or messages required", "code": 400}})
+        if "dimensions" in body:
+            msg = self.opts.error_text or "Model does not support matryoshka representation"
+            return self._send(400, {"error": {"message": msg, "code": 400}})
+        if body.get("encoding_format", "float") not in ("float", "base64"):
+            return self._send(400, {"error": {"message": "bad encoding_format", "code": 400}})
+        n_inputs = len(body["input"]) if isinstance(body.get("input"), list) else 1
+        data = [{"index": i, "object": "embedding", "embedding": [0.125] * DIM} for i in range(n_inputs)]
+        self._send(200, {"object": "list", "data": data, "model": "standin"})
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--die-after", type=int, default=0)
+    p.add_argument("--delay-ms", type=float, default=0)
+    p.add_argument("--unhealthy", action="store_true")
+    p.add_argument("--api-key", default=os.environ.get("STANDIN_API_KEY"))
+    p.add_argument("--error-text", default="", help="message of 400 answers (to test escaping)")
+    opts = p.parse_args()
+    Handler.opts = opts
+    srv = ThreadingHTTPServer((opts.host, opts.port), Handler)
+    srv.daemon_threads = True
+    print(f"standin listening on {opts.host}:{opts.port}", flush=True)
+    try:
+        srv.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

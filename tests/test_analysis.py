@@ -1,0 +1,377 @@
+"""analysis/: statistics checked against answers worked out by hand, loading of incomplete trials, the report
+end to end (self-contained, escaped), and the command line's bad-input behaviour."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from analysis import intervals as I
+from analysis import report, stats
+from analysis.attribution import SAME_IMAGE, WINDOW, attribute
+from analysis.load import LoadError, load_campaign
+from analysis.survival import first_crash_durations, kaplan_meier, median_survival
+from analysis.synthetic import SyntheticConfig, make_campaign
+from analysis.verdict import verdicts
+from mmchaos import schema as S
+from mmchaos.tables import table_dir
+
+ROOT = Path(__file__).resolve().parent.parent
+T0 = 1_700_000_000.0
+
+
+# --- building small results by hand --------------------------------------------------------------------
+
+
+def write_trial(camp: Path, config: str, trial: int, *, requests=(), health=(), metrics=(), log_events=(),
+                crashes=(), manifest: dict | None = None, server_log: str | None = "INFO up\n") -> Path:
+    folder = camp / config / f"t{trial:03d}"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, rows in (("requests", requests), ("health", health), ("metrics", metrics),
+                       ("log_events", log_events), ("crashes", crashes)):
+        if rows:
+            d = table_dir(folder, name)
+            d.mkdir(parents=True, exist_ok=True)
+            pq.write_table(S.table_from_rows(list(rows), S.TABLES[name]), d / "part-test-000000.parquet")
+    if manifest is not None:
+        m = {"campaign": camp.name, "config": config, "trial": trial, "engine": "0.30.0", "flags": [], "env": {},
+             "target": "engine", "workload": {"users": 1}, "t_start": T0, "t_end": T0 + 1800, "status": "completed",
+             "git_rev": "abc", "machine": "test"}
+        m.update(manifest)
+        (folder / S.MANIFEST).write_text(json.dumps(m))
+    if server_log is not None:
+        (folder / S.SERVER_LOG).write_text(server_log)
+    return folder
+
+
+def req(t, kind="valid_image", outcome=S.OK, status=200, hashes="h1", case=None, expected=None, latency=100.0):
+    n_images = 0 if hashes is None else len(hashes.split(","))
+    return {"t_start": T0 + t, "kind": kind, "outcome": outcome, "status": status, "image_hashes": hashes,
+            "n_images": n_images, "case": case, "expected_status": expected, "latency_ms": latency}
+
+
+def health(ts, ok=True):
+    return [{"t": T0 + t, "ok": ok, "status": 200 if ok else None} for t in ts]
+
+
+# --- intervals -----------------------------------------------------------------------------------------
+
+
+def test_poisson_exact_interval():
+    # 3 crashes in 10,000 requests, per 1,000: 0.3.  Garwood: lower = chi2(0.025; 2k=6)/2 = 1.2373/2 = 0.61867,
+    # upper = chi2(0.975; 2k+2=8)/2 = 17.5345/2 = 8.76727 events -> per 1,000 of 10,000 requests: x 0.1.
+    est, lo, hi = I.poisson_rate_ci(3, 10_000, 1000)
+    assert est == pytest.approx(0.3)
+    assert lo == pytest.approx(0.061867, abs=1e-5)
+    assert hi == pytest.approx(0.876727, abs=1e-5)
+    # 0 events: lower 0, upper chi2(0.975; 2)/2 = -ln(0.025) = 3.68888
+    est, lo, hi = I.poisson_rate_ci(0, 1.0)
+    assert (est, lo) == (0, 0)
+    assert hi == pytest.approx(3.68888, abs=1e-5)
+
+
+def test_wilson_interval():
+    # 3 of 10, z = 1.959964: centre = (0.3 + z²/20) / (1 + z²/10) = 0.49207/1.38415 = 0.35551,
+    # half = z * sqrt(0.3*0.7/10 + z²/400) / 1.38415 = 1.959964 * 0.174940 / 1.38415 = 0.24772
+    p, lo, hi = I.wilson_ci(3, 10)
+    assert p == 0.3
+    assert lo == pytest.approx(0.35551 - 0.24772, abs=1e-4)  # 0.1078
+    assert hi == pytest.approx(0.35551 + 0.24772, abs=1e-4)  # 0.6032
+    assert all(np.isnan(I.wilson_ci(0, 0)))
+
+
+def test_percentiles_tiny_set():
+    # linear interpolation on [10, 20, 30, 40, 100]: h = 4q; p50: h=2 -> 30; p90: h=3.6 -> 40 + 0.6*60 = 76;
+    # p95: h=3.8 -> 88; p99: h=3.96 -> 97.6
+    est, lo, hi, _ = I.bootstrap_quantiles([40, 10, 100, 30, 20], stats.QUANTILES)
+    assert est == pytest.approx([30, 76, 88, 97.6])
+    assert np.all(lo <= est) and np.all(est <= hi)
+    assert np.all(lo >= 10) and np.all(hi <= 100)
+
+
+def test_bootstrap_shortcut_matches_resampling():
+    # the Beta order-statistic draw must give the same interval as resampling the data
+    x = np.random.default_rng(1).lognormal(4.0, 0.6, 300)
+    qs = [0.5, 0.95]
+    _, lo, hi, _ = I.bootstrap_quantiles(x, qs, n_boot=20_000)
+    res = np.quantile(x[np.random.default_rng(2).integers(0, len(x), (20_000, len(x)))], qs, axis=1)
+    lo_ref, hi_ref = np.quantile(res, [0.025, 0.975], axis=1)
+    assert lo == pytest.approx(lo_ref, rel=0.03)
+    assert hi == pytest.approx(hi_ref, rel=0.03)
+
+
+# --- survival ------------------------------------------------------------------------------------------
+
+
+def test_kaplan_meier_with_censoring():
+    # 5 trials: crash at 100, ended without crash at 200, crash at 300, ended at 300, crash at 500.
+    # t=100: 5 at risk, 1 crash -> S = 4/5 = 0.8;  (200 censored leaves 3 at risk)
+    # t=300: 3 at risk, 1 crash -> S = 0.8 * 2/3 = 0.5333 (the censored one at 300 counts as at risk)
+    # t=500: 1 at risk, 1 crash -> S = 0.  Median: first t with S <= 0.5 -> 500.
+    km = kaplan_meier([100, 200, 300, 300, 500], [True, False, True, False, True])
+    s = km.set_index("t")["survival"]
+    assert s[0] == 1.0 and s[100] == pytest.approx(0.8) and s[200] == pytest.approx(0.8)
+    assert s[300] == pytest.approx(0.8 * 2 / 3) and s[500] == 0.0
+    assert km.set_index("t")["at_risk"][300] == 3
+    assert median_survival(km) == 500
+    assert (km["lo"] <= km["survival"] + 1e-12).all() and (km["hi"] >= km["survival"] - 1e-12).all()
+    # nobody crashed: flat at 1, no median
+    assert np.isnan(median_survival(kaplan_meier([10, 20], [False, False])))
+
+
+# --- one small hand-built campaign ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def hand(tmp_path_factory) -> Path:
+    """Two configurations, two 30-minute trials each (1 hour of load per config).
+
+    buggy/t000: malformed_post with image h1 at 100 s, valid h1 at 104 s (drift line at 104.1 s naming h1),
+    unrelated valid h2 at 103 s, text at 103.5 s; the server dies: crash detected at 106 s, last healthy
+    104.5 s; a valid request at 105 s is refused; one failed health poll.  Also a drift line at 300 s with an
+    mm_hash no request carried (-> window fallback).  buggy/t001: no incident.
+    fixed: the same poison and valid requests, all fine, no drift, no crash.
+    """
+    camp = tmp_path_factory.mktemp("results") / "handmade"
+    seq = [
+        req(10, "text", hashes=None),
+        req(100, "malformed_post", S.HTTP_ERROR, 400, "h1", "dimensions", 400),
+        req(103, "valid_image", hashes="h2"),
+        req(103.5, "text", hashes=None),
+        req(104, "valid_image", hashes="h1"),
+    ]
+    write_trial(camp, "buggy", 0, manifest={}, health=health([50, 100]) + health([105], ok=False),
+                requests=seq + [req(105, "valid_image", S.CONNECTION_ERROR, None, "h1")] + [
+                    req(200 + i, "text", hashes=None) for i in range(494)],
+                log_events=[
+                    {"t": T0 + 104.1, "signature": "cache_drift", "fatal": False, "mm_hash": "h1", "line": "drift h1"},
+                    {"t": T0 + 300, "signature": "cache_drift", "fatal": False, "mm_hash": "ffff", "line": "drift ?"},
+                ],
+                crashes=[{"t_detected": T0 + 106, "t_last_healthy": T0 + 104.5, "reason": "process_exit",
+                          "signature": "detokenizer_assert", "exit_code": 1, "restart": 0}])
+    write_trial(camp, "buggy", 1, manifest={"t_start": T0 + 2000, "t_end": T0 + 3800},
+                requests=[req(2000 + i, "text", hashes=None) for i in range(500)], health=health([2010]))
+    for trial in (0, 1):
+        start = T0 + 5000 * (trial + 1)
+        write_trial(camp, "fixed", trial, manifest={"t_start": start, "t_end": start + 1800,
+                                                    "flags": ["--mm-processor-cache-gb", "0"]},
+                    requests=[dict(r, t_start=r["t_start"] + 5000 * (trial + 1)) for r in seq] + [
+                        req(5000 * (trial + 1) + 200 + i, "text", hashes=None, latency=10.0 * (i % 5 + 1))
+                        for i in range(495)],
+                    health=health([5000 * (trial + 1) + 50, 5000 * (trial + 1) + 150]))
+    return camp
+
+
+def test_load_hand_campaign(hand):
+    c = load_campaign(hand)
+    assert c.configs == ["buggy", "fixed"]
+    assert len(c.trials) == 4 and (c.trials["n_requests"] == 500).all()
+    assert len(c.requests) == 2000
+    for name in ("requests", "health", "metrics", "log_events", "crashes"):
+        assert {"campaign", "config", "trial", "t_rel"} <= set(c.table(name).columns)
+    assert c.crashes["t_rel"].iloc[0] == pytest.approx(106)
+
+
+def test_crash_rates_and_trials_crashed(hand):
+    c = load_campaign(hand)
+    cs = stats.crash_stats(c).set_index("config")
+    b = cs.loc["buggy"]
+    # 1 crash in 1 hour and in 1,000 requests: rate 1, exact interval [chi2(.025;2)/2, chi2(.975;4)/2]
+    # = [0.025318, 5.571643]
+    assert (b["crashes"], b["hours"], b["requests"]) == (1, pytest.approx(1.0), 1000)
+    assert (b["per_hour"], b["per_hour_lo"], b["per_hour_hi"]) == pytest.approx((1.0, 0.025318, 5.571643), abs=1e-5)
+    assert (b["per_1k_requests"], b["per_1k_requests_hi"]) == pytest.approx((1.0, 5.571643), abs=1e-5)
+    # 1 of 2 trials crashed: Wilson (z=1.96): centre 0.5, half = 1.96*sqrt(.125+.9604/16)/(1+1.9208) = 0.4055
+    assert (b["share_crashed"], b["share_crashed_lo"], b["share_crashed_hi"]) == pytest.approx(
+        (0.5, 0.0945, 0.9055), abs=1e-3)
+    assert cs.loc["fixed", "crashes"] == 0 and cs.loc["fixed", "per_hour_hi"] == pytest.approx(3.68888, abs=1e-4)
+
+
+def test_time_and_requests_to_first_crash(hand):
+    c = load_campaign(hand)
+    d = first_crash_durations(c.trials, c.requests, c.crashes).set_index(["config", "trial"])
+    # crash detected 106 s in, after 6 requests had been sent (t = 10, 100, 103, 103.5, 104, 105)
+    assert d.loc[("buggy", 0), "crashed"] and d.loc[("buggy", 0), "time_s"] == pytest.approx(106)
+    assert d.loc[("buggy", 0), "requests"] == 6
+    # the others are censored at their end: 1800 s and all 500 requests
+    assert not d.loc[("buggy", 1), "crashed"] and d.loc[("buggy", 1), "time_s"] == pytest.approx(1800)
+    assert d.loc[("fixed", 1), "requests"] == 500
+
+
+def test_attribution_picks_the_poison(hand):
+    c = load_campaign(hand)
+    events, summary = attribute(c, window_s=10)
+    ev = events.set_index(["event", "signature", "t_rel"]).sort_index()
+    drift = events[(events["event"] == "drift") & (events["mm_hash"] == "h1")].iloc[0]
+    # same image h1 in [94.1, 104.1]: the malformed_post at 100 and the valid request at 104 — not h2, not text
+    assert drift["match"] == SAME_IMAGE
+    assert drift["requests"] == 2
+    assert set(drift["sent"].split(", ")) == {"malformed_post/dimensions ×1", "valid_image ×1"}
+    assert drift["last_sent"] == "valid_image"
+    # the unknown mm_hash falls back to all image requests in [290, 300]: there are none
+    unknown = events[events["mm_hash"] == "ffff"].iloc[0]
+    assert unknown["match"] == WINDOW and unknown["requests"] == 0
+    # the crash: images in [94.5, 106]: malformed h1 @100, h2 @103, h1 @104, refused h1 @105 (text has none)
+    crash = events[events["event"] == "crash"].iloc[0]
+    assert crash["match"] == WINDOW and crash["requests"] == 4
+    assert "malformed_post/dimensions ×1" in crash["sent"]
+    s = summary[(summary["config"] == "buggy") & (summary["event"] == "drift")].set_index(["kind", "case"])
+    assert s.loc[("malformed_post", "dimensions"), "events_with"] == 1
+    assert ("text", "—") not in s.index
+    del ev
+
+
+def test_verdicts(hand):
+    c = load_campaign(hand)
+    v = verdicts(c).set_index("config")
+    assert v.loc["fixed", "verdict"] == "yes"
+    assert v.loc["fixed", ["fails_alone", "health_ok", "normal_ok", "no_drift"]].all()
+    b = v.loc["buggy"]
+    assert b["verdict"] == "no"
+    assert b["fails_alone"]  # the malformed request did get its 400
+    assert not b["health_ok"] and not b["no_drift"]
+    # after the first malformed_post (100 s, trial 0 only; trial 1 sent none): valid at 103, 103.5, 104, 105
+    # (refused) and 494 texts -> 497 of 498 ok = 99.8 % >= 99 %
+    assert b["normal_ok"]
+    assert any("1 of 4 /health polls failed" in e for e in b["evidence"])
+    assert any("497 of 498 valid requests" in e for e in b["evidence"])
+
+
+def test_latency_percentiles_per_kind(hand):
+    c = load_campaign(hand)
+    lat = stats.latency_table(c).set_index(["config", "kind"])
+    # fixed text latencies: 10,20,30,40,50 ms, 198 times each, + 4 at 100 ms (t=10 and 103.5 in both trials);
+    # 994 values, median at sorted position 496.5: inside the block of 30s (positions 396..593) -> 30
+    assert lat.loc[("fixed", "text"), "p50"] == 30
+    assert lat.loc[("fixed", "text"), "n"] == 994
+    cost = stats.workaround_cost(c, "buggy").set_index(["config", "kind"])
+    assert cost.loc[("buggy", "text"), "p50_ratio"] == 1.0
+    assert cost.loc[("fixed", "text"), "p50_ratio"] == pytest.approx(30 / 100)
+
+
+# --- loading incomplete trials -------------------------------------------------------------------------
+
+
+def test_load_trial_with_missing_files(tmp_path):
+    camp = tmp_path / "partial"
+    # an interrupted trial: requests only, no manifest, no health, no server log
+    write_trial(camp, "a", 0, requests=[req(1), req(5, "text", hashes=None)], server_log=None)
+    # a trial that wrote its manifest and nothing else yet
+    write_trial(camp, "a", 1, manifest={"status": "interrupted", "t_end": None})
+    # a truncated part file must not stop the rest
+    bad = table_dir(camp / "a" / "t000", "requests") / "part-test-000001.parquet"
+    bad.write_bytes(b"PAR1 not really")
+    c = load_campaign(camp)
+    t = c.trials.set_index("trial")
+    assert t.loc[0, "status"] == "unknown" and not t.loc[0, "has_manifest"]
+    assert "manifest.json" in t.loc[0, "missing"] and "health" in t.loc[0, "missing"]
+    assert t.loc[0, "t_start"] == pytest.approx(T0 + 1) and t.loc[0, "duration_s"] == pytest.approx(4.1)
+    assert t.loc[1, "status"] == "interrupted" and t.loc[1, "n_requests"] == 0
+    assert len(c.requests) == 2 and len(c.health) == 0 and list(c.health.columns)[:3] == ["campaign", "config", "trial"]
+    assert any("part-test-000001" in w for w in c.warnings)
+    # the statistics still run on it
+    assert stats.crash_stats(c)["crashes"].sum() == 0
+    assert verdicts(c).loc[0, "verdict"] == "no"
+
+
+def test_load_errors(tmp_path):
+    with pytest.raises(LoadError, match="not a folder"):
+        load_campaign(tmp_path / "nope")
+    with pytest.raises(LoadError, match="no trials"):
+        load_campaign(tmp_path)
+
+
+# --- the report end to end -----------------------------------------------------------------------------
+
+
+EVIL = '<script>alert("x")</script> & <img src=http://evil.example/x.png>'
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("synthetic")
+    cfgs = (SyntheticConfig("default", crash_per_hour=40.0),
+            SyntheticConfig("no-mm-cache", ["--mm-processor-cache-gb", "0"], latency_factor=1.3))
+    a = make_campaign(root, "before", cfgs, trials=2, requests_per_trial=400, duration_s=300, error_text=EVIL)
+    b = make_campaign(root, "after", cfgs[:1], trials=2, requests_per_trial=400, duration_s=300, seed=1)
+    res = report.write_report(a, compare_with=b)
+    return a, res
+
+
+def test_report_end_to_end(built):
+    camp, res = built
+    assert res.out_dir == camp / "report"
+    names = {p.name for p in res.files}
+    assert {"report.md", "report.html", "survival.png", "latency.png"} <= names
+    assert not list(res.out_dir.glob(".*tmp*"))
+    md = res.markdown.read_text()
+    for section in ("## Summary", "## Verdict per configuration", "## Crashes", "## Cost of the workaround",
+                    "## What was sent before each incident", "## Side by side: the two campaigns"):
+        assert section in md
+    assert "before/default" in md and "after/default" in md
+    assert "(survival.png)" in md
+
+
+class _Tags(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.tags, self.links = [], []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        self.links += [v or "" for k, v in attrs if k in ("src", "href")]
+
+
+def test_html_is_self_contained_and_escaped(built):
+    _, res = built
+    html = res.html.read_text()
+    parsed = _Tags()
+    parsed.feed(html)
+    # every link is in-page or inline data; the evil <img src=http...> is text, not a tag
+    assert parsed.links and all(v.startswith(("#", "data:image/png;base64,")) for v in parsed.links)
+    assert "script" not in parsed.tags and "link" not in parsed.tags
+    assert "<script" not in html.lower()
+    assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in html
+    assert "data:image/png;base64," in html
+    assert "<script" not in res.markdown.read_text()
+
+
+def test_cli_bad_input(tmp_path, capsys):
+    assert report.main([str(tmp_path / "missing")]) != 0
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "not a folder" in err
+    assert report.main([str(tmp_path), "--out", str(tmp_path / "out")]) != 0
+    assert "no trials" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # nothing half-written
+
+
+def test_cli_bad_baseline_and_module_entry(built, tmp_path):
+    camp, _ = built
+    p = subprocess.run([sys.executable, "-m", "analysis.report", str(camp), "--baseline", "nope", "--out",
+                        str(tmp_path / "o")], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0
+    assert len(p.stderr.strip().splitlines()) == 1 and "baseline 'nope'" in p.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_fails_alone_tolerates_rare_unanswered_but_not_wrong_status():
+    from analysis.verdict import _fails_alone
+
+    def rows(statuses, outcomes):
+        return pd.DataFrame({"kind": "malformed_post", "case": "dimensions", "expected_status": 400.0,
+                             "status": statuses, "outcome": outcomes})
+
+    # 199 answered 400 + 1 timeout: 0.5 % unanswered <= 1 % allowed -> still "fails alone"
+    ok, why = _fails_alone(rows([400.0] * 199 + [np.nan], [S.HTTP_ERROR] * 199 + [S.TIMEOUT]), 0.99)
+    assert ok and "199 of 200" in why and "timeout ×1" in why
+    # one answered with 500 instead of 400: not alone any more
+    ok, why = _fails_alone(rows([400.0] * 199 + [500.0], [S.HTTP_ERROR] * 200), 0.99)
+    assert not ok and "500 ×1" in why

@@ -1,0 +1,103 @@
+"""The real-engine test bed (issue 2): provisioning, serving, and the report's deterministic trigger."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+import requests
+
+from conftest import FIXED_VERSION, REPORT_VERSION, vllm_server
+from harness import engines, repro
+from harness.signatures import Signatures
+
+pytestmark = pytest.mark.engine
+SIGS = Signatures.load()
+MODEL_DIM = 64  # hidden size of the tiny model
+
+
+def _wait_exit(server, timeout: float) -> int | None:
+    """The server's exit code once it exits (its exit ends the wait), or None after ``timeout``."""
+    end = time.time() + timeout
+    while server.exit_code() is None and time.time() < end:
+        time.sleep(0.2)
+    return server.exit_code()
+
+
+def _log_signatures(server) -> set[str]:
+    return {m.signature.name for m in SIGS.scan(server.log_path.read_text(errors="replace"))}
+
+
+@pytest.fixture(scope="class")
+def fixed_server(tmp_path_factory):
+    with vllm_server(FIXED_VERSION, [], tmp_path_factory.mktemp("fixed") / "server.log") as s:
+        yield s
+
+
+class TestFixedVersion:  # one 0.32.0 server for both tests, stopped before the 0.30.0 ones start
+    def test_valid_image_embedding_has_model_dimension(self, fixed_server):
+        model = fixed_server.model_name()
+        r = requests.post(
+            fixed_server.base_url + "/v1/embeddings",
+            json=repro.image_request(model, repro.probe_image(nonce=101)),
+            timeout=60,
+        )
+        assert r.status_code == 200, r.text
+        vec = r.json()["data"][0]["embedding"]
+        assert len(vec) == MODEL_DIM
+        assert abs(sum(x * x for x in vec) - 1.0) < 1e-2  # pooled embeddings are normalised
+
+    def test_drift_becomes_a_retryable_503_and_the_server_stays_up(self, fixed_server):
+        res = repro.poison_then_reuse(fixed_server.base_url, fixed_server.model_name(), nonce=102)
+        assert res.statuses() == [400, 503, 200]
+        assert res.steps[-1].dim == MODEL_DIM
+        assert fixed_server.health()[0]
+        assert fixed_server.exit_code() is None
+        assert "cache_drift" in _log_signatures(fixed_server)
+
+
+def test_report_version_dies_on_poison_then_reuse(tmp_path):
+    with vllm_server(REPORT_VERSION, [], tmp_path / "server.log") as server:
+        res = repro.poison_then_reuse(server.base_url, server.model_name(), nonce=103)
+        assert res.statuses()[0] == 400
+        assert res.statuses()[1] != 200  # the reuse request does not get an embedding
+        assert _wait_exit(server, 60) is not None, "server still running after the trigger"
+        assert not server.health()[0]
+        seen = _log_signatures(server)
+        assert {"cache_drift", "detokenizer_assert"} <= seen, seen
+        assert SIGS.classify_crash(SIGS.scan(server.log_path.read_text())) == "detokenizer_assert"
+
+
+def test_report_version_with_cache_off_survives(tmp_path):
+    with vllm_server(REPORT_VERSION, ["--mm-processor-cache-gb", "0"], tmp_path / "server.log") as server:
+        res = repro.poison_then_reuse(server.base_url, server.model_name(), nonce=104)
+        assert res.statuses() == [400, 200]
+        assert res.steps[1].dim == MODEL_DIM
+        assert server.health() == (True, 200, None)
+        assert not {"cache_drift", "detokenizer_assert"} & _log_signatures(server)
+
+
+def test_provisioning_again_is_a_fast_noop():
+    before = engines.require(REPORT_VERSION).manifest()
+    t0 = time.time()
+    r = subprocess.run([sys.executable, "-m", "harness.cli", "engine", "install", REPORT_VERSION],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "already installed" in r.stderr
+    assert time.time() - t0 < 30
+    assert engines.require(REPORT_VERSION).manifest() == before
+
+
+def test_tensor_parallel_2_serves_and_reproduces(tmp_path):
+    flags = ["--tensor-parallel-size", "2"]
+    with vllm_server(REPORT_VERSION, flags, tmp_path / "server.log") as server:
+        model = server.model_name()
+        ok = requests.post(server.base_url + "/v1/embeddings",
+                           json=repro.image_request(model, repro.probe_image(nonce=105)), timeout=60)
+        assert ok.status_code == 200 and len(ok.json()["data"][0]["embedding"]) == MODEL_DIM
+        res = repro.poison_then_reuse(server.base_url, model, nonce=106)
+        assert res.statuses()[0] == 400
+        assert _wait_exit(server, 60) is not None
+        assert "detokenizer_assert" in _log_signatures(server)

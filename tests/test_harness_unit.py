@@ -1,0 +1,136 @@
+"""Fast tests of the harness plumbing (no vLLM): CLI errors, signatures, server lifecycle on a stand-in."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from conftest import TESTS, standin_server
+from harness import engines
+from harness.server import Server, ServerError, Target, tensor_parallel_size
+from harness.signatures import SignatureError, Signatures
+
+
+def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, **(env or {})})
+
+
+@pytest.mark.parametrize(
+    "version,needle",
+    [("bogus", "not a vLLM version"), ("0.1.0", "not supported on CPU"), ("9.9.9", "not on the package index")],
+)
+def test_engine_install_rejects_bad_versions_in_one_line(version, needle, tmp_path):
+    r = run_cli("engine", "install", version, env={"MMCHAOS_HOME": str(tmp_path)})
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], r.stderr
+    assert not (tmp_path / "engines" / version).exists()  # nothing half-written
+
+
+def test_serve_without_installed_engine_says_how_to_install(tmp_path):
+    r = run_cli("serve", "--engine", "0.31.0", env={"MMCHAOS_HOME": str(tmp_path)})
+    assert r.returncode == 2
+    assert "mmchaos engine install 0.31.0" in r.stderr
+
+
+def test_torchvision_guard_patch(tmp_path):
+    tv = tmp_path / "torchvision"
+    tv.mkdir()
+    src = '@torch.library.register_fake("torchvision::nms")\ndef meta_nms(): pass\n' \
+          '@torch.library.register_fake("torchvision::qnms")\ndef meta_qnms(): pass\n'
+    (tv / "_meta_registrations.py").write_text(src)
+    assert engines.patch_torchvision(tmp_path)
+    patched = (tv / "_meta_registrations.py").read_text()
+    assert patched.count("if torchvision.extension._has_ops() else (lambda f: f))") == 2
+    assert not engines.patch_torchvision(tmp_path)  # idempotent
+
+
+@pytest.mark.parametrize(
+    "flags,tp",
+    [([], 1), (["--tensor-parallel-size", "2"], 2), (["-tp", "4"], 4), (["--tensor-parallel-size=2"], 2)],
+)
+def test_tensor_parallel_size(flags, tp):
+    assert tensor_parallel_size(flags) == tp
+
+
+def test_signatures_classify_the_report_lines():
+    sigs = Signatures.load()
+    log = (
+        "INFO ok\n"
+        "WARNING [core.py:1868] Multi-modal cache miss for request embd-1 (mm_hashes=['a9a6596b0123']): "
+        "P0/P1 cache drift; returning a retryable response so the items are resent with data.\n"
+        "ERROR AsyncLLM output_handler failed.\n"
+        "    assert req_state.detokenizer is not None\n"
+    )
+    matches = sigs.scan(log)
+    assert [m.signature.name for m in matches] == ["cache_drift", "output_handler_failed", "detokenizer_assert"]
+    assert matches[0].mm_hash == "a9a6596b0123"
+    assert sigs.classify_crash(matches) == "detokenizer_assert"
+    assert sigs.classify_crash(matches[:1]) == "unknown"  # drift alone is not fatal
+
+
+def test_user_signatures_extend_and_bad_files_are_rejected(tmp_path):
+    good = tmp_path / "mine.toml"
+    good.write_text('[[signature]]\nname = "segfault"\npattern = "Segmentation fault"\nfatal = true\nrank = 0\n')
+    sigs = Signatures.load(good)
+    assert sigs.classify_crash(sigs.scan("Segmentation fault\nEngineDeadError")) == "segfault"
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[signature]]\nname = "x"\npatern = "typo"\n')
+    with pytest.raises(SignatureError, match="bad.toml.*patern"):
+        Signatures.load(bad)
+
+
+def test_launched_server_runs_in_its_own_group_and_stop_leaves_nothing(tmp_path):
+    with standin_server(tmp_path / "s.log") as s:
+        assert os.getpgid(s.proc.pid) == s.pgid != os.getpgid(0)
+        assert s.group_pids() == [s.proc.pid]
+        assert s.model_name() == "standin"
+        tmpdir = s._tmpdir
+    assert s.group_pids() == []
+    assert not os.path.exists(tmpdir)
+
+
+def test_port_in_use_is_a_clear_error(tmp_path):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        cmd = f"{sys.executable} {TESTS / 'standin_server.py'} --port {{port}}"
+        with pytest.raises(ServerError, match=f"port {port} .* in use"):
+            Server(Target(mode="command", command=cmd), tmp_path / "s.log", port=port).start()
+
+
+def test_server_that_exits_during_startup_fails_fast_with_its_last_line(tmp_path):
+    cmd = f"{sys.executable} -c \"print('boom: bad flag'); raise SystemExit(3)\""
+    s = Server(Target(mode="command", command=cmd), tmp_path / "s.log").start()
+    try:
+        with pytest.raises(ServerError, match="exited with code 3.*boom: bad flag"):
+            s.wait_healthy(30, interval=0.05)
+    finally:
+        s.stop()
+
+
+def test_server_never_healthy_times_out_and_is_cleaned_up(tmp_path):
+    cmd = f"{sys.executable} {TESTS / 'standin_server.py'} --port {{port}} --unhealthy"
+    s = Server(Target(mode="command", command=cmd), tmp_path / "s.log").start()
+    try:
+        with pytest.raises(ServerError, match="not healthy after 2 s"):
+            s.wait_healthy(2, interval=0.1)
+    finally:
+        s.stop()
+    assert s.group_pids() == []
+
+
+def test_attach_to_unreachable_url_is_one_line_error():
+    port = socket.socket()
+    port.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{port.getsockname()[1]}"
+    port.close()
+    r = run_cli("repro", "--url", url)
+    assert r.returncode == 2
+    assert len(r.stderr.strip().splitlines()) == 1 and "did not answer 200" in r.stderr
