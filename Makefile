@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 ENGINES := 0.30.0 0.32.0
 
-.PHONY: demo test unit engines setup clean-cache
+.PHONY: demo test unit engines setup browser clean-cache
 
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -22,7 +22,12 @@ demo: engines
 	$(BIN)/mmchaos campaign run campaigns/demo.toml
 	$(BIN)/mmchaos report results/demo
 
-test: engines
+# headless Chromium from Debian for the web-UI tests (driven by Playwright; never `playwright install`)
+CHROMIUM := /usr/bin/chromium
+browser:
+	@test -x $(CHROMIUM) || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium)
+
+test: engines browser
 	$(BIN)/python -m pytest -ra
 
 # the fast tests alone (no vLLM)

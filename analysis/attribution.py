@@ -1,8 +1,8 @@
 """What was sent just before each drift event or crash — so the report can say what triggers it.
 
-For an event with an ``mm_hash`` (a drift / cache-miss log line) we look for requests that carried the same
-image (``image_hashes``) in the window before it. That only matches when ``mm_hash`` is in the same hash
-space as ``image_hashes``; vLLM's own mm_hash hashes the decoded image, so when no sent image matches we fall
+For a drift / cache-miss log line that names our request (X-Request-Id; ``image_hash`` in analysis.load) we
+look for requests that carried the same image (``image_hashes``) in the window before it: the poisoners. vLLM's
+own mm_hash hashes the decoded image, in another hash space, so where the line names no request of ours we fall
 back to every request with images in the window, and say so (column ``match``). Crashes carry no mm_hash:
 their window runs from ``window_s`` before the last healthy moment to the detection.
 
@@ -45,7 +45,7 @@ def _events(c: Campaign, window_s: float) -> pd.DataFrame:
     drift = pd.DataFrame({
         "config": d["config"].astype(str).to_numpy(), "trial": d["trial"].to_numpy(), "event": "drift",
         "signature": d["signature"].astype(str).to_numpy(), "t": t, "t_rel": d["t_rel"].to_numpy(),
-        "mm_hash": d["mm_hash"].astype(object).to_numpy(), "lo": t - window_s, "hi": t,
+        "mm_hash": d["image_hash"].astype(object).to_numpy(), "lo": t - window_s, "hi": t,
     })
     cr = c.crashes
     t = cr["t_detected"].to_numpy(dtype=float)

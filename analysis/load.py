@@ -21,7 +21,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from mmchaos import schema as S
-from mmchaos.tables import table_dir
+from mmchaos.tables import part_files, table_dir
 
 # Partition columns added while scanning; double underscore so they cannot meet a schema column.
 _CONFIG_DIR = "__config_dir"
@@ -43,7 +43,6 @@ _TIME_COLUMN = {"requests": "t_start", "health": "t", "metrics": "t", "log_event
 _TRIAL_MARKERS = (S.MANIFEST, S.SERVER_LOG, *S.TABLE_DIRS.values())
 # Tables a finished trial always has rows in; crashes and log_events have no folder when nothing happened.
 _ALWAYS_WRITTEN = ("requests", "health", "metrics")
-PART_GLOB = "part-*.parquet"  # as mmchaos.tables writes them (temp parts start with "." and never match)
 
 
 class LoadError(ValueError):
@@ -104,6 +103,7 @@ def load_campaign(campaign_dir: str | Path) -> Campaign:
     for table_name in S.TABLES:
         files = _files_for(table_name, found)
         tables[table_name], rows_trial[table_name] = _load_table(table_name, files, campaign_dir, trials, notes)
+    tables["log_events"]["image_hash"] = _image_of_request(tables["log_events"], tables["requests"])
     _fill_times_from_data(trials, tables, rows_trial)
     starts = trials["t_start"].to_numpy()
     for table_name, df in tables.items():
@@ -162,7 +162,7 @@ def _trials_table(name: str, found: list[tuple[str, str, Path]], notes: list[str
             notes.append(f"{config}/{trial_name}: manifest says config {manifest['config']!r}; using the folder name")
         workload = manifest.get("workload") or {}
         missing = [m for m in (S.MANIFEST, S.SERVER_LOG) if not (path / m).exists()]
-        missing += [d for t, d in S.TABLE_DIRS.items() if t in _ALWAYS_WRITTEN and not any((path / d).glob(PART_GLOB))]
+        missing += [d for t, d in S.TABLE_DIRS.items() if t in _ALWAYS_WRITTEN and not part_files(path / d)]
         rows.append(
             {
                 "campaign": name,
@@ -245,7 +245,7 @@ def _fill_times_from_data(trials: pd.DataFrame, tables: dict[str, pd.DataFrame],
 
 
 def _files_for(table_name: str, found: list[tuple[str, str, Path]]) -> list[Path]:
-    return [f for _, _, p in found for f in sorted(table_dir(p, table_name).glob(PART_GLOB))]
+    return [f for _, _, p in found for f in part_files(table_dir(p, table_name))]
 
 
 def _load_table(
@@ -314,6 +314,17 @@ def _to_frame(
         }
     )
     return pd.concat([ids, df], axis=1), row_trial
+
+
+def _image_of_request(events: pd.DataFrame, requests: pd.DataFrame) -> pd.Series:
+    """For log lines that name one of our requests (X-Request-Id), the first image that request carried, as a
+    hash in the requests table's space (vLLM's own mm_hash is not). Null where unknown."""
+    ids = events["request_id"].dropna()
+    if ids.empty:
+        return pd.Series(None, index=events.index, dtype=object)
+    named = requests.loc[requests["request_id"].isin(set(ids)), ["request_id", "image_hashes"]].dropna()
+    first = dict(zip(named["request_id"], named["image_hashes"].astype(str).str.split(",").str[0]))
+    return events["request_id"].map(first).astype(object)
 
 
 def read_server_log(trial_path: str | Path, tail_lines: int = 40) -> list[str]:

@@ -274,12 +274,15 @@ def throughput_over_time(c: Campaign, bin_s: float | None = None) -> pd.DataFram
 
 
 def default_baseline(c: Campaign) -> str:
-    """The configuration without extra flags (the server as shipped), else the first one."""
+    """The server as shipped (no extra flags) that did not crash: a workaround's cost is measured against a
+    server that keeps serving. Else the first without extra flags, else the first."""
     flags = c.trials.groupby("config", observed=True)["flags"].agg(lambda s: set(s))
-    for cfg in c.configs:
-        if cfg in flags.index and flags[cfg] == {""}:
+    crashed = set(c.crashes["config"].astype(str))
+    shipped = [cfg for cfg in c.configs if cfg in flags.index and flags[cfg] == {""}]
+    for cfg in shipped:
+        if cfg not in crashed:
             return cfg
-    return c.configs[0]
+    return shipped[0] if shipped else c.configs[0]
 
 
 def workaround_cost(c: Campaign, baseline: str, n_boot: int = I.BOOTSTRAP_RESAMPLES, _groups=None) -> pd.DataFrame:

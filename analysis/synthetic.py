@@ -57,6 +57,11 @@ DRIFT_LINE = (
 FATAL_LINE = "AssertionError: assert req_state.detokenizer is not None"
 
 
+
+def _request_id(trial: int, i: int) -> str:
+    """The X-Request-Id mmchaos would have sent (locustfiles.base), unique within the trial."""
+    return f"mmc-synth{trial}-0-0-{i}"
+
 def make_campaign(
     root: str | Path,
     name: str = "synthetic",
@@ -142,13 +147,14 @@ def _write_trial(folder, campaign, cfg, trial, t0, duration, n, part_rows, pool,
             error[poison] = error_text or "This model does not support matryoshka representation (dimensions=5)"
             kind[trig], case[trig], expected[trig], n_img[trig] = "valid_image", None, np.nan, 1
             img[poison, 0] = img[trig, 0] = h
-            log.append((t0 + t[trig] + 0.05, "cache_drift", False, pool[h], DRIFT_LINE.format(rid=trig, h=pool[h])))
+            log.append((t0 + t[trig] + 0.05, "cache_drift", False, pool[h], _request_id(trial, trig),
+                        DRIFT_LINE.format(rid=_request_id(trial, trig), h=pool[h])))
             if what == "drift":
                 status[trig], outcome[trig], error[trig] = 503, S.HTTP_ERROR, "Multi-modal processor cache miss."
                 continue
             tc = t[trig] + 0.1
             back = tc + cfg.restart_s
-            log.append((t0 + tc, "detokenizer_assert", True, None, FATAL_LINE))
+            log.append((t0 + tc, "detokenizer_assert", True, None, None, FATAL_LINE))
             dead = (t >= t[trig]) & (t < back)
             status[dead], outcome[dead], error[dead] = np.nan, S.CONNECTION_ERROR, "Connection refused"
             lat[dead] = rng.uniform(0.2, 2.0, dead.sum())
@@ -177,6 +183,7 @@ def _write_trial(folder, campaign, cfg, trial, t0, duration, n, part_rows, pool,
             "worker": np.full(n, "localhost:4242", dtype=object),
             "user_id": user.astype(np.int32),
             "seq": seq,
+            "request_id": np.array([_request_id(trial, i) for i in range(n)], dtype=object),
             "kind": kind,
             "case": case,
             "probe": np.full(n, None, dtype=object),
@@ -237,7 +244,7 @@ def _write_trial(folder, campaign, cfg, trial, t0, duration, n, part_rows, pool,
         _write_parts(folder, "crashes", S.table_from_rows(crash_rows, S.CRASHES))
     _write_parts(folder, "log_events",
                  S.table_from_rows([dict(zip(S.LOG_EVENTS.names, e)) for e in sorted(log)], S.LOG_EVENTS))
-    (folder / S.SERVER_LOG).write_text("INFO Started server process\n" + "\n".join(e[4] for e in sorted(log)) + "\n")
+    (folder / S.SERVER_LOG).write_text("INFO Started server process\n" + "\n".join(e[-1] for e in sorted(log)) + "\n")
     manifest = {
         "campaign": campaign,
         "config": cfg.name,

@@ -7,16 +7,19 @@ the server and leaves valid partial results (the trial's manifest says interrupt
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pandas  # noqa: F401  (imported up front: a Ctrl-C must never land in its first, lazy import)
 import pyarrow.parquet as pq
 
 from harness import crash_watch, provenance
@@ -25,7 +28,7 @@ from harness.server import Server, ServerError, Target
 from harness.signatures import Signatures
 from locustfiles import options as locust_options
 from mmchaos import paths, schema
-from mmchaos.tables import read_table, table_dir, write_json_atomic
+from mmchaos.tables import PartWriter, compact, read_table, table_dir, write_json_atomic
 
 COMPLETED, INTERRUPTED, FAILED, RUNNING = "completed", "interrupted", "failed", "running"
 TICK = 0.2  # seconds between observations of the server: detection within a second
@@ -58,9 +61,18 @@ class RowCounter:
             if p.name in self.seen:
                 continue
             self.seen.add(p.name)
-            outcome = pq.read_table(p, columns=["outcome"]).column(0).to_pylist()
-            self.requests += len(outcome)
-            self.errors += sum(o != schema.OK for o in outcome)
+            t = pq.read_table(p, columns=["outcome", "status", "expected_status"]).to_pandas()
+            self.requests += len(t)
+            self.errors += int(unexpected(t).sum())
+
+
+def unexpected(rows):
+    """Requests that did not get what they were built to get: a malformed case's expected status, an abort's
+    disconnect, else a 2xx. (The malformed 400s the mix sends on purpose are not errors.)"""
+    expected = rows["expected_status"]
+    return ~(((rows["outcome"] == schema.OK) & expected.isna())
+             | (rows["status"] == expected)
+             | (rows["outcome"] == schema.ABORTED))
 
 
 def trial_dir(root: Path, camp: Campaign, cfg: Config, trial: int) -> Path:
@@ -69,11 +81,7 @@ def trial_dir(root: Path, camp: Campaign, cfg: Config, trial: int) -> Path:
 
 def trial_status(folder: Path) -> str | None:
     m = folder / schema.MANIFEST
-    if not m.is_file():
-        return None
-    import json
-
-    return json.loads(m.read_text()).get("status")
+    return json.loads(m.read_text()).get("status") if m.is_file() else None
 
 
 def make_target(camp: Campaign, cfg: Config) -> Target:
@@ -95,7 +103,7 @@ def locust_argv(camp: Campaign, cfg: Config, trial: int, folder: Path, base_url:
     argv = [
         sys.executable, "-m", "locust", "-f", str(locustfile), "--headless", "--only-summary",
         "-u", str(w["users"]), "-r", str(w["spawn_rate"]), "-t", f"{int(w['duration'])}s",
-        "--stop-timeout", "5", "--host", base_url, "--loglevel", "WARNING",
+        "--stop-timeout", "5", "--host", base_url, "--loglevel", "WARNING", "--json-file", str(folder / "locust"),
         "--results-dir", str(folder), "--run-id", run_id, "--config-name", cfg.name, "--trial", str(trial),
         "--seed", str(camp.seed + trial), "--model", model, "--shape", w["shape"],
         "--max-requests", str(w["max_requests"]),
@@ -113,12 +121,30 @@ class CampaignRunner:
         self.progress = progress  # callable(dict) for the live display
         self.sigs = signatures or Signatures.load()
         self.results: list[TrialResult] = []
+        self._stop_requested = False
 
     def _report(self, **state) -> None:
+        """Progress, and the safe point where a Ctrl-C takes effect (between observations, never in the middle
+        of an import or a write)."""
+        if self._stop_requested:
+            raise KeyboardInterrupt
         if self.progress:
             self.progress(state)
 
-    def run(self) -> list[TrialResult]:
+    def _on_interrupt(self, signum, frame) -> None:
+        if self._stop_requested:
+            raise KeyboardInterrupt  # a second Ctrl-C: now
+        self._stop_requested = True
+
+    def preflight(self) -> None:
+        """What can be checked before anything runs or is written: an attached server answers, the results
+        folder is writable. Raises ServerError (one line). ``run`` calls it; call it earlier to fail sooner."""
+        if self.camp.target == "attach":
+            server = Server(Target(mode="attach", url=self.camp.url), os.devnull)
+            ok, status, err = server.health(timeout=5)
+            if not ok:
+                raise ServerError(f"{server.base_url}/health did not answer 200 ({status or err}): start the server "
+                                  f"or fix url in {self.camp.path}")
         camp_dir = self.root / self.camp.name
         try:
             camp_dir.mkdir(parents=True, exist_ok=True)
@@ -128,6 +154,19 @@ class CampaignRunner:
         except OSError as e:
             raise ServerError(f"results folder {camp_dir} is not writable ({e.strerror}): pick another with "
                               "--results or fix its permissions") from e
+
+    def run(self) -> list[TrialResult]:
+        main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGINT, self._on_interrupt) if main else None
+        try:
+            return self._run()
+        finally:
+            if main:
+                signal.signal(signal.SIGINT, previous)
+
+    def _run(self) -> list[TrialResult]:
+        self.preflight()
+        camp_dir = self.root / self.camp.name
         write_json_atomic(camp_dir / schema.CAMPAIGN_MANIFEST, {
             "name": self.camp.name, "description": self.camp.description, "file": str(self.camp.path),
             "configs": [c.name for c in self.camp.configs], "trials": self.camp.trials,
@@ -140,6 +179,7 @@ class CampaignRunner:
                     self.results.append(TrialResult(cfg.name, trial, COMPLETED, skipped=True))
                     self._report(config=cfg.name, trial=trial, phase="skipped (done)")
                     continue
+                self._report(config=cfg.name, trial=trial, phase="preparing")
                 if folder.exists():
                     shutil.rmtree(folder)  # an unfinished or forced trial starts again from nothing
                 self.results.append(self.run_trial(cfg, trial, folder))
@@ -154,10 +194,18 @@ class CampaignRunner:
         return {
             "campaign": self.camp.name, "config": cfg.name, "trial": trial, "run_id": run_id,
             "engine": cfg.engine, "engine_packages": engine_info, "flags": list(cfg.flags), "env": dict(cfg.env),
-            "target": target.mode, "target_detail": target.describe(), "workload": self.camp.workload,
+            "target": target.mode, "target_detail": target.describe(),
+            "workload": {**self.camp.workload, "mix": locust_options.effective_mix(self.camp.workload["mix"])},
             "seed": self.camp.seed + trial, "crash_policy": self.camp.crash, "git_rev": provenance.git_revision(),
             "machine": provenance.machine(), "tools": provenance.tool_versions(), **extra,
         }
+
+    @staticmethod
+    def _record_pgid(manifest: dict, folder: Path, key: str, pgid: int) -> None:
+        """Record a process group we started as soon as it exists: whoever finds the trial folder (a user after
+        mmchaos itself was killed, a test) knows which processes were ours without looking them up by name."""
+        manifest[key] = [*manifest.get(key, []), pgid]
+        write_json_atomic(folder / schema.MANIFEST, manifest)
 
     def run_trial(self, cfg: Config, trial: int, folder: Path) -> TrialResult:
         folder.mkdir(parents=True)
@@ -176,6 +224,7 @@ class CampaignRunner:
             self._report(config=cfg.name, trial=trial, phase="starting server")
             try:
                 server.start()
+                self._record_pgid(manifest, folder, "server_pgids", server.pgid)
                 server.wait_healthy(crash_cfg["startup_timeout"],
                                     progress=lambda t, _: self._report(config=cfg.name, trial=trial,
                                                                        phase=f"starting server ({t:.0f} s)"))
@@ -189,6 +238,7 @@ class CampaignRunner:
             with open(folder / "locust.log", "ab") as llog:
                 locust = subprocess.Popen(argv, stdout=llog, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                           start_new_session=True, cwd=paths.PROJECT_ROOT)
+            self._record_pgid(manifest, folder, "locust_pgids", locust.pid)
             t_load = time.time()
             manifest["t_load_start"] = t_load
             while locust.poll() is None:
@@ -198,14 +248,24 @@ class CampaignRunner:
                     self._report(config=cfg.name, trial=trial, phase=f"crash: {crash.signature}")
                     if crash_cfg["policy"] == "stop" or len(result.crashes) > crash_cfg["max_restarts"]:
                         break
-                    server = self._restart(server, target, folder, watch, cfg, trial)
-                    if server is None:
+                    new = self._restart(server, target, folder, watch, cfg, trial, result)
+                    if new is None:
                         break
+                    server = new
+                    self._record_pgid(manifest, folder, "server_pgids", server.pgid)
                 counter.update()
                 self._report(config=cfg.name, trial=trial, phase="load", elapsed=time.time() - t_load,
-                             requests=counter.requests, errors=counter.errors, crashes=len(result.crashes))
+                             requests=counter.requests, unexpected=counter.errors, crashes=len(result.crashes))
                 time.sleep(TICK)  # observation period
             result.status = COMPLETED
+            ran = time.time() - t_load
+            if locust.poll() is not None and not result.crashes and not self.camp.workload["max_requests"] \
+                    and ran < self.camp.workload["duration"]:
+                # Locust ended before its run time (-t counts from after its start-up): stopped (SIGINT) or
+                # gave up; a re-run must not skip this trial as completed
+                result.status = INTERRUPTED
+                result.error = f"Locust ended after {ran:.1f} s of {self.camp.workload['duration']} s " \
+                               f"(exit code {locust.returncode}; see locust.log)"
             return result
         except KeyboardInterrupt:
             result.status = INTERRUPTED
@@ -217,9 +277,10 @@ class CampaignRunner:
             server.stop()
             if locust_code is not None and locust_code < 0 and result.status == COMPLETED and not result.crashes:
                 result.status = INTERRUPTED  # Locust was killed by a signal, not by the end of its run
-            self._finish(folder, manifest, result, locust_code, counter)
+            self._finish(folder, manifest, result, locust_code)
 
-    def _restart(self, server: Server, target: Target, folder: Path, watch, cfg, trial) -> Server | None:
+    def _restart(self, server: Server, target: Target, folder: Path, watch, cfg, trial,
+                 result: TrialResult) -> Server | None:
         """Same port, so Locust keeps loading the same URL; its requests meanwhile are recorded as refused."""
         port = server.port
         server.stop()
@@ -228,30 +289,40 @@ class CampaignRunner:
         try:
             new.start()
             new.wait_healthy(self.camp.crash["startup_timeout"])
-        except ServerError:
+        except ServerError as e:
             new.stop()
+            result.error = f"restart failed: {str(e).splitlines()[0]}"
             return None
         watch.rebind(new)
         watch.last_healthy = new.healthy_at
         return new
 
-    def _finish(self, folder: Path, manifest: dict, result: TrialResult, locust_code, counter: RowCounter) -> None:
+    def _finish(self, folder: Path, manifest: dict, result: TrialResult, locust_code) -> None:
         requests = read_table(folder, "requests").to_pandas()
         for c in result.crashes:
             # the server died between its last healthy answer and the detection: count at the former
             c.in_flight = crash_watch.count_in_flight(requests, c.t_last_healthy or c.t_detected)
         if result.crashes:
-            from mmchaos.tables import PartWriter
-
             w = PartWriter(table_dir(folder, "crashes"), schema.CRASHES, tag="harness")
             for c in result.crashes:
                 w.add(c.row())
             w.flush()
-        counter.update()
-        result.requests, result.errors = len(requests), int((requests["outcome"] != schema.OK).sum())
+        for name in schema.TABLES:
+            compact(table_dir(folder, name))  # one file per table: loading many trials stays fast
+        result.requests, result.errors = len(requests), int(unexpected(requests).sum())
         manifest.update(status=result.status, t_end=time.time(), locust_exit_code=locust_code,
-                        requests=result.requests, crashes=len(result.crashes), error=result.error)
+                        requests=result.requests, locust_requests=locust_count(folder),
+                        crashes=len(result.crashes), error=result.error)
         write_json_atomic(folder / schema.MANIFEST, manifest)
+
+
+def locust_count(folder: Path) -> int | None:
+    """Locust's own final request count (its --json-file stats); None if Locust died before writing them."""
+    f = folder / "locust.json"
+    try:
+        return sum(e["num_requests"] for e in json.loads(f.read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _stop_process_group(proc: subprocess.Popen, grace: float = 20.0) -> int | None:

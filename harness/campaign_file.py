@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import re
 import tomllib
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -148,7 +149,7 @@ def load(path: str | Path, check_flags: bool = True) -> Campaign:
     ck = _Checker(path, text)
     for top in data:
         if top not in SECTIONS:
-            raise ck.fail(f"unknown section [{top}]; {_hint(top, SECTIONS)}", top)
+            raise ck.fail(f"unknown section [{top}]; {_hint(top, SECTIONS)}", section=top)
     if "campaign" not in data:
         raise ck.fail("missing the [campaign] section (with at least name = \"...\")")
     c = ck.section(data["campaign"], "campaign")
@@ -175,6 +176,7 @@ def load(path: str | Path, check_flags: bool = True) -> Campaign:
         raise ck.fail("duration and users must be positive", "duration", "workload")
     if not (path.parent / w["locustfile"]).is_file() and not Path(w["locustfile"]).is_file():
         raise ck.fail(f"locustfile {w['locustfile']} not found", "locustfile", "workload")
+    _check_image_dir(w, path, ck)
 
     configs: list[Config] = []
     for i, raw in enumerate(raw_configs):
@@ -211,6 +213,31 @@ def load(path: str | Path, check_flags: bool = True) -> Campaign:
     if check_flags and c["target"] == "engine":
         check_engine_flags(camp, ck)
     return camp
+
+
+def _check_image_dir(w: dict, path: Path, ck: _Checker) -> None:
+    """A user image folder is read now, not by Locust minutes later: missing folders and unreadable images are
+    errors of the file. Relative paths are relative to the campaign file (else to the current folder) and are
+    made absolute, since Locust runs elsewhere."""
+    raw = w["options"].get("image_dir")
+    if not raw:
+        return
+    if not isinstance(raw, str):
+        raise ck.fail(f"'image_dir' must be str, not {type(raw).__name__}", "image_dir", "workload.options")
+    folder = Path(raw).expanduser()
+    if not folder.is_absolute() and (path.parent / folder).exists():
+        folder = path.parent / folder
+    from payloads.images import load_image_dir
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # skipped non-images and duplicates are fine here
+            load_image_dir(folder)
+    except (OSError, ValueError) as e:
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ck.fail(f"image_dir: {msg}; point image_dir at a folder of readable images, or remove it to use "
+                      "generated ones", "image_dir", "workload.options") from e
+    w["options"] = {**w["options"], "image_dir": str(folder.resolve())}
 
 
 def check_engine_flags(camp: Campaign, ck: _Checker | None = None) -> None:

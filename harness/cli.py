@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from harness import engines, model_build
 from harness.server import Server, ServerError, Target
@@ -17,7 +18,9 @@ from harness.signatures import SignatureError, Signatures
 from locustfiles import options as locust_options
 from mmchaos import paths
 
-console = Console(stderr=True, highlight=False, soft_wrap=True)
+# wide enough for the campaign tables when the output is a file or a CI log (rich assumes 80 there)
+console = Console(stderr=True, highlight=False, soft_wrap=True,
+                  width=None if sys.stderr.isatty() else 160)
 
 
 class UsageError(Exception):
@@ -59,7 +62,7 @@ def _start(target: Target, log: Path, port: int | None, timeout: float) -> Serve
         with console.status("starting server") as status:
             waited = server.wait_healthy(
                 timeout,
-                progress=lambda t, line: status.update(f"starting server ({t:.0f} s): [dim]{line[-100:]}[/dim]"),
+                progress=lambda t, line: status.update(f"starting server ({t:.0f} s): [dim]{escape(line[-100:])}[/dim]"),
             )
     except BaseException:
         server.stop()
@@ -101,7 +104,7 @@ def cmd_serve(a, flags: list[str]) -> int:
         console.print(f"model: {server.model_name()} — Ctrl-C stops the server")
         while server.exit_code() is None:
             time.sleep(0.5)  # idle wait for the user's Ctrl-C or the server's exit
-        console.print(f"server exited with code {server.exit_code()}: {server.last_log_line()}")
+        console.print(f"server exited with code {server.exit_code()}: {escape(server.last_log_line())}")
         return 1
     except KeyboardInterrupt:
         console.print("stopping server")
@@ -149,8 +152,10 @@ def cmd_campaign(a) -> int:
         return 0
     locust_options.to_argv(camp.workload["mix"], camp.workload["options"])  # fail before starting anything
     results = Path(a.results) if a.results else None
+    runner = campaign.CampaignRunner(camp, results, force=a.force)
+    runner.preflight()  # attach URL, results folder: a one-line error before the live display starts
     with CampaignProgress(camp, console) as progress:
-        runner = campaign.CampaignRunner(camp, results, force=a.force, progress=progress.update)
+        runner.progress = progress.update
         try:
             done = runner.run()
         except KeyboardInterrupt:
@@ -236,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_campaign(a)
     except (UsageError, engines.EngineError, ServerError, SignatureError, model_build.ModelError,
             CampaignError, locust_options.OptionError) as e:
-        console.print(f"[red]mmchaos: {e}[/red]")
+        console.print(f"[red]mmchaos: {escape(str(e))}[/red]")
         return 2
     except KeyboardInterrupt:
         console.print("interrupted")

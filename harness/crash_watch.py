@@ -93,7 +93,7 @@ class CrashWatch:
             if m:
                 self._matches.append(m)
                 self.events.add({"t": now, "signature": m.signature.name, "fatal": m.signature.fatal,
-                                 "mm_hash": m.mm_hash, "line": m.line})
+                                 "mm_hash": m.mm_hash, "request_id": m.request_id, "line": m.line})
 
     def check(self) -> Crash | None:
         """One observation (call every ~0.2 s). Returns the crash when this observation detects one."""

@@ -1,4 +1,5 @@
-"""Live progress of a campaign in the terminal (rich): configuration, trial, elapsed, requests, errors, crashes."""
+"""Live progress of a campaign in the terminal (rich): configuration, trial, elapsed, requests, unexpected answers
+(anything but what a request was built to get), crashes."""
 
 from __future__ import annotations
 
@@ -23,11 +24,11 @@ class CampaignProgress:
         total = len(self.camp.configs) * self.camp.trials
         t = Table(title=f"campaign {self.camp.name} — {len(self.done)}/{total} trials done, "
                         f"{time.time() - self.t0:.0f} s", title_justify="left")
-        for col in ("config", "trial", "phase", "elapsed", "requests", "errors", "crashes"):
+        for col in ("config", "trial", "phase", "elapsed", "requests", "unexpected", "crashes"):
             t.add_column(col)
         if s:
             t.add_row(str(s.get("config", "")), str(s.get("trial", "")), str(s.get("phase", "")),
-                      f"{s.get('elapsed', 0):.0f} s", str(s.get("requests", "")), str(s.get("errors", "")),
+                      f"{s.get('elapsed', 0):.0f} s", str(s.get("requests", "")), str(s.get("unexpected", "")),
                       str(s.get("crashes", "")))
         return t
 
@@ -40,7 +41,7 @@ class CampaignProgress:
 
     def summary(self, results) -> None:
         t = Table(title="trials", title_justify="left")
-        for col in ("config", "trial", "status", "requests", "errors", "crashes", "signatures", "note"):
+        for col in ("config", "trial", "status", "requests", "unexpected", "crashes", "signatures", "note"):
             t.add_column(col)
         for r in results:
             sigs = ", ".join(sorted({c.signature for c in r.crashes}))

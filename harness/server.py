@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
+from urllib.parse import urlsplit
 
 import psutil
 import requests
@@ -183,7 +184,14 @@ class Server:
             self.port = free_port(self.host)
         elif port_in_use(self.port, self.host):
             raise ServerError(f"port {self.port} on {self.host} is already in use: pick another or omit the port")
-        if not self.base_url:
+        if self.base_url:
+            # a command that listens at a URL of its own: if something already answers there, our /health polls
+            # would find it and we would load a server that is not ours
+            url = urlsplit(self.base_url)
+            if url.hostname in ("127.0.0.1", "localhost") and url.port and port_in_use(url.port, LOOPBACK):
+                raise ServerError(f"port {url.port} of {self.base_url} is already in use by another process: "
+                                  "stop it, or change the port in the command and the url")
+        else:
             self.base_url = f"http://{self.host}:{self.port}"
         self._tmpdir = tempfile.mkdtemp(prefix="mmchaos-server-")
         argv, env = self._argv_env()
@@ -286,6 +294,8 @@ class Server:
             self.proc.send_signal(signal.SIGTERM)
         else:
             self._signal_group(signal.SIGTERM)  # the leader is gone: its orphans get the signal directly
+        # a stopped (SIGSTOPped) process handles the SIGTERM only once continued; for a running one this is a no-op
+        self._signal_group(signal.SIGCONT)
         deadline = time.time() + grace
         while time.time() < deadline:
             self.proc.poll()

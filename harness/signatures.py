@@ -30,24 +30,27 @@ class Match:
     signature: Signature
     mm_hash: str | None
     line: str
+    request_id: str | None = None
 
 
 class Signatures:
-    def __init__(self, signatures: list[Signature], mm_hash_pattern: str):
+    def __init__(self, signatures: list[Signature], mm_hash_pattern: str, request_id_pattern: str = r"$^"):
         self.signatures = signatures
         self.mm_hash = re.compile(mm_hash_pattern)
+        self.request_id = re.compile(request_id_pattern)
 
     @classmethod
     def load(cls, *files: Path | str) -> "Signatures":
         """The default table, extended by users' files (same shape; a user's name replaces a default one)."""
         by_name: dict[str, Signature] = {}
-        mm_hash_pattern = None
+        mm_hash_pattern = request_id_pattern = None
         for f in (DEFAULT_FILE, *files):
             try:
                 data = tomllib.loads(Path(f).read_text())
             except (OSError, tomllib.TOMLDecodeError) as e:
                 raise SignatureError(f"cannot read signature file {f}: {e}") from e
             mm_hash_pattern = data.get("mm_hash_pattern", mm_hash_pattern)
+            request_id_pattern = data.get("request_id_pattern", request_id_pattern)
             for i, s in enumerate(data.get("signature", [])):
                 unknown = set(s) - _KEYS
                 if unknown or not {"name", "pattern"} <= set(s):
@@ -61,13 +64,15 @@ class Signatures:
                 by_name[s["name"]] = Signature(
                     s["name"], pat, bool(s.get("fatal", False)), int(s.get("rank", 50)), s.get("description", "")
                 )
-        return cls(sorted(by_name.values(), key=lambda s: s.rank), mm_hash_pattern or r"$^")
+        return cls(sorted(by_name.values(), key=lambda s: s.rank), mm_hash_pattern or r"$^",
+                   request_id_pattern or r"$^")
 
     def match(self, line: str) -> Match | None:
         for s in self.signatures:
             if s.pattern.search(line):
                 m = self.mm_hash.search(line)
-                return Match(s, m.group(1) if m else None, line.rstrip()[:500])
+                r = self.request_id.search(line)
+                return Match(s, m.group(1) if m else None, line.rstrip()[:500], r.group(1) if r else None)
         return None
 
     def scan(self, text: str) -> list[Match]:

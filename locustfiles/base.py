@@ -16,6 +16,10 @@ from locustfiles import common
 from locustfiles.recorder import StoppedByLocust
 from payloads.requests import BuiltRequest
 
+# vLLM takes X-Request-Id as the request's id and names it in its log lines (drift warnings included), so a
+# log event can be joined to the exact request row
+REQUEST_ID_PREFIX = "mmc-"
+
 
 class ChaosUser(FastHttpUser):
     abstract = True
@@ -27,6 +31,7 @@ class ChaosUser(FastHttpUser):
         self.user_id = common.next_user_id()
         self.worker_index = getattr(environment.runner, "worker_index", 0) or 0
         self.seq = 0
+        self.run_id = o.run_id
         self.headers = {"Content-Type": "application/json", **auth_headers()}
         # aborts use a plain connection of their own (see _abort), so the main pool never holds a dropped one
         self.abort_after = o.abort_after_ms / 1000
@@ -34,8 +39,8 @@ class ChaosUser(FastHttpUser):
         self._conn_class = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
         self._netloc, self._base_path = url.netloc, url.path.rstrip("/")
 
-    def _post(self, payload: bytes, name: str, ctx: dict, req: BuiltRequest):
-        with self.client.request("POST", req.path, data=payload, headers=self.headers, name=name, context=ctx,
+    def _post(self, payload: bytes, headers: dict, name: str, ctx: dict, req: BuiltRequest):
+        with self.client.request("POST", req.path, data=payload, headers=headers, name=name, context=ctx,
                                  catch_response=True) as resp:
             status = resp.status_code or None
             expected = req.meta.expected_status
@@ -47,7 +52,7 @@ class ChaosUser(FastHttpUser):
                 resp.failure(f"HTTP {status}" if status else str(getattr(resp, "error", "no answer")))
         return status, resp
 
-    def _abort(self, payload: bytes, name: str, ctx: dict, path: str, t0: float):
+    def _abort(self, payload: bytes, headers: dict, name: str, ctx: dict, path: str, t0: float):
         """Send on a connection of its own and hang up after --abort-after-ms: the server sees the client
         disconnect mid-request, as when a caller times out. A server that answers first is recorded as such."""
         p0 = time.perf_counter()
@@ -56,7 +61,7 @@ class ChaosUser(FastHttpUser):
         body = b""
         try:
             with gevent.Timeout(self.abort_after):  # a hard deadline: socket timeouts are per operation
-                conn.request("POST", self._base_path + path, body=payload, headers=self.headers)
+                conn.request("POST", self._base_path + path, body=payload, headers=headers)
                 answer = conn.getresponse()
                 body = answer.read()
                 resp.status_code, resp.text = answer.status, body.decode(errors="replace")
@@ -80,15 +85,17 @@ class ChaosUser(FastHttpUser):
         common.take_budget(self.environment)
         self.seq += 1
         payload = req.payload()
+        request_id = f"{REQUEST_ID_PREFIX}{self.run_id}-{self.worker_index}-{self.user_id}-{self.seq}"
         ctx = {**req.meta.columns(), "endpoint": req.path, "request_bytes": len(payload), "user_id": self.user_id,
-               "seq": self.seq, "abort": abort, **ctx_extra}
+               "seq": self.seq, "request_id": request_id, "abort": abort, **ctx_extra}
+        headers = {**self.headers, "X-Request-Id": request_id}
         name = f"{req.path} [{ctx.get('case') or req.meta.kind}]"
         t0 = time.time()
         try:
             if abort:
-                status, resp = self._abort(payload, name, ctx, req.path, t0)
+                status, resp = self._abort(payload, headers, name, ctx, req.path, t0)
             else:
-                status, resp = self._post(payload, name, ctx, req)
+                status, resp = self._post(payload, headers, name, ctx, req)
         except GreenletExit:
             # Locust is stopping this user mid-request: the request still gets its row
             self.environment.events.request.fire(

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import itertools
 import logging
+import signal
 import time
 import uuid
 from pathlib import Path
 
+import gevent
 import requests
 from locust import events
 from locust.exception import StopUser
-from locust.runners import MasterRunner, WorkerRunner
+from locust.runners import STATE_INIT, MasterRunner, WorkerRunner
 
 from harness.server import auth_headers
 from locustfiles import options
@@ -65,11 +67,24 @@ def _register(parser):
 
 @events.init.add_listener
 def _init(environment, **_):
+    # Locust installs its SIGTERM handler only after a headless shape test has finished, so until then SIGTERM
+    # kills the process with rows unflushed. End the shape instead: Locust then quits its usual way.
+    gevent.signal_handler(signal.SIGTERM, lambda: _end_shape_on_sigterm(environment))
     o = opts(environment)
     if o is None:
         return
     Session.auto_results_dir = not o.results_dir
     Session.auto_run_id = not o.run_id
+
+
+def _end_shape_on_sigterm(environment) -> None:
+    runner = environment.runner
+    if runner is None or environment.shape_class is None:
+        return  # no shape: Locust's own SIGTERM handler is in place and does the shutdown
+    if runner.shape_greenlet is not None:
+        runner.shape_greenlet.kill(block=False)  # main() joins it, then quits the runner and shuts down
+    elif runner.state == STATE_INIT:
+        runner.quit()  # the shape has not started yet
 
 
 def resolve_model(host: str) -> str:
@@ -121,3 +136,7 @@ def _test_stop(environment, **_):
 @events.quitting.add_listener
 def _quitting(environment, **_):
     _stop_all()
+
+
+# the mmchaos panel in the web UI (its listeners run after the ones above: it uses the run's watchers)
+from locustfiles import webui  # noqa: E402,F401

@@ -44,6 +44,7 @@ class EmbeddingUser(ChaosUser):
             traffic = shared_traffic(o)
         except (TrafficConfigError, ValueError, OSError) as e:
             log.error("mmchaos: %s", e)
+            self.environment.process_exit_code = 2  # nothing could be sent: the run did not succeed
             self.environment.runner.quit()
             raise
         self.traffic = UserTraffic(traffic, o.seed, self.worker_index, self.user_id, o.model)
@@ -62,3 +63,4 @@ def _warm_pool(environment, **_):
             shared_traffic(environment.parsed_options)
         except (TrafficConfigError, ValueError, OSError) as e:
             log.error("mmchaos: %s", e)
+            environment.process_exit_code = 2

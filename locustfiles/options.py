@@ -66,6 +66,8 @@ OPTIONS = [
     Option("health_interval", float, 0.25, "seconds between /health polls"),
     Option("metrics_interval", float, 1.0, "seconds between /metrics scrapes"),
     Option("no_watch", bool, False, "do not poll /health and /metrics"),
+    Option("server_log", str, "", "the server's log file: the web UI's mmchaos panel tails it and names crashes "
+           "and drift by the log signatures (empty: none)"),
 ]
 BY_NAME = {o.name: o for o in OPTIONS}
 HARNESS_OWNED = {"model", "seed", "shape", "max_requests", "results_dir", "run_id", "config_name", "trial"}
@@ -102,3 +104,8 @@ def to_argv(mix: dict, options: dict) -> list[str]:
         else:
             argv += [o.flag, str(value)]
     return argv
+
+
+def effective_mix(mix: dict) -> dict:
+    """The weights a run uses: the defaults with a campaign's [workload.mix] over them (for manifests)."""
+    return {k: mix.get(k, w) for k, (w, _) in WEIGHTS.items()}

@@ -72,6 +72,7 @@ class Recorder:
         self.worker = process_tag()
         self.interval = interval
         self.rows_seen = 0
+        self._closed = False
         self.environment = environment
         environment.events.request.add_listener(self.on_request)
         self._loop = gevent.spawn(self._flush_loop)
@@ -92,6 +93,7 @@ class Recorder:
                 "worker": self.worker,
                 "user_id": ctx.get("user_id"),
                 "seq": ctx.get("seq"),
+                "request_id": ctx.get("request_id"),
                 "kind": kind or "other",
                 "case": ctx.get("case"),
                 "probe": ctx.get("probe"),
@@ -121,6 +123,10 @@ class Recorder:
         return self.writer.flush()
 
     def close(self) -> None:
+        # test_stop and quitting both close: killing the flush loop yields, so the second call can come meanwhile
+        if self._closed:
+            return
+        self._closed = True
         self.environment.events.request.remove_listener(self.on_request)
         self._loop.kill()
         self.writer.flush()

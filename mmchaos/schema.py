@@ -48,6 +48,7 @@ REQUESTS = pa.schema(
         ("worker", pa.string()),  # host:pid of the Locust process that sent it
         ("user_id", pa.int32()),
         ("seq", pa.int64()),  # per-user sequence number
+        ("request_id", pa.string()),  # sent as X-Request-Id: vLLM names the request after it in its log
         ("kind", pa.string()),
         ("case", pa.string()),  # malformed case name or probe step name; null otherwise
         ("probe", pa.string()),  # probe sequence name; null outside probes
@@ -90,7 +91,8 @@ LOG_EVENTS = pa.schema(
         ("t", pa.float64()),  # when the line was read (epoch seconds)
         ("signature", pa.string()),  # name from the signature table
         ("fatal", pa.bool_()),  # the signature, when seen, means the server is going down
-        ("mm_hash", pa.string()),
+        ("mm_hash", pa.string()),  # vLLM's hash of the item (not the same hash space as image_hashes)
+        ("request_id", pa.string()),  # our X-Request-Id when the line names the request: joins REQUESTS
         ("line", pa.string()),
     ]
 )

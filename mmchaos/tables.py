@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import socket
 import threading
 from pathlib import Path
@@ -33,7 +34,8 @@ class PartWriter:
     def __init__(self, folder: Path | str, table_schema: pa.Schema, tag: str | None = None):
         self.folder = Path(folder)
         self.schema = table_schema
-        self.tag = tag or process_tag()
+        # a token per writer: two writers of one process (two runs from the web UI) never reuse a part name
+        self.tag = f"{tag or process_tag()}-{secrets.token_hex(3)}"
         self._rows: list[dict] = []
         self._n = 0
         self.rows_written = 0
@@ -64,13 +66,52 @@ class PartWriter:
         return len(self._rows)
 
 
+PART_GLOB = "part-*.parquet"  # temp files start with "." and never match
+COMPACT = "compact.parquet"
+_SOURCES = b"mmchaos_sources"  # compact.parquet's metadata: the part names it holds
+
+
+def part_files(folder: Path | str) -> list[Path]:
+    """The files that hold a table's rows, each row in exactly one of them, whatever moment a compaction
+    was interrupted at: the compacted file, plus the parts it does not already hold."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    parts = sorted(folder.glob(PART_GLOB))
+    compact = folder / COMPACT
+    if not compact.is_file():
+        return parts
+    held = set(json.loads(pq.read_schema(compact).metadata[_SOURCES]))
+    return [compact] + [p for p in parts if p.name not in held]
+
+
+def compact(folder: Path | str) -> int:
+    """Merge a finished table's parts into one file (fewer files: faster loading). Crash-safe: the merged file
+    is renamed in before any part is deleted, and lists the parts it holds. Returns the parts merged."""
+    folder = Path(folder)
+    files = part_files(folder)
+    parts = [f for f in files if f.name != COMPACT]
+    if len(files) < 2:
+        return 0
+    table = pa.concat_tables(pq.read_table(f) for f in files)
+    held = set()
+    if (folder / COMPACT).is_file():
+        held = set(json.loads(pq.read_schema(folder / COMPACT).metadata[_SOURCES]))
+    meta = {**(table.schema.metadata or {}), _SOURCES: json.dumps(sorted(held | {p.name for p in parts}))}
+    tmp = folder / f".{COMPACT}.tmp"
+    pq.write_table(table.replace_schema_metadata(meta), tmp)
+    os.replace(tmp, folder / COMPACT)
+    for p in parts:
+        p.unlink()
+    return len(parts)
+
+
 def read_table(trial_dir: Path | str, table: str) -> pa.Table:
-    """All parts of one table of one trial (an empty table of the right schema when there are none)."""
-    folder = table_dir(trial_dir, table)
-    parts = sorted(folder.glob("part-*.parquet")) if folder.is_dir() else []
-    if not parts:
+    """All rows of one table of one trial (an empty table of the right schema when there are none)."""
+    files = part_files(table_dir(trial_dir, table))
+    if not files:
         return schema.TABLES[table].empty_table()
-    return pa.concat_tables(pq.read_table(p, schema=schema.TABLES[table]) for p in parts)
+    return pa.concat_tables(pq.read_table(p, schema=schema.TABLES[table]) for p in files)
 
 
 def write_json_atomic(path: Path | str, data: dict) -> None:

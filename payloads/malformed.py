@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import functools
 import re
 import struct
 import tomllib
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .images import PoolImage
+from .images import DataURL, PoolImage
 from .requests import (
     DEFAULT_INSTRUCTION,
     EMBEDDINGS_PATH,
@@ -109,7 +110,7 @@ def _mut_truncated_image(body: dict, ctx: MutationContext) -> dict:
     if not 0.0 < frac < 1.0:
         raise ValueError(f"keep_fraction must be in (0, 1), got {frac}")
     data = ctx.image.data[: max(1, int(len(ctx.image.data) * frac))]
-    return _set_first_image_url(body, f"data:{ctx.image.mime};base64,{base64.b64encode(data).decode()}")
+    return _set_first_image_url(body, DataURL(f"data:{ctx.image.mime};base64,{base64.b64encode(data).decode()}"))
 
 
 def _mut_unsupported_format(body: dict, ctx: MutationContext) -> dict:
@@ -127,11 +128,18 @@ def _mut_unsupported_format(body: dict, ctx: MutationContext) -> dict:
         data = b"%PDF-1.4\n1 0 obj <<>> endobj\ntrailer <<>>\n%%EOF\n"
     else:
         raise ValueError(f"format must be 'svg' or 'pdf', got {fmt!r}")
-    return _set_first_image_url(body, f"data:{mime};base64,{base64.b64encode(data).decode()}")
+    return _set_first_image_url(body, DataURL(f"data:{mime};base64,{base64.b64encode(data).decode()}"))
 
 
 def _mut_data_url_not_base64(body: dict, ctx: MutationContext) -> dict:
-    return _set_first_image_url(body, f"data:{ctx.image.mime},{urllib.parse.quote_from_bytes(ctx.image.data)}")
+    return _set_first_image_url(body, DataURL(f"data:{ctx.image.mime},{_percent_encoded(ctx.image.data)}"))
+
+
+@functools.lru_cache(maxsize=64)
+def _percent_encoded(data: bytes) -> str:
+    # quote_from_bytes works byte by byte in Python (~5 ms for 100 kB); pool images come back again and again.
+    # Its output is letters, digits, "_.-~/" and %XX: nothing JSON escapes (hence DataURL above)
+    return urllib.parse.quote_from_bytes(data)
 
 
 def png_header_only(width: int, height: int) -> bytes:
@@ -151,7 +159,7 @@ def _mut_oversized_image(body: dict, ctx: MutationContext) -> dict:
     if not (0 < w < 2**31 and 0 < h < 2**31):
         raise ValueError(f"width and height must be in [1, 2**31), got {w}x{h}")
     data = png_header_only(w, h)
-    return _set_first_image_url(body, f"data:image/png;base64,{base64.b64encode(data).decode()}")
+    return _set_first_image_url(body, DataURL(f"data:image/png;base64,{base64.b64encode(data).decode()}"))
 
 
 def _mut_prompt_over(body: dict, ctx: MutationContext) -> dict:
@@ -171,7 +179,7 @@ def _mut_text_over(body: dict, ctx: MutationContext) -> dict:
 def _bad_base64_url(image: PoolImage) -> str:
     head, _, b64 = image.data_url.partition(",")
     mid = len(b64) // 2
-    return f"{head},{b64[:mid]}!*@~{b64[mid:]}"
+    return DataURL(f"{head},{b64[:mid]}!*@~{b64[mid:]}")  # "!*@~": outside base64, nothing JSON escapes
 
 
 def _mut_extra_bad_image(body: dict, ctx: MutationContext) -> dict:

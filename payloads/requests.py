@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 from mmchaos import schema
 
-from .images import PoolImage
+from .images import DataURL, PoolImage
 
 EMBEDDINGS_PATH = "/v1/embeddings"
 TOKENIZE_PATH = "/tokenize"
@@ -87,7 +87,38 @@ class EmbedInput:
 
 
 def encode_body(body: Mapping[str, Any]) -> bytes:
-    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    """The body as compact JSON, UTF-8: exactly ``json.dumps(body, separators=(",", ":"), ensure_ascii=False)``.
+
+    Image data URLs (:class:`payloads.images.DataURL`, ~99 % of a body's bytes) need no escaping: they are
+    swapped for a placeholder, the small rest is serialised, and the URLs are copied in as bytes -- instead of
+    JSON scanning ~100 kB of base64 per request."""
+    urls: list[str] = []
+    skeleton = _swap_urls(body, urls)
+    if not urls:
+        return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    parts = json.dumps(skeleton, separators=(",", ":"), ensure_ascii=False).encode("utf-8").split(_URL_SLOT)
+    if len(parts) != len(urls) + 1:  # the placeholder text also occurs in the request itself: do it plainly
+        return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    out = [parts[0]]
+    for url, part in zip(urls, parts[1:]):
+        out.append(url.encode("ascii"))
+        out.append(part)
+    return b"".join(out)
+
+
+_URL_SLOT_TEXT = "\x01mmchaos-data-url\x01"
+_URL_SLOT = json.dumps(_URL_SLOT_TEXT, ensure_ascii=False)[1:-1].encode("utf-8")  # as it appears when serialised
+
+
+def _swap_urls(node: Any, urls: list[str]) -> Any:
+    if type(node) is DataURL:
+        urls.append(node)
+        return _URL_SLOT_TEXT
+    if type(node) is dict:
+        return {k: _swap_urls(v, urls) for k, v in node.items()}
+    if type(node) is list:
+        return [_swap_urls(v, urls) for v in node]
+    return node
 
 
 def image_part(image: PoolImage) -> dict:

@@ -12,6 +12,7 @@ compared with what the cache holds. :meth:`ReuseModel.expected_distinct` gives t
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from functools import cached_property
 from typing import NamedTuple
@@ -50,6 +51,10 @@ class ReuseModel:
         cdf[-1] = 1.0  # guard the last bucket against rounding
         return cdf
 
+    @cached_property
+    def _cdf_list(self) -> list[float]:
+        return self._cdf.tolist()
+
     def top_share(self, k: int) -> float:
         """Share of pool (non-fresh) draws that land on the ``k`` hottest images."""
         return float(self.probabilities[: max(0, k)].sum())
@@ -87,11 +92,12 @@ class ReuseSampler:
     def draw(self) -> Draw:
         m = self.model
         # always consume the same number of random values, so a run's sequence does not depend on outcomes
-        u_fresh, u_pick = self.rng.random(2)
-        fresh = bool(u_fresh < m.fresh_fraction)
+        u_fresh, u_pick = self.rng.random(2).tolist()
+        fresh = u_fresh < m.fresh_fraction
         if fresh:
             return Draw(int(u_pick * m.pool_size), True)  # fresh images inherit a uniform base
-        return Draw(min(int(np.searchsorted(m._cdf, u_pick, side="right")), m.pool_size - 1), False)
+        # bisect on a list: np.searchsorted(side="right")'s answer without numpy's per-call cost
+        return Draw(min(bisect.bisect_right(m._cdf_list, u_pick), m.pool_size - 1), False)
 
     def draw_many(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         """``n`` draws at once: (pool indices, fresh mask). Same distribution as :meth:`draw`."""

@@ -2,6 +2,8 @@
 
 Answers /health, /v1/models, /v1/embeddings, /tokenize and /metrics. ``--die-after N`` makes the process print
 the report's crash lines and exit after N embedding requests, so crash detection can be tested without vLLM.
+``--error-text`` sets the message of its 400 answers (and logs it); ``--api-key`` (or STANDIN_API_KEY) makes
+POSTs without that bearer token get 401. It handles SIGTERM (graceful shutdown) as vLLM does.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -69,7 +72,9 @@ class Handler(BaseHTTPRequestHandler):
         with self.lock:
             Handler.count += 1
             count = Handler.count
-        if self.opts.die_after and count > self.opts.die_after:
+            Handler.first = getattr(Handler, "first", None) or time.monotonic()
+        late = self.opts.die_after_s and time.monotonic() - Handler.first > self.opts.die_after_s
+        if (self.opts.die_after and count > self.opts.die_after) or late:
             print("WARNING [core.py:1868] Multi-modal cache miss for request embd-x (mm_hashes=['ab12cd34ef']): "
                   "P0/P1 cache drift; returning a retryable response so the items are resent with data.", flush=True)
             print("    assert req_state.detokenizer is not None\nAssertionError", flush=True)
@@ -78,6 +83,8 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(400, {"error": {"message": "input or messages required", "code": 400}})
         if "dimensions" in body:
             msg = self.opts.error_text or "Model does not support matryoshka representation"
+            if self.opts.error_text:
+                print(f"ERROR [serving.py:1] request failed: {msg}", flush=True)  # servers log what they answer
             return self._send(400, {"error": {"message": msg, "code": 400}})
         if body.get("encoding_format", "float") not in ("float", "base64"):
             return self._send(400, {"error": {"message": "bad encoding_format", "code": 400}})
@@ -86,11 +93,16 @@ class Handler(BaseHTTPRequestHandler):
         self._send(200, {"object": "list", "data": data, "model": "standin"})
 
 
+def _on_sigterm(*_):
+    raise KeyboardInterrupt
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)
-    p.add_argument("--die-after", type=int, default=0)
+    p.add_argument("--die-after", type=int, default=0, help="die at the Nth embedding request")
+    p.add_argument("--die-after-s", type=float, default=0, help="die this long after the first embedding request")
     p.add_argument("--delay-ms", type=float, default=0)
     p.add_argument("--unhealthy", action="store_true")
     p.add_argument("--api-key", default=os.environ.get("STANDIN_API_KEY"))
@@ -99,6 +111,8 @@ def main() -> None:
     Handler.opts = opts
     srv = ThreadingHTTPServer((opts.host, opts.port), Handler)
     srv.daemon_threads = True
+    # like vLLM (uvicorn), shut down on SIGTERM through a handler: a stopped (SIGSTOPped) process does not run it
+    signal.signal(signal.SIGTERM, _on_sigterm)
     print(f"standin listening on {opts.host}:{opts.port}", flush=True)
     try:
         srv.serve_forever()

@@ -52,10 +52,12 @@ def write_trial(camp: Path, config: str, trial: int, *, requests=(), health=(), 
     return folder
 
 
-def req(t, kind="valid_image", outcome=S.OK, status=200, hashes="h1", case=None, expected=None, latency=100.0):
+def req(t, kind="valid_image", outcome=S.OK, status=200, hashes="h1", case=None, expected=None, latency=100.0,
+        request_id=None):
     n_images = 0 if hashes is None else len(hashes.split(","))
     return {"t_start": T0 + t, "kind": kind, "outcome": outcome, "status": status, "image_hashes": hashes,
-            "n_images": n_images, "case": case, "expected_status": expected, "latency_ms": latency}
+            "n_images": n_images, "case": case, "expected_status": expected, "latency_ms": latency,
+            "request_id": request_id}
 
 
 def health(ts, ok=True):
@@ -134,10 +136,11 @@ def test_kaplan_meier_with_censoring():
 def hand(tmp_path_factory) -> Path:
     """Two configurations, two 30-minute trials each (1 hour of load per config).
 
-    buggy/t000: malformed_post with image h1 at 100 s, valid h1 at 104 s (drift line at 104.1 s naming h1),
+    buggy/t000: malformed_post with image h1 at 100 s, valid h1 at 104 s (drift line at 104.1 s naming that
+    request by its X-Request-Id, and vLLM's own mm_hash of the image),
     unrelated valid h2 at 103 s, text at 103.5 s; the server dies: crash detected at 106 s, last healthy
     104.5 s; a valid request at 105 s is refused; one failed health poll.  Also a drift line at 300 s with an
-    mm_hash no request carried (-> window fallback).  buggy/t001: no incident.
+    mm_hash and no request of ours named (-> window fallback).  buggy/t001: no incident.
     fixed: the same poison and valid requests, all fine, no drift, no crash.
     """
     camp = tmp_path_factory.mktemp("results") / "handmade"
@@ -146,13 +149,14 @@ def hand(tmp_path_factory) -> Path:
         req(100, "malformed_post", S.HTTP_ERROR, 400, "h1", "dimensions", 400),
         req(103, "valid_image", hashes="h2"),
         req(103.5, "text", hashes=None),
-        req(104, "valid_image", hashes="h1"),
+        req(104, "valid_image", hashes="h1", request_id="mmc-r-0-0-5"),
     ]
     write_trial(camp, "buggy", 0, manifest={}, health=health([50, 100]) + health([105], ok=False),
                 requests=seq + [req(105, "valid_image", S.CONNECTION_ERROR, None, "h1")] + [
                     req(200 + i, "text", hashes=None) for i in range(494)],
                 log_events=[
-                    {"t": T0 + 104.1, "signature": "cache_drift", "fatal": False, "mm_hash": "h1", "line": "drift h1"},
+                    {"t": T0 + 104.1, "signature": "cache_drift", "fatal": False, "mm_hash": "9a9a" * 16,
+                     "request_id": "mmc-r-0-0-5", "line": "drift embd-mmc-r-0-0-5"},
                     {"t": T0 + 300, "signature": "cache_drift", "fatal": False, "mm_hash": "ffff", "line": "drift ?"},
                 ],
                 crashes=[{"t_detected": T0 + 106, "t_last_healthy": T0 + 104.5, "reason": "process_exit",
@@ -217,7 +221,7 @@ def test_attribution_picks_the_poison(hand):
     assert set(drift["sent"].split(", ")) == {"malformed_post/dimensions ×1", "valid_image ×1"}
     assert drift["last_sent"] == "valid_image"
     # the unknown mm_hash falls back to all image requests in [290, 300]: there are none
-    unknown = events[events["mm_hash"] == "ffff"].iloc[0]
+    unknown = events[(events["event"] == "drift") & events["mm_hash"].isna()].iloc[0]
     assert unknown["match"] == WINDOW and unknown["requests"] == 0
     # the crash: images in [94.5, 106]: malformed h1 @100, h2 @103, h1 @104, refused h1 @105 (text has none)
     crash = events[events["event"] == "crash"].iloc[0]
@@ -375,3 +379,11 @@ def test_fails_alone_tolerates_rare_unanswered_but_not_wrong_status():
     # one answered with 500 instead of 400: not alone any more
     ok, why = _fails_alone(rows([400.0] * 199 + [500.0], [S.HTTP_ERROR] * 200), 0.99)
     assert not ok and "500 ×1" in why
+
+
+def test_default_baseline_is_the_shipped_server_that_kept_serving(hand):
+    c = load_campaign(hand)
+    assert stats.default_baseline(c) == "buggy"  # the only one without extra flags, crashed or not
+    # were "fixed" also run without extra flags, it would be the baseline: it did not crash
+    c.trials.loc[c.trials["config"] == "fixed", "flags"] = ""
+    assert stats.default_baseline(c) == "fixed"

@@ -160,6 +160,48 @@ def test_fresh_images_are_new_deterministic_and_well_formed(small_pool):
     assert small_pool.fresh(0).hash != small_pool.fresh(0).hash  # token=None: random
 
 
+def _full_reencode(base, token):
+    """What a fresh image is by definition: decode, paste the stamp, encode the whole image again."""
+    from payloads import fresh
+
+    digest = hashlib.sha256(token.encode()).digest()
+    with Image.open(io.BytesIO(base.data)) as src:
+        im = src.convert("RGBA" if src.mode in ("RGBA", "LA", "PA") else "RGB")
+    arr = np.array(im)
+    stamp, off = fresh.stamp_array(digest, *im.size)
+    fresh.apply_stamp(arr, stamp, off)
+    data = images.encode(Image.fromarray(arr, im.mode), base.format, base.quality)
+    with Image.open(io.BytesIO(data)) as out:
+        return out.mode, out.tobytes()
+
+
+@pytest.mark.parametrize("pool_kw", [dict(n=12, seed=7, preset="small"), dict(n=6, seed=2, max_side=700)])
+def test_fresh_fast_paths_give_the_pixels_of_a_full_reencode(pool_kw, cache_dir):
+    """PNG (rows spliced into the zlib stream) and JPEG (restart intervals swapped) decode to exactly the pixels
+    of decoding the base, stamping and encoding it all again."""
+    from payloads import fresh
+
+    fresh.clear_cache()
+    pool = images.generate_pool(**pool_kw, cache_dir=cache_dir)
+    for base in pool:
+        for token in ("t/1", "t/2"):
+            f = images.fresh_image(base, token)
+            with Image.open(io.BytesIO(f.data)) as got:
+                assert (got.mode, got.tobytes()) == _full_reencode(base, token), (base.id, base.format)
+            assert f.hash == images.fresh_image(base, token).hash  # deterministic (template cached or not)
+
+
+def test_encode_body_is_plain_json_with_data_urls_copied_in(small_pool):
+    im = small_pool[0]
+    bodies = [rq.image_request("m", im, "t").body, rq.batch_request("m", [rq.EmbedInput((im,), "x")] * 2).body,
+              rq.text_request("m", "plain").body,
+              {"messages": [{"content": [{"image_url": {"url": im.data_url}}, {"text": "é \x01mmchaos-data-url\x01"}]}]}]
+    bodies += [malformed.build_malformed_request(c, im, "m", max_model_len=4096).body for c in
+               malformed.load_cases().usable(4096)]
+    for b in bodies:
+        assert rq.encode_body(b) == json.dumps(b, separators=(",", ":"), ensure_ascii=False).encode()
+
+
 def _write_image(path, fmt, size=(40, 30), colour=(200, 30, 30)):
     path.parent.mkdir(parents=True, exist_ok=True)
     Image.new("RGB", size, colour).save(path, fmt)

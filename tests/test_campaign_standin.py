@@ -1,0 +1,168 @@
+"""Campaign runner plumbing on the stand-in server: layout, crash detection and classification, restart policy,
+resume, and bad campaign files."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import TESTS
+from harness import campaign, campaign_file
+from mmchaos import schema
+from mmchaos.tables import read_table
+
+STANDIN = f"{sys.executable} {TESTS / 'standin_server.py'} --port {{port}}"
+
+
+def write_campaign(tmp_path: Path, *, policy: str = "stop", duration: int = 4, trials: int = 1,
+                   configs: str | None = None, extra: str = "") -> Path:
+    configs = configs or '''
+[[config]]
+name = "healthy"
+
+[[config]]
+name = "dies"
+flags = ["--die-after", "40"]
+'''
+    f = tmp_path / "c.toml"
+    f.write_text(f'''
+[campaign]
+name = "standin"
+trials = {trials}
+target = "command"
+command = "{STANDIN}"
+{extra}
+[workload]
+locustfile = "{TESTS.parent / 'locustfiles/embeddings.py'}"
+users = 3
+spawn_rate = 3
+duration = {duration}
+
+[workload.options]
+image_preset = "small"
+pool_size = 16
+
+[crash]
+policy = "{policy}"
+startup_timeout = 30
+{configs}''')
+    return f
+
+
+def run(f: Path, results: Path, **kw):
+    return campaign.CampaignRunner(campaign_file.load(f), results, **kw).run()
+
+
+def test_campaign_layout_crash_detection_and_classification(tmp_path):
+    results = run(write_campaign(tmp_path), tmp_path / "results")
+    by_name = {r.config: r for r in results}
+    assert [r.status for r in results] == ["completed", "completed"]
+    assert by_name["healthy"].crashes == []
+    [crash] = by_name["dies"].crashes
+    assert crash.reason == "process_exit" and crash.signature == "detokenizer_assert" and crash.exit_code == 1
+
+    for name in ("healthy", "dies"):
+        trial = tmp_path / "results" / "standin" / name / "t000"
+        for f in (schema.MANIFEST, schema.SERVER_LOG, "locust.log", "locust.json"):
+            assert (trial / f).is_file(), f
+        manifest = json.loads((trial / schema.MANIFEST).read_text())
+        assert manifest["status"] == "completed" and manifest["config"] == name
+        assert manifest["git_rev"] and manifest["machine"]["cpus"] and manifest["workload"]["users"] == 3
+        rows = read_table(trial, "requests").to_pandas()
+        assert len(rows) == manifest["requests"] == manifest["locust_requests"] > 0  # every request is a row
+        assert (rows["config"] == name).all() and (rows["run_id"] == manifest["run_id"]).all()
+        assert len(list((trial / "requests").iterdir())) == 1  # parts compacted at the end of the trial
+
+    dies = tmp_path / "results" / "standin" / "dies" / "t000"
+    crashes = read_table(dies, "crashes").to_pandas()
+    assert list(crashes["signature"]) == ["detokenizer_assert"]
+    events = read_table(dies, "log_events").to_pandas()
+    assert {"cache_drift", "detokenizer_assert"} <= set(events["signature"])
+    assert events.loc[events["signature"] == "cache_drift", "mm_hash"].iloc[0] == "ab12cd34ef"
+    # detected within a second of the last answer the dead server gave
+    rows = read_table(dies, "requests").to_pandas()
+    ok = rows[rows["outcome"] == schema.OK]
+    last_answer = (ok["t_start"] + ok["latency_ms"] / 1000).max()
+    assert 0 <= crash.t_detected - last_answer < 1.0
+    assert crash.t_last_healthy <= crash.t_detected
+
+
+def test_restart_policy_keeps_loading_and_counts_every_crash(tmp_path):
+    f = write_campaign(tmp_path, policy="restart", duration=6, configs='''
+[[config]]
+name = "dies"
+flags = ["--die-after-s", "1"]
+''')
+    [result] = run(f, tmp_path / "results")
+    assert result.status == "completed"
+    assert len(result.crashes) >= 2
+    assert [c.restart for c in result.crashes] == list(range(len(result.crashes)))
+    trial = tmp_path / "results" / "standin" / "dies" / "t000"
+    manifest = json.loads((trial / schema.MANIFEST).read_text())
+    assert manifest["crashes"] == len(result.crashes)
+    assert manifest["requests"] == manifest["locust_requests"]
+    # the server was answering again after each restart: successes after the first crash
+    rows = read_table(trial, "requests").to_pandas()
+    assert (rows.loc[rows["t_start"] > result.crashes[0].t_detected, "outcome"] == schema.OK).any()
+
+
+def test_rerun_resumes_and_force_reruns(tmp_path):
+    f = write_campaign(tmp_path, duration=2, configs='''
+[[config]]
+name = "healthy"
+''')
+    [first] = run(f, tmp_path / "results")
+    manifest = tmp_path / "results" / "standin" / "healthy" / "t000" / schema.MANIFEST
+    before = json.loads(manifest.read_text())
+    [again] = run(f, tmp_path / "results")
+    assert again.skipped and json.loads(manifest.read_text()) == before
+    [forced] = run(f, tmp_path / "results", force=True)
+    assert not forced.skipped and json.loads(manifest.read_text())["run_id"] != before["run_id"]
+
+
+def test_unfinished_trial_is_run_again(tmp_path):
+    f = write_campaign(tmp_path, duration=2, configs='[[config]]\nname = "healthy"\n')
+    trial = tmp_path / "results" / "standin" / "healthy" / "t000"
+    trial.mkdir(parents=True)
+    (trial / schema.MANIFEST).write_text(json.dumps({"status": "interrupted"}))
+    [r] = run(f, tmp_path / "results")
+    assert not r.skipped and r.status == "completed"
+
+
+@pytest.mark.parametrize(
+    "body,needle",
+    [
+        ('[campaign]\nname = "x"\ntrails = 2\n[[config]]\nname = "a"\n', ":3: unknown key 'trails' in [campaign]; "
+                                                                        "did you mean 'trials'?"),
+        ('[campaign]\nname = "x"\ntrials = "two"\n[[config]]\nname = "a"\n', ":3: 'trials' must be int, not str"),
+        ('[campaign]\nname = "x"\n[workload]\nusers = 2\nshape = "steady"\n[crash]\npolicy = "retry"\n'
+         '[[config]]\nname = "a"\nengine = "0.30.0"\n', ":7: crash policy 'retry' unknown"),
+        ('[campaign]\nname = "x"\n[[config]]\nname = "a"\nengine = "0.30.0"\n[[config]]\nname = "b"\n'
+         'engin = "0.32.0"\n', ":8: unknown key 'engin' in [config]; did you mean 'engine'?"),
+        ('[campaign]\nname = "x"\n', "no [[config]] tables"),
+        ('[campain]\nname = "x"\n', "unknown section [campain]; did you mean 'campaign'?"),
+        ('[campaign\nname = "x"\n', "not valid TOML"),
+        ('[campaign]\nname = "x"\n[[config]]\nname = "a"\nengine = "banana"\n', "'banana' is not a vLLM version"),
+    ],
+)
+def test_bad_campaign_files_name_file_line_and_hint(tmp_path, body, needle):
+    f = tmp_path / "bad.toml"
+    f.write_text(body)
+    r = subprocess.run([sys.executable, "-m", "harness.cli", "campaign", "check", str(f)], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(f) in lines[0] and needle in lines[0], r.stderr
+
+
+def test_unknown_mix_kind_is_rejected_before_anything_runs(tmp_path):
+    f = write_campaign(tmp_path, configs='[[config]]\nname = "a"\n')
+    f.write_text(f.read_text().replace("[workload.options]", "[workload.mix]\nvalid_imgae = 3\n\n[workload.options]"))
+    r = subprocess.run([sys.executable, "-m", "harness.cli", "campaign", "run", str(f), "--results",
+                        str(tmp_path / "results")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "unknown kind 'valid_imgae'" in r.stderr
+    assert not (tmp_path / "results" / "standin").exists()

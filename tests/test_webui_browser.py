@@ -1,0 +1,145 @@
+"""The mmchaos panel in a real browser: headless Chromium (Debian's package, installed by `make test`) driven by
+Playwright, against Locust's web UI.
+
+- the report's version of vLLM: a run started from the form crashes the server, and the crash appears on the
+  panel with its log signature (screenshots in test-output/);
+- on the stand-in server: server text (error answers, log lines) is shown as text, never run as markup.
+
+Both are in the `engine` tier (run by `make test`, which installs Chromium; not by `make unit`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shlex
+
+import pytest
+import requests
+
+from conftest import REPORT_VERSION, standin_server, vllm_server
+from locust_run import ROOT
+from test_webui import LocustUI, wait_for
+
+pytestmark = pytest.mark.engine
+
+CHROMIUM = "/usr/bin/chromium"
+INSTALL = "make browser  (or: apt-get update && apt-get install -y chromium)"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+OUTPUT = ROOT / "test-output"
+CRASH_WAIT_MS = 240_000  # from the start click: pool warm-up, a few seconds of load, the crash, a UI poll
+
+
+@contextlib.contextmanager
+def browser_page(profile_dir):
+    """A page of a fresh headless Chromium (its own user-data dir), closed at the end."""
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.fail(f"headless Chromium is missing ({CHROMIUM}): install it with `{INSTALL}`")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.fail("Playwright for Python is missing: `.venv/bin/pip install -e '.[test]'` (or `make test`)")
+    with sync_playwright() as pw:
+        ctx = pw.chromium.launch_persistent_context(
+            str(profile_dir), executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
+            viewport={"width": 1500, "height": 1000})
+        try:
+            page = ctx.pages[0] if ctx.pages else ctx.new_page()
+            page.set_default_timeout(30_000)
+            yield page
+        finally:
+            ctx.close()
+
+
+def start_from_form(page, url: str, users: int, spawn_rate: int, run_time: str, **custom: str) -> None:
+    """Fill Locust's start form as a user does and press Start. ``custom``: the form's custom parameters."""
+    page.goto(url)
+    page.fill("input[name=userCount]", str(users))
+    page.fill("input[name=spawnRate]", str(spawn_rate))
+    page.get_by_role("button", name="Advanced options").click()
+    page.fill("input[name=runTime]", run_time)
+    if custom:
+        page.get_by_role("button", name="Custom parameters").click()
+        for name, value in custom.items():
+            page.fill(f"input[name={name}]", value)
+    page.get_by_role("button", name="Start").click()
+
+
+def open_tab(page, title: str) -> None:
+    page.get_by_role("tab", name=title).click()
+
+
+def event_row(page, event: str, signature: str):
+    cell = page.locator("td").filter(has_text=re.compile(rf"^{re.escape(event)}$"))
+    return page.locator("tbody tr").filter(has=cell).filter(has_text=signature)
+
+
+def test_engine_crash_appears_on_the_panel(tmp_path):
+    """vLLM 0.30.0, default flags, the default mix started from the web form: the panel shows the crash with
+    the report's signature (detokenizer_assert), read from the server log named by --server-log."""
+    OUTPUT.mkdir(exist_ok=True)
+    log = tmp_path / "server.log"
+    shot = OUTPUT / f"webui-panel-crash-vllm-{REPORT_VERSION}.png"
+    with vllm_server(REPORT_VERSION, [], log) as server:
+        ui = LocustUI(tmp_path, "--host", server.base_url, "--server-log", str(log),
+                      "--results-dir", str(tmp_path / "results")).wait_up()
+        try:
+            with browser_page(tmp_path / "chromium-profile") as page:
+                # a form change that must reach the run: no /tokenize requests
+                start_from_form(page, ui.url + "/", users=4, spawn_rate=4, run_time="30s", weightTokenize="0")
+                open_tab(page, "mmchaos: events")
+                row = event_row(page, "crash", "detokenizer_assert").first
+                try:
+                    row.wait_for(timeout=CRASH_WAIT_MS)
+                finally:
+                    page.screenshot(path=str(shot), full_page=True)
+                crash_text = row.inner_text()
+                open_tab(page, "mmchaos: outcomes")
+                page.locator("tbody tr").filter(has_text="valid_image").first.wait_for()
+                page.screenshot(path=str(OUTPUT / f"webui-panel-outcomes-vllm-{REPORT_VERSION}.png"), full_page=True)
+                open_tab(page, "mmchaos: server")
+                page.locator("td", has_text="health now").wait_for()
+                page.screenshot(path=str(OUTPUT / f"webui-panel-server-vllm-{REPORT_VERSION}.png"), full_page=True)
+            st = ui.state()
+        finally:
+            ui.stop()
+    assert "health" in crash_text and "after ok" in crash_text, crash_text
+    crash = [e for e in st["events"] if e["event"] == "crash"]
+    assert crash and crash[-1]["signature"] == "detokenizer_assert", st["events"][:10]
+    assert any(e["event"] == "drift" and e["signature"] == "cache_drift" for e in st["events"]), st["events"][:20]
+    assert st["options"]["weight_tokenize"] == 0 and "tokenize" not in st["outcomes"]["kinds"]
+    assert st["outcomes"]["kinds"]["valid_image"]["ok"] > 0  # it served before it died
+    assert st["health"]["state"] != "ok" and st["health"]["last_ok"] < crash[-1]["t"]
+    assert shot.stat().st_size > 10_000
+
+
+XSS_ANSWER = '<img src=x onerror="window.__mmchaos_xss=1">dimensions refused'
+XSS_LOG = "WARNING <script>window.__mmchaos_xss=2</script> P0/P1 cache drift mm_hashes=['0123456789ab']"
+
+
+def test_server_text_is_shown_as_text_not_markup(tmp_path):
+    log = tmp_path / "server.log"
+    with standin_server(log, "--error-text", shlex.quote(XSS_ANSWER)) as s:  # a shell-split command line
+        weights = {f"weight{k}": "0" for k in ("ValidImage", "Text", "MultiImage", "Batch", "Tokenize",
+                                              "MalformedPre", "Abort")}
+        ui = LocustUI(tmp_path, "--host", s.base_url, "--server-log", str(log), "--results-dir",
+                      str(tmp_path / "results"), "--image-preset", "small", "--pool-size", "8").wait_up()
+        try:
+            with browser_page(tmp_path / "chromium-profile") as page:
+                start_from_form(page, ui.url + "/", users=2, spawn_rate=2, run_time="20s",
+                                malformedCases="dimensions_unsupported", **weights)
+                wait_for(lambda: ui.state()["runner_state"] == "running", 30, "the run to start")
+                with open(log, "a") as f:  # the server "logs" markup
+                    f.write(XSS_LOG + "\n")
+                open_tab(page, "mmchaos: outcomes")
+                page.locator("td").filter(has_text=XSS_ANSWER).first.wait_for()
+                open_tab(page, "mmchaos: events")
+                page.locator("td").filter(has_text="<script>window.__mmchaos_xss=2</script>").first.wait_for()
+                page.screenshot(path=str(tmp_path / "escaping.png"), full_page=True)
+                assert page.evaluate("window.__mmchaos_xss") is None
+                assert page.locator("img[src=x]").count() == 0 and page.locator("td script").count() == 0
+            assert requests.get(ui.url + "/mmchaos/state", timeout=5).json()["options"]["weight_text"] == 0
+        finally:
+            ui.stop()
