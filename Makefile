@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 ENGINES := 0.30.0 0.32.0
 
-.PHONY: demo test unit engines setup browser clean-cache
+.PHONY: demo test unit engines setup browser
 
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)

@@ -288,11 +288,16 @@ class CampaignRunner:
         new = Server(target, folder / schema.SERVER_LOG, port=port)
         try:
             new.start()
-            new.wait_healthy(self.camp.crash["startup_timeout"])
+            new.wait_healthy(self.camp.crash["startup_timeout"],
+                             progress=lambda t, _: self._report(config=cfg.name, trial=trial,
+                                                                phase=f"restarting server ({t:.0f} s)"))
         except ServerError as e:
             new.stop()
             result.error = f"restart failed: {str(e).splitlines()[0]}"
             return None
+        except BaseException:  # Ctrl-C while it starts: the caller only knows the old server
+            new.stop()
+            raise
         watch.rebind(new)
         watch.last_healthy = new.healthy_at
         return new

@@ -92,14 +92,17 @@ def cmd_model(a) -> int:
     return 0
 
 
+def _interrupt(*_) -> None:
+    raise KeyboardInterrupt
+
+
 def cmd_serve(a, flags: list[str]) -> int:
     target = _target_from_args(a, flags)
     if target.mode == "attach":
         raise UsageError("serve launches a server; to check a running one use `mmchaos repro --url URL`")
     log = Path(a.log or paths.home() / "logs" / f"serve-{time.strftime('%Y%m%d-%H%M%S')}.log")
     server = _start(target, log, a.port, a.timeout)
-    # SIGTERM from a supervisor stops us the same way Ctrl-C does
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    signal.signal(signal.SIGTERM, _interrupt)  # a supervisor's SIGTERM stops us the way Ctrl-C does
     try:
         console.print(f"model: {server.model_name()} — Ctrl-C stops the server")
         while server.exit_code() is None:
