@@ -115,16 +115,25 @@ class CrashWatch:
                     reason = HANG
         if reason is None:
             return None
+        t_detected = time.time()
         if reason != HANG:
-            # the dying server may still be writing its traceback: give the log a moment to land
-            deadline = time.time() + 2.0
-            while time.time() < deadline and not any(m.signature.fatal for m in self._matches):
-                time.sleep(0.1)
-                self._read_log()
+            self._await_last_words()
         signature = HANG if reason == HANG else self.sigs.classify_crash(self._matches)
-        crash = Crash(time.time(), self.last_healthy, reason, signature, code, self.restart)
+        crash = Crash(t_detected, self.last_healthy, reason, signature, code, self.restart)
         self.crashes.append(crash)
         return crash
+
+    def _await_last_words(self, quiet: float = 0.3, limit: float = 2.0) -> None:
+        """A dying server may still be writing its traceback: read the log until a fatal line is in, or it has
+        been quiet for ``quiet`` s (a SIGKILLed server says nothing more), at most ``limit`` s."""
+        end, last_growth, size = time.time() + limit, time.time(), self._tail.pos
+        while time.time() < end and not any(m.signature.fatal for m in self._matches):
+            time.sleep(0.05)  # polling the log file
+            self._read_log()
+            if self._tail.pos != size:
+                size, last_growth = self._tail.pos, time.time()
+            elif time.time() - last_growth >= quiet:
+                break
 
     def finish(self) -> None:
         """Call before stopping the server: lines logged by a shutdown we asked for are not events."""
