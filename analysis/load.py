@@ -56,7 +56,8 @@ class Campaign:
     ``requests``, ``health``, ``metrics``, ``log_events``, ``crashes``: the schema.py tables, plus
     ``campaign``, ``config`` (categorical in ``configs`` order), ``trial`` and ``t_rel``.
     ``trials``: one row per trial folder: campaign, config, trial, trial_dir, status, engine, target, flags
-    (space-joined), env and workload (JSON text), users, shape, seed, t_start, t_end, duration_s, git_rev,
+    (space-joined), env and workload (JSON text), users, shape, seed, t_start, t_end (the load window when the
+    runner recorded it, else the whole trial), duration_s, git_rev,
     machine, has_manifest, missing (files a finished trial would have), path, n_requests.
     """
 
@@ -178,8 +179,9 @@ def _trials_table(name: str, found: list[tuple[str, str, Path]], notes: list[str
                 "users": workload.get("users"),
                 "shape": workload.get("shape"),
                 "seed": workload.get("seed"),
-                "t_start": _float(manifest.get("t_start")),
-                "t_end": _float(manifest.get("t_end")),
+                # a trial's clock is its load (server start-up and shutdown excluded) when the runner recorded it
+                "t_start": _float(manifest.get("t_load_start") or manifest.get("t_start")),
+                "t_end": _float(manifest.get("t_load_end") or manifest.get("t_end")),
                 "git_rev": manifest.get("git_rev"),
                 "machine": manifest.get("machine") if isinstance(manifest.get("machine"), (str, type(None)))
                 else json.dumps(manifest.get("machine"), sort_keys=True),

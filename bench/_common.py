@@ -137,7 +137,7 @@ def locust_stats(json_base: Path) -> dict:
 
 
 def run_locust(locustfile: Path, host: str, users: int, seconds: int, out: Path, extra: list[str] = (),
-               env: dict | None = None, timeout: float | None = None) -> dict:
+               env: dict | None = None, timeout: float | None = None, cwd: Path = ROOT) -> dict:
     """One headless Locust process (its own process group), bounded by -t; returns locust_stats."""
     out.mkdir(parents=True, exist_ok=True)
     argv = [PY, "-m", "locust", "-f", str(locustfile), "--headless", "--only-summary", "-u", str(users),
@@ -145,7 +145,7 @@ def run_locust(locustfile: Path, host: str, users: int, seconds: int, out: Path,
             "--json-file", str(out / "locust"), *extra]
     with open(out / "locust.log", "wb") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, cwd=ROOT, env={**os.environ, **(env or {})})
+                                start_new_session=True, cwd=cwd, env={**os.environ, **(env or {})})
         try:
             proc.wait(timeout=timeout or seconds + 60)
         except subprocess.TimeoutExpired:

@@ -65,12 +65,14 @@ def main() -> int:
     p.add_argument("--probe-trials", type=int, default=3)
     p.add_argument("--duration", type=int, default=60, help="load per trial at most (s): censoring time")
     p.add_argument("--users", type=int, default=8)
+    p.add_argument("--keep", type=Path, help="write the campaigns here and keep them (default: a temp folder)")
     a = p.parse_args()
     if a.quick:
         a.trials, a.probe_trials = 2, 1
     header(f"bench/first_crash.py: time and requests to first crash, vLLM {ENGINE} default flags")
     with tempfile.TemporaryDirectory(prefix="mmchaos-bench-crash-") as tmp:
-        tmp = Path(tmp)
+        tmp = a.keep or Path(tmp)
+        tmp.mkdir(parents=True, exist_ok=True)
         print(f"realistic mix: {a.trials} trials, {a.users} users, up to {a.duration} s of load each", flush=True)
         mix = run_campaign(campaign_toml(tmp, "bench-first-crash", trials=a.trials, users=a.users,
                                          duration=a.duration, configs=[{"name": "v0.30-default", "engine": ENGINE}]),
@@ -81,21 +83,24 @@ def main() -> int:
             m, c, r = f["manifest"], f["first_crash"], f["requests"]
             t0 = m.get("t_load_start")
             first_req = float(r["t_start"].min()) - t0 if len(r) and t0 else math.nan
+            lost = m["locust_requests"] - m["requests"] if m.get("locust_requests") is not None else None
             if c is not None and t0:
                 ttc = float(c["t_detected"]) - t0
                 n = int((r["t_start"] < c["t_detected"]).sum())
                 rows.append({"trial": t.name, "crashed": True, "t": ttc, "n": n, "sig": c["signature"],
-                             "first_req": first_req})
+                             "first_req": first_req, "lost": lost})
             else:
                 rows.append({"trial": t.name, "crashed": False, "t": a.duration, "n": len(r), "sig": "-",
-                             "first_req": first_req, "status": m.get("status"), "error": m.get("error")})
+                             "first_req": first_req, "status": m.get("status"), "error": m.get("error"),
+                             "lost": lost})
         print()
-        print("trial   crashed  time to crash (s)  requests before  first request after load start (s)  signature")
+        print("trial   crashed  time to crash (s)  requests before  first request after load start (s)  "
+              "rows lost  signature")
         for x in rows:
             t_txt = f"{x['t']:8.2f}" if x["crashed"] else f"   >{x['t']:.0f}  "
             print(f"{x['trial']:7s} {'yes' if x['crashed'] else 'NO ':7s}  {t_txt:17s}  {x['n']:15d}  "
-                  f"{x['first_req']:34.2f}  {x['sig']}" + ("" if x["crashed"] else f"  ({x.get('status')}: "
-                                                           f"{x.get('error')})"))
+                  f"{x['first_req']:34.2f}  {str(x['lost']):>9s}  {x['sig']}"
+                  + ("" if x["crashed"] else f"  ({x.get('status')}: {x.get('error')})"))
 
         print(f"\nprobe poison_reuse: {a.probe_trials} trial(s), 1 user", flush=True)
         (tmp / "probe_poison_reuse.py").write_text(PROBE_LOCUSTFILE)
@@ -105,17 +110,20 @@ def main() -> int:
         probes = []
         for t in sorted(probe.iterdir()):
             f = trial_facts(t)
-            c, r = f["first_crash"], f["requests"]
+            c, r, m = f["first_crash"], f["requests"], f["manifest"]
             steps = " -> ".join(f"{s}:{int(st) if st == st else o}" for s, st, o in
                                 zip(r["case"].head(4), r["status"].head(4), r["outcome"].head(4)))
             probes.append({"trial": t.name, "crashed": c is not None, "trigger": trigger_index(r),
                            "before": int((r["t_start"] < c["t_detected"]).sum()) if c is not None else len(r),
                            "t": float(c["t_detected"]) - f["manifest"]["t_load_start"] if c is not None else None,
-                           "sig": c["signature"] if c is not None else "-", "steps": steps})
+                           "sig": c["signature"] if c is not None else "-", "steps": steps,
+                           "lost": m["locust_requests"] - m["requests"] if m.get("locust_requests") is not None
+                           else None})
         for x in probes:
             print(f"{x['trial']}: crashed {'yes' if x['crashed'] else 'NO'}; request that killed it: #{x['trigger']} "
                   f"({x['steps']}); rows with t_start < t_detected: {x['before']}; "
-                  f"time to crash {x['t'] if x['t'] is None else round(x['t'], 2)} s; signature {x['sig']}")
+                  f"time to crash {x['t'] if x['t'] is None else round(x['t'], 2)} s; signature {x['sig']}; "
+                  f"rows lost (Locust's count - rows) {x['lost']}")
 
     times = [x["t"] for x in rows]
     crashed = [x for x in rows if x["crashed"]]

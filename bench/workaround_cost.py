@@ -62,7 +62,7 @@ def main() -> int:
             for cfg in camp.configs:  # interleaved: on, off, on, off ...
                 r = runner.run_trial(cfg, trial, campaign.trial_dir(runner.root, camp, cfg, trial))
                 loads.append(load())
-                print(f"  {cfg.name} t{trial}: {r.status}, {r.requests} requests, {r.errors} not ok, "
+                print(f"  {cfg.name} t{trial}: {r.status}, {r.requests} requests, {r.errors} unexpected answers, "
                       f"{len(r.crashes)} crash(es); load average {loads[-1]}", flush=True)
 
         c = load_campaign(camp_dir)

@@ -271,6 +271,8 @@ class CampaignRunner:
             result.status = INTERRUPTED
             raise
         finally:
+            if t_load is not None:
+                manifest["t_load_end"] = time.time()  # before the stops: a trial's clock is its load
             locust_code = _stop_process_group(locust) if locust else None
             if watch:
                 watch.finish()

@@ -133,8 +133,10 @@ def _test_stop(environment, **_):
     _stop_all()
 
 
-@events.quitting.add_listener
-def _quitting(environment, **_):
+@events.quit.add_listener
+def _quit(exit_code, **_):
+    # the last event of a Locust process, after its runner has stopped every user; not `quitting`, which
+    # Locust fires before it stops the users (rows of requests still in flight would be lost)
     _stop_all()
 
 

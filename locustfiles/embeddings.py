@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import logging
 
+import gevent
 from locust import between, constant, task
 
 from locustfiles import common
 from locustfiles.base import ChaosUser
 from locustfiles.shapes import ChaosShape  # noqa: F401  (Locust picks the shape class up from this module)
 from locustfiles.traffic import Traffic, TrafficConfigError, UserTraffic
+from payloads import fresh
 
 log = logging.getLogger("mmchaos")
 _traffic: dict[tuple, Traffic] = {}
@@ -53,6 +55,14 @@ class EmbeddingUser(ChaosUser):
     def one_request(self):
         kind = self.traffic.next_kind()
         self.send(self.traffic.build(kind), abort=(kind == "abort"))
+
+
+def _in_thread(fn, *args):
+    return gevent.get_hub().threadpool.apply(fn, args)
+
+
+# whole-image re-encodes of fresh images (WebP) on another core, while this process's other users go on
+fresh.set_offload(_in_thread)
 
 
 @common.events.test_start.add_listener

@@ -370,4 +370,21 @@ def fresh_data(base, digest: bytes, encode) -> tuple[bytes, str, str]:
     apply_stamp(arr, stamp, off)
     mode = "RGBA" if arr.shape[2] == 4 else "RGB"
     fmt = base.format if base.format in ("jpeg", "png", "webp") else "png"
-    return encode(Image.fromarray(arr, mode), fmt, base.quality), fmt, mode
+    im = Image.fromarray(arr, mode)
+    runner = _offload if _offload is not None and arr.shape[0] * arr.shape[1] >= OFFLOAD_MIN_PIXELS else None
+    data = runner(encode, im, fmt, base.quality) if runner else encode(im, fmt, base.quality)
+    return data, fmt, mode
+
+
+# The whole-image encodes left (WebP, mostly: ~10 ms per Mpx) can run on another core: Pillow releases the GIL
+# while libwebp / libjpeg / zlib work. A Locust process (locustfiles/embeddings.py) sets this to gevent's thread
+# pool, so the greenlet waits for the encode as for I/O while the other users go on. Only the encode runs there:
+# no cache, no lock, nothing shared.
+OFFLOAD_MIN_PIXELS = 256 * 256
+_offload = None
+
+
+def set_offload(run) -> None:
+    """``run(fn, *args)`` -> fn(*args), run elsewhere (None: in the caller)."""
+    global _offload
+    _offload = run
