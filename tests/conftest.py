@@ -17,15 +17,20 @@ REPORT_VERSION = "0.30.0"  # the version of the original report
 FIXED_VERSION = "0.32.0"  # cache miss made retryable
 
 
-@contextlib.contextmanager
-def vllm_server(version: str, flags: list[str], log: Path, timeout: float = 420):
-    """A real vLLM server on the tiny model; fails (never skips) when the engine or model is missing."""
+def require_engine_and_model(version: str) -> None:
+    """Fail (never skip) an engine test whose engine or tiny model is missing, saying how to install it."""
     try:
         engines.require(version)
     except engines.EngineError as e:
         pytest.fail(f"{e} (or run `make test`, which installs them)")
     if not (paths.default_model_dir() / "config.json").is_file():
         pytest.fail("the tiny model is not built: run `mmchaos model build` (or `make test`)")
+
+
+@contextlib.contextmanager
+def vllm_server(version: str, flags: list[str], log: Path, timeout: float = 420):
+    """A real vLLM server on the tiny model; fails (never skips) when the engine or model is missing."""
+    require_engine_and_model(version)
     server = Server(Target(mode="engine", engine=version, flags=flags), log)
     server.start()
     try:

@@ -28,11 +28,11 @@ import requests as http
 
 from analysis import report
 from analysis.load import load_campaign
-from conftest import REPORT_VERSION, TESTS, standin_server
-from harness import campaign, campaign_file, engines
+from conftest import REPORT_VERSION, TESTS, require_engine_and_model, standin_server
+from harness import campaign, campaign_file
 from locust_run import ROOT, locust
 from locustfiles.options import WEIGHTS
-from mmchaos import paths, schema
+from mmchaos import schema
 from mmchaos.tables import read_table
 
 PY = sys.executable
@@ -631,12 +631,7 @@ flags = ["--error-text", "{XSS}", "--die-after", "400"]
 def test_real_vllm_hang_is_detected_and_its_whole_stopped_group_cleaned_up(tmp_path, reaper):
     """vLLM is a process group (API server, EngineCore) with SIGTERM handlers: stopped, none of it would handle
     SIGTERM. The stand-in is one process, so this is proven on the real engine."""
-    try:
-        engines.require(REPORT_VERSION)
-    except engines.EngineError as e:
-        pytest.fail(f"{e} (or run `make test`, which installs them)")
-    if not (paths.default_model_dir() / "config.json").is_file():
-        pytest.fail("the tiny model is not built: run `mmchaos model build` (or `make test`)")
+    require_engine_and_model(REPORT_VERSION)
     root = tmp_path / "results"
     # valid traffic only: the chaos mix would crash this version (the report's bug) before the hang is injected
     mix = "\n".join(f"{k} = {int(k in ('valid_image', 'text'))}" for k in WEIGHTS)
