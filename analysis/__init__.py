@@ -1,11 +1,10 @@
 """What a campaign means: load its tables, compute crash rates, survival, latency, cost and verdicts, and
 write the report.
 
-    load.load_campaign(dir)        -> Campaign (tidy DataFrames; the one load path)
+    results.load_results(dir)      -> CampaignResults (tidy DataFrames; the one load path)
     stats.*, survival.*, attribution.attribute, verdict.verdicts   -> per-configuration DataFrames
-    report.write_report(dir, ...)  -> report.md + PNGs + one self-contained report.html
-    python -m analysis.report RESULTS_DIR [--baseline CONFIG] [--compare OTHER_DIR] [--out DIR]
+    report.write_report(dir, ...)  -> report.md + PNGs + one self-contained report.html (sections_*.py)
     synthetic.make_campaign(...)   -> a fake campaign folder with the real layout (tests, benchmark)
 
-Submodules are not imported here: ``import analysis`` stays cheap (matplotlib loads only for a report).
+Submodules are not imported here: ``import mmchaos.analysis`` stays cheap (matplotlib loads only for a report).
 """

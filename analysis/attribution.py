@@ -1,6 +1,6 @@
 """What was sent just before each drift event or crash — so the report can say what triggers it.
 
-For a drift / cache-miss log line that names our request (X-Request-Id; ``image_hash`` in analysis.load) we
+For a drift / cache-miss log line that names our request (X-Request-Id; ``image_hash`` in results.py) we
 look for requests that carried the same image (``image_hashes``) in the window before it: the poisoners. vLLM's
 own mm_hash hashes the decoded image, in another hash space, so where the line names no request of ours we fall
 back to every request with images in the window, and say so (column ``match``). Crashes carry no mm_hash:
@@ -18,9 +18,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from analysis.intervals import SEED
-from analysis.load import Campaign
-from analysis.stats import drift_events
+from .intervals import SEED
+from .results import CampaignResults
+from .stats import drift_events
 
 DEFAULT_WINDOW_S = 10.0
 SAME_IMAGE = "same image"
@@ -29,7 +29,7 @@ NO_CASE = "—"
 BACKGROUND_SAMPLES = 500
 
 
-def attribute(c: Campaign, window_s: float = DEFAULT_WINDOW_S) -> tuple[pd.DataFrame, pd.DataFrame]:
+def attribute(c: CampaignResults, window_s: float = DEFAULT_WINDOW_S) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(per-event table, per-config summary). See the module docstring for the matching rules."""
     events = _events(c, window_s)
     index = _ImageIndex(c)
@@ -39,7 +39,7 @@ def attribute(c: Campaign, window_s: float = DEFAULT_WINDOW_S) -> tuple[pd.DataF
     return _per_event(events, sent), _summary(c, events, sent, index)
 
 
-def _events(c: Campaign, window_s: float) -> pd.DataFrame:
+def _events(c: CampaignResults, window_s: float) -> pd.DataFrame:
     d = drift_events(c)
     t = d["t"].to_numpy()
     drift = pd.DataFrame({
@@ -72,7 +72,7 @@ def _trial_code(config, trial, configs: list[str]) -> np.ndarray:
 class _ImageIndex:
     """Requests that carried images, with their hashes exploded once (only if some event needs them)."""
 
-    def __init__(self, c: Campaign):
+    def __init__(self, c: CampaignResults):
         r = c.requests
         img = r.loc[(r["n_images"] > 0) & r["image_hashes"].notna(),
                     ["config", "trial", "t_start", "kind", "case", "image_hashes"]]
@@ -195,7 +195,7 @@ def _per_event(events: pd.DataFrame, sent: pd.DataFrame) -> pd.DataFrame:
     return out.drop(columns=["lo", "hi"])
 
 
-def _summary(c: Campaign, events: pd.DataFrame, sent: pd.DataFrame, index: _ImageIndex) -> pd.DataFrame:
+def _summary(c: CampaignResults, events: pd.DataFrame, sent: pd.DataFrame, index: _ImageIndex) -> pd.DataFrame:
     """Per config × event type × kind/case: share of events whose window held it, the same share for random
     windows (background) and their ratio (lift)."""
     cols = ["config", "event", "kind", "case", "events_with", "events", "share_of_events", "background_share",

@@ -10,12 +10,14 @@ matplotlib.use("Agg")  # before pyplot: no display, no GUI toolkit
 
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator  # noqa: E402
 
-from analysis.load import Campaign  # noqa: E402
-from analysis.stats import MALFORMED_KINDS, drift_events, pick_bin  # noqa: E402
 from mmchaos import schema as S  # noqa: E402
+from mmchaos.outcomes import unexpected  # noqa: E402
+
+from .results import CampaignResults  # noqa: E402
+from .stats import drift_events, pick_bin  # noqa: E402
 
 DPI = 96
 RUNNING_METRIC = r"num_requests_running$"  # vllm:num_requests_running (the prefix varies between versions)
@@ -151,7 +153,7 @@ def throughput_over_time(tp: pd.DataFrame, configs: list[str]) -> bytes:
     return to_png(fig)
 
 
-def timelines(c: Campaign, cfg: str, max_trials: int = MAX_TIMELINE_TRIALS) -> tuple[bytes, list[int]]:
+def timelines(c: CampaignResults, cfg: str, max_trials: int = MAX_TIMELINE_TRIALS) -> tuple[bytes, list[int]]:
     """One panel per trial of ``cfg``: successes and unexpected failures per second, crashes, failed
     /health polls, drift lines, and requests running on the server. Returns (png, trials not drawn)."""
     trials = c.trials[c.trials["config"] == cfg].sort_values("trial")
@@ -159,11 +161,9 @@ def timelines(c: Campaign, cfg: str, max_trials: int = MAX_TIMELINE_TRIALS) -> t
     bin_s = pick_bin(c, target_bins=120)
     r = c.requests
     r = r.loc[r["config"] == cfg, ["trial", "t_rel", "outcome", "status", "expected_status", "kind"]]
-    # an expected failure (a malformed request answered with its expected status, an abort) is not news
-    expected = ((r["kind"].isin(MALFORMED_KINDS) & (r["status"] == r["expected_status"]))
-                | (r["outcome"] == S.ABORTED))
     good = r["outcome"] == S.OK
-    r = r.assign(bin=(r["t_rel"] // bin_s).astype(int), good=good, bad=~good & ~expected)
+    # an expected failure (a malformed request answered with its expected status, an abort) is not news
+    r = r.assign(bin=(r["t_rel"] // bin_s).astype(int), good=good, bad=~good & unexpected(r))
     per_bin = r.groupby(["trial", "bin"])[["good", "bad"]].sum()
     h = c.health[(c.health["config"] == cfg) & ~c.health["ok"].fillna(False).astype(bool)]
     cr = c.crashes[c.crashes["config"] == cfg]

@@ -1,6 +1,6 @@
 """Per-configuration numbers: requests, crashes and their rates, drift, errors, latency, throughput, cost.
 
-Every function takes a loaded :class:`analysis.load.Campaign` and returns a DataFrame with a ``config``
+Every function takes a loaded :class:`.results.CampaignResults` and returns a DataFrame with a ``config``
 column (in the campaign's order). Intervals are 95 % unless ``confidence`` says otherwise.
 """
 
@@ -9,26 +9,24 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis import intervals as I
-from analysis.load import Campaign
 from mmchaos import schema as S
+from mmchaos.schema import MALFORMED_KINDS, VALID_KINDS
+from mmchaos.signatures import Signatures
 
-VALID_KINDS = ("valid_image", "text", "multi_image", "batch", "tokenize")  # requests that should succeed
-MALFORMED_KINDS = ("malformed_pre", "malformed_post")
+from . import intervals as I
+from .results import CampaignResults
+
 ALL_VALID = "all valid kinds"  # pooled row in latency / cost tables
-# Log signatures that mean P0/P1 drift (the names come from harness/signatures.toml; matched loosely so a
-# renamed or user-added signature such as "mm_cache_drift" still counts).
-DRIFT_SIGNATURE = r"(?i)drift|cache[_\- ]?miss|cached_item"
 QUANTILES = (0.5, 0.9, 0.95, 0.99)
 KEY = ["config", "trial"]
 
 
-def _per_config(c: Campaign, df: pd.DataFrame) -> pd.DataFrame:
+def _per_config(c: CampaignResults, df: pd.DataFrame) -> pd.DataFrame:
     """Reindex a config-indexed frame to every config in campaign order (configs with no rows get 0/NaN)."""
     return df.reindex(pd.CategoricalIndex(c.configs, categories=c.configs, name="config"))
 
 
-def trial_exposure(c: Campaign) -> pd.DataFrame:
+def trial_exposure(c: CampaignResults) -> pd.DataFrame:
     """Per config: trials, requests sent, hours of load."""
     g = c.trials.groupby("config", observed=False)
     out = pd.DataFrame(
@@ -37,7 +35,7 @@ def trial_exposure(c: Campaign) -> pd.DataFrame:
     return _per_config(c, out)
 
 
-def request_counts(c: Campaign) -> pd.DataFrame:
+def request_counts(c: CampaignResults) -> pd.DataFrame:
     """Requests by config × kind × outcome (one column per outcome), with the ok share."""
     r = c.requests
     t = r.groupby(["config", "kind", "outcome"], observed=True).size().unstack("outcome", fill_value=0)
@@ -52,7 +50,7 @@ def request_counts(c: Campaign) -> pd.DataFrame:
     return t.sort_values(["config", "_o", "kind"]).drop(columns="_o").reset_index(drop=True)
 
 
-def crash_stats(c: Campaign, confidence: float = I.CONFIDENCE) -> pd.DataFrame:
+def crash_stats(c: CampaignResults, confidence: float = I.CONFIDENCE) -> pd.DataFrame:
     """Per config: crashes, crash rate per 1,000 requests and per hour (exact Poisson), share of trials
     that crashed at least once (Wilson)."""
     exp = trial_exposure(c)
@@ -68,7 +66,7 @@ def crash_stats(c: Campaign, confidence: float = I.CONFIDENCE) -> pd.DataFrame:
     return out.reset_index()
 
 
-def drift_stats(c: Campaign, confidence: float = I.CONFIDENCE) -> pd.DataFrame:
+def drift_stats(c: CampaignResults, confidence: float = I.CONFIDENCE) -> pd.DataFrame:
     """Per config: logged drift / cache-miss events (rate per 1,000 requests) and retryable 503 answers."""
     exp = trial_exposure(c)
     ev = drift_events(c)
@@ -84,12 +82,13 @@ def drift_stats(c: Campaign, confidence: float = I.CONFIDENCE) -> pd.DataFrame:
     return out.reset_index()
 
 
-def drift_events(c: Campaign) -> pd.DataFrame:
+def drift_events(c: CampaignResults) -> pd.DataFrame:
+    """Server-log lines whose signature means P0/P1 cache drift (the signature table's ``drift`` flag)."""
     le = c.log_events
-    return le[le["signature"].astype(str).str.contains(DRIFT_SIGNATURE, regex=True, na=False)]
+    return le[le["signature"].astype(str).isin(Signatures.default().drift_names)]
 
 
-def errors_by_status(c: Campaign) -> pd.DataFrame:
+def errors_by_status(c: CampaignResults) -> pd.DataFrame:
     """Requests that did not succeed, by config × HTTP status (or "none") × outcome."""
     r = c.requests
     bad = r.loc[r["outcome"] != S.OK, ["config", "status", "outcome"]]
@@ -97,7 +96,7 @@ def errors_by_status(c: Campaign) -> pd.DataFrame:
     return t.rename("n").reset_index().sort_values(["config", "n"], ascending=[True, False], ignore_index=True)
 
 
-def malformed_cases(c: Campaign) -> pd.DataFrame:
+def malformed_cases(c: CampaignResults) -> pd.DataFrame:
     """Malformed requests per case: how many, how many got the expected status, what they got instead."""
     r = c.requests
     m = r.loc[r["kind"].isin(MALFORMED_KINDS), ["config", "kind", "case", "expected_status", "status", "outcome"]]
@@ -118,7 +117,7 @@ def malformed_cases(c: Campaign) -> pd.DataFrame:
     return out.reset_index()
 
 
-def crash_signatures(c: Campaign) -> pd.DataFrame:
+def crash_signatures(c: CampaignResults) -> pd.DataFrame:
     """Crashes by config × signature × reason, with the trials they hit."""
     cr = c.crashes
     if not len(cr):
@@ -129,7 +128,7 @@ def crash_signatures(c: Campaign) -> pd.DataFrame:
     return pd.DataFrame({"crashes": g.size(), "trials": g["trial"].agg(_join_unique)}).reset_index()
 
 
-def log_signatures(c: Campaign) -> pd.DataFrame:
+def log_signatures(c: CampaignResults) -> pd.DataFrame:
     """Classified server-log lines by config × signature (fatal or not), with one example line."""
     le = c.log_events
     if not len(le):
@@ -138,7 +137,7 @@ def log_signatures(c: Campaign) -> pd.DataFrame:
     return pd.DataFrame({"lines": g.size(), "example": g["line"].first()}).reset_index()
 
 
-def top_errors(c: Campaign, per_config: int = 8) -> pd.DataFrame:
+def top_errors(c: CampaignResults, per_config: int = 8) -> pd.DataFrame:
     """The most frequent error texts per config (server text: escape before showing it)."""
     r = c.requests
     bad = r.loc[(r["outcome"] != S.OK) & r["error"].notna(), ["config", "error"]]
@@ -163,7 +162,7 @@ def _join_unique(s) -> str:
 # --- latency ------------------------------------------------------------------------------------------
 
 
-def _ok_latency_groups(c: Campaign) -> dict[tuple[str, str], np.ndarray]:
+def _ok_latency_groups(c: CampaignResults) -> dict[tuple[str, str], np.ndarray]:
     """Latencies (ms) of successful requests per (config, kind), plus the pooled valid kinds per config."""
     r = c.requests
     ok = r.loc[r["outcome"] == S.OK, ["config", "kind", "latency_ms"]]
@@ -179,7 +178,7 @@ def _kind_order(kind: str) -> int:
     return S.KINDS.index(kind) if kind in S.KINDS else (len(S.KINDS) + 1 if kind == ALL_VALID else len(S.KINDS))
 
 
-def latency_table(c: Campaign, qs=QUANTILES, n_boot: int = I.BOOTSTRAP_RESAMPLES, _groups=None) -> pd.DataFrame:
+def latency_table(c: CampaignResults, qs=QUANTILES, n_boot: int = I.BOOTSTRAP_RESAMPLES, _groups=None) -> pd.DataFrame:
     """p50/p90/p95/p99 latency (ms) of successful requests per config × kind, with bootstrap intervals."""
     groups = _groups if _groups is not None else _ok_latency_groups(c)
     rows = []
@@ -194,12 +193,12 @@ def latency_table(c: Campaign, qs=QUANTILES, n_boot: int = I.BOOTSTRAP_RESAMPLES
     return pd.DataFrame(rows, columns=cols)
 
 
-def _seed(c: Campaign, cfg: str, kind: str) -> list[int]:
+def _seed(c: CampaignResults, cfg: str, kind: str) -> list[int]:
     # distinct, reproducible streams per group: two groups must never share their bootstrap draws
     return [I.SEED, c.configs.index(cfg), _kind_order(kind)]
 
 
-def latency_quantile_grid(c: Campaign, points: int = 200) -> pd.DataFrame:
+def latency_quantile_grid(c: CampaignResults, points: int = 200) -> pd.DataFrame:
     """ECDF of successful latencies per config × kind, reduced to ``points`` quantiles (cheap to plot)."""
     grid = np.linspace(0, 1, points)
     rows = []
@@ -211,7 +210,7 @@ def latency_quantile_grid(c: Campaign, points: int = 200) -> pd.DataFrame:
 # --- throughput ---------------------------------------------------------------------------------------
 
 
-def throughput_per_trial(c: Campaign) -> pd.DataFrame:
+def throughput_per_trial(c: CampaignResults) -> pd.DataFrame:
     """Per trial: requests sent and succeeded per second of load."""
     r = c.requests
     ok = r.loc[r["outcome"] == S.OK, KEY].groupby(KEY, observed=True).size().rename("ok")
@@ -223,7 +222,7 @@ def throughput_per_trial(c: Campaign) -> pd.DataFrame:
     return t
 
 
-def throughput(c: Campaign, n_boot: int = I.BOOTSTRAP_RESAMPLES) -> pd.DataFrame:
+def throughput(c: CampaignResults, n_boot: int = I.BOOTSTRAP_RESAMPLES) -> pd.DataFrame:
     """Per config: ok requests per second (all load pooled) and the mean over trials with a bootstrap interval."""
     per = throughput_per_trial(c)
     rows = []
@@ -239,7 +238,7 @@ def throughput(c: Campaign, n_boot: int = I.BOOTSTRAP_RESAMPLES) -> pd.DataFrame
     return pd.DataFrame(rows)
 
 
-def pick_bin(c: Campaign, target_bins: int = 60) -> float:
+def pick_bin(c: CampaignResults, target_bins: int = 60) -> float:
     """A round bin width (s) giving about ``target_bins`` bins over the longest trial."""
     longest = float(np.nanmax(c.trials["duration_s"].to_numpy())) if len(c.trials) else 60.0
     for w in (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 1800, 3600):
@@ -248,7 +247,7 @@ def pick_bin(c: Campaign, target_bins: int = 60) -> float:
     return 3600.0
 
 
-def throughput_over_time(c: Campaign, bin_s: float | None = None) -> pd.DataFrame:
+def throughput_over_time(c: CampaignResults, bin_s: float | None = None) -> pd.DataFrame:
     """Ok requests per second in time bins since trial start, averaged over the trials still running."""
     bin_s = bin_s or pick_bin(c)
     r = c.requests
@@ -273,7 +272,7 @@ def throughput_over_time(c: Campaign, bin_s: float | None = None) -> pd.DataFram
 # --- workaround cost ----------------------------------------------------------------------------------
 
 
-def default_baseline(c: Campaign) -> str:
+def default_baseline(c: CampaignResults) -> str:
     """The server as shipped (no extra flags) that did not crash: a workaround's cost is measured against a
     server that keeps serving. Else the first without extra flags, else the first."""
     flags = c.trials.groupby("config", observed=True)["flags"].agg(lambda s: set(s))
@@ -285,7 +284,7 @@ def default_baseline(c: Campaign) -> str:
     return shipped[0] if shipped else c.configs[0]
 
 
-def workaround_cost(c: Campaign, baseline: str, n_boot: int = I.BOOTSTRAP_RESAMPLES, _groups=None) -> pd.DataFrame:
+def workaround_cost(c: CampaignResults, baseline: str, n_boot: int = I.BOOTSTRAP_RESAMPLES, _groups=None) -> pd.DataFrame:
     """Each config's p50/p95 latency and throughput relative to ``baseline`` (ratio; 1.0 = same cost).
 
     Latency ratios: independent bootstraps over requests of the two configs. Throughput ratio: bootstrap

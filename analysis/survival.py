@@ -2,56 +2,48 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pandas as pd
 from scipy import stats
 
-from analysis.intervals import CONFIDENCE
+from .intervals import CONFIDENCE
 
 
 def kaplan_meier(durations, observed, confidence: float = CONFIDENCE) -> pd.DataFrame:
-    """The Kaplan–Meier estimate of S(t) = P(no crash by t).
+    """The Kaplan–Meier estimate of S(t) = P(no crash by t) (``scipy.stats.ecdf`` on censored data).
 
     ``durations``: time (or requests) until the first crash, or until the trial ended when it did not crash;
     ``observed``: True when a crash ended the duration, False when it was censored.
-    Returns one row per distinct event time (plus t=0): t, at_risk, events, censored, survival, and a
-    pointwise interval (Greenwood variance on the log(-log) scale, so it stays within [0, 1]).
-    At a tie, crashes are counted before censorings (the usual convention).
+    Returns one row per distinct time (plus t=0): t, at_risk, events, censored, survival, and a pointwise
+    interval (Greenwood variance on the log(-log) scale, so it stays within [0, 1]; where S is 0 or 1 the
+    interval is the point).
     """
     d = np.asarray(durations, dtype=float)
     e = np.asarray(observed, dtype=bool)
     keep = ~np.isnan(d)
     d, e = d[keep], e[keep]
-    times = np.unique(d)
-    events = np.array([np.sum(e & (d == t)) for t in times], dtype=float)
-    removed = np.array([np.sum(d == t) for t in times], dtype=float)
-    at_risk = len(d) - np.concatenate([[0.0], np.cumsum(removed)[:-1]])
-    with np.errstate(divide="ignore", invalid="ignore"):
-        surv = np.cumprod(1.0 - events / at_risk)
-        green = np.cumsum(np.where(events > 0, events / (at_risk * (at_risk - events)), 0.0))
-        z = stats.norm.ppf(0.5 + confidence / 2)
-        # log(-log) transformed interval; undefined where S is 0 or 1
-        se = np.sqrt(green) / np.abs(np.log(surv))
-        lo = surv ** np.exp(z * se)
-        hi = surv ** np.exp(-z * se)
-    inside = (surv > 0) & (surv < 1)
-    lo, hi = np.where(inside, lo, surv), np.where(inside, hi, surv)
-    out = pd.DataFrame(
-        {
-            "t": times,
-            "at_risk": at_risk.astype(int),
-            "events": events.astype(int),
-            "censored": (removed - events).astype(int),
-            "survival": surv,
-            "lo": lo,
-            "hi": hi,
-        }
-    )
-    if len(out) and out["t"].iat[0] <= 0:
-        return out
     start = pd.DataFrame({"t": [0.0], "at_risk": [len(d)], "events": [0], "censored": [0],
                           "survival": [1.0], "lo": [1.0], "hi": [1.0]})
-    return pd.concat([start, out], ignore_index=True) if len(out) else start
+    if not len(d):
+        return start
+    sf = stats.ecdf(stats.CensoredData(uncensored=d[e], right=d[~e])).sf
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # undefined where S is 0 or 1: handled below
+        ci = sf.confidence_interval(confidence, method="log-log")
+    times, surv = sf.quantiles, sf.probabilities
+    # the counts behind each step (the estimate and its interval are scipy's)
+    removed = np.array([np.sum(d == t) for t in times], dtype=float)
+    events = np.array([np.sum(e & (d == t)) for t in times], dtype=float)
+    at_risk = len(d) - np.concatenate([[0.0], np.cumsum(removed)[:-1]])
+    inside = (surv > 0) & (surv < 1)
+    out = pd.DataFrame({
+        "t": times, "at_risk": at_risk.astype(int), "events": events.astype(int),
+        "censored": (removed - events).astype(int), "survival": surv,
+        "lo": np.where(inside, ci.low.probabilities, surv), "hi": np.where(inside, ci.high.probabilities, surv),
+    })
+    return out if out["t"].iat[0] <= 0 else pd.concat([start, out], ignore_index=True)
 
 
 def median_survival(km: pd.DataFrame) -> float:

@@ -90,7 +90,7 @@ def make_campaign(
     for ci, cfg in enumerate(configs):
         for trial in range(trials):
             interrupted = interrupt_last and ci == len(configs) - 1 and trial == trials - 1
-            folder = camp / cfg.name / f"t{trial:03d}"
+            folder = camp / cfg.name / S.trial_folder(trial)
             _write_trial(folder, name, cfg, trial, start, duration_s, requests_per_trial, part_rows, pool,
                          error_text, interrupted, rng)
             start += duration_s + 30

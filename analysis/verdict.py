@@ -19,9 +19,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis.load import Campaign
-from analysis.stats import MALFORMED_KINDS, VALID_KINDS, drift_events, status_label
 from mmchaos import schema as S
+from mmchaos.schema import MALFORMED_KINDS, VALID_KINDS
+
+from .results import CampaignResults
+from .stats import drift_events, status_label
 
 MIN_OK_SHARE = 0.99
 CHECKS = ("fails_alone", "health_ok", "normal_ok", "no_drift")
@@ -33,7 +35,7 @@ CHECK_TITLES = {
 }
 
 
-def verdicts(c: Campaign, min_ok_share: float = MIN_OK_SHARE) -> pd.DataFrame:
+def verdicts(c: CampaignResults, min_ok_share: float = MIN_OK_SHARE) -> pd.DataFrame:
     """One row per config: verdict ("yes"/"no"), one bool per check, and ``evidence`` (list of sentences)."""
     rows = []
     requests = c.requests[["config", "trial", "kind", "case", "expected_status", "status", "outcome", "t_start"]]
@@ -81,7 +83,7 @@ def _fails_alone(r: pd.DataFrame, min_ok_share: float) -> tuple[bool, str]:
     return ok, msg
 
 
-def _health_ok(c: Campaign, cfg: str) -> tuple[bool, str]:
+def _health_ok(c: CampaignResults, cfg: str) -> tuple[bool, str]:
     h = c.health[c.health["config"] == cfg]
     n_trials = int((c.trials["config"] == cfg).sum())
     no_health = n_trials - h["trial"].nunique()
@@ -114,7 +116,7 @@ def _normal_ok(r: pd.DataFrame, min_ok_share: float) -> tuple[bool, str]:
     return bool(share >= min_ok_share), msg
 
 
-def _no_drift(c: Campaign, cfg: str) -> tuple[bool, str]:
+def _no_drift(c: CampaignResults, cfg: str) -> tuple[bool, str]:
     d = drift_events(c)
     d = d[d["config"] == cfg]
     tr = c.trials[c.trials["config"] == cfg]

@@ -15,9 +15,9 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from mmchaos.harness.processes import free_port, stop_group  # noqa: F401  (the benchmarks' own helpers)
+
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 PY = sys.executable
 NULL_BODY = '{"data":[{"embedding":[0.1]}]}'
@@ -35,36 +35,6 @@ def header(name: str) -> None:
 
 def footer() -> None:
     print(f"# load average at the end {load()}", flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def stop_group(proc: subprocess.Popen, sig: int = signal.SIGTERM, grace: float = 10.0) -> int | None:
-    """``proc`` was started with start_new_session=True, so its pid is its process group id: signal the
-    process, then the group, then SIGKILL the group after ``grace`` s."""
-    pgid = proc.pid
-    if proc.poll() is None:
-        try:
-            proc.send_signal(sig)
-        except ProcessLookupError:
-            pass
-        try:
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(pgid, signal.SIGKILL)  # whatever the group still holds was ours
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        pass
-    return proc.returncode
 
 
 NGINX_CONF = """
@@ -120,7 +90,7 @@ def nginx_null():
                 time.sleep(0.05)
         yield f"http://127.0.0.1:{port}"
     finally:
-        stop_group(proc, signal.SIGQUIT)  # graceful: the master stops its worker
+        stop_group(proc, 10.0, leader_first=True, sig=signal.SIGQUIT)  # graceful: the master stops its worker
         shutil.rmtree(d, ignore_errors=True)
 
 
@@ -151,7 +121,7 @@ def run_locust(locustfile: Path, host: str, users: int, seconds: int, out: Path,
         except subprocess.TimeoutExpired:
             pass
         finally:
-            stop_group(proc)
+            stop_group(proc, 10.0)
     try:
         return locust_stats(out / "locust")
     except (OSError, ValueError, KeyError) as e:

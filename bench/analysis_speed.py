@@ -27,7 +27,7 @@ GOAL_BYTES = 2 * 1024**3
 CHILD = """
 import json, sys, time
 t = time.perf_counter()
-from analysis.report import write_report
+from mmchaos.analysis.report import write_report
 imported = time.perf_counter() - t
 res = write_report(sys.argv[1], sys.argv[2])
 print(json.dumps({"import": imported, **res.timings}))
@@ -35,7 +35,7 @@ print(json.dumps({"import": imported, **res.timings}))
 
 
 def main() -> int:
-    from analysis.synthetic import DEFAULT_CONFIGS, make_campaign
+    from mmchaos.analysis.synthetic import DEFAULT_CONFIGS, make_campaign
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rows", type=int, default=1_000_000)

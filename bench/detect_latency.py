@@ -100,13 +100,13 @@ def measure(config_dir: Path, instants: dict[str, float] | None) -> list[dict]:
 
 
 def run(path: Path, results: Path, killer: Killer | None = None) -> Path:
-    from harness import campaign, campaign_file
+    from mmchaos.harness import campaign_plan, campaign_runner
 
-    camp = campaign_file.load(path)
+    camp = campaign_plan.load(path)
     if killer:
         killer.start()
     try:
-        campaign.CampaignRunner(camp, results, progress=phase_printer()).run()
+        campaign_runner.CampaignRunner(camp, results, progress=phase_printer()).run()
     finally:
         if killer:
             killer.done.set()

@@ -3,7 +3,7 @@ deterministic probe's request count.
 
     .venv/bin/python bench/first_crash.py [--quick] [--trials 10] [--probe-trials 3] [--duration 60]
 
-Uses the campaign runner (harness/campaign.py) with a campaign file written to a temp folder: target
+Uses the campaign runner (harness/campaign_runner.py) with a campaign file written to a temp folder: target
 ``engine`` 0.30.0 with no extra flags, the realistic mix (locustfiles/embeddings.py, default options) with 8
 users, crash policy ``stop`` (a trial ends at its first crash), ``--trials`` trials (one server start each,
 ~35-40 s). Per trial: time to first crash = crashes.t_detected - manifest t_load_start (Locust's start-up
@@ -21,7 +21,6 @@ import math
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +33,7 @@ ENGINE = "0.30.0"
 PROBE_LOCUSTFILE = '''"""probes.py with only the poison_reuse sequence (for bench/first_crash.py)."""
 from locust import events
 
-from locustfiles.probes import ProbeUser  # noqa: F401
+from mmchaos.locustfiles.probes import ProbeUser  # noqa: F401
 
 
 @events.init_command_line_parser.add_listener
@@ -44,10 +43,10 @@ def _only_poison_reuse(parser):
 
 
 def run_campaign(path: Path, results: Path):
-    from harness import campaign, campaign_file
+    from mmchaos.harness import campaign_plan, campaign_runner
 
-    camp = campaign_file.load(path)
-    campaign.CampaignRunner(camp, results, progress=phase_printer()).run()
+    camp = campaign_plan.load(path)
+    campaign_runner.CampaignRunner(camp, results, progress=phase_printer()).run()
     return results / camp.name / camp.configs[0].name
 
 
@@ -129,7 +128,7 @@ def main() -> int:
     crashed = [x for x in rows if x["crashed"]]
     med = statistics.median(times)  # censored trials sit at the duration: the median is exact while < half are
     within = sum(1 for x in crashed if x["t"] <= GOAL_S)
-    from analysis.intervals import bootstrap_quantiles, wilson_ci
+    from mmchaos.analysis.intervals import bootstrap_quantiles, wilson_ci
 
     _, lo, hi, _ = bootstrap_quantiles(times, [0.5])
     share, s_lo, s_hi = wilson_ci(within, len(rows))

@@ -54,8 +54,8 @@ def build_bodies(n: int, users: int, overrides: dict) -> list[tuple[str, bytes]]
     """``n`` requests of the realistic mix, as the first ``users`` users of a run would build them."""
     import argparse as ap
 
-    from locustfiles import options
-    from locustfiles.traffic import Traffic, UserTraffic
+    from mmchaos import options
+    from mmchaos.locustfiles.traffic import Traffic, UserTraffic
 
     o = ap.Namespace(**{x.name: x.default for x in options.OPTIONS})
     o.model = "bench"
@@ -80,7 +80,7 @@ def run_wrk(url: str, users: int, seconds: int, lua: Path) -> dict:
     try:
         out, _ = proc.communicate(timeout=seconds + 30)
     finally:
-        stop_group(proc)
+        stop_group(proc, 10.0)
     m = re.search(r"Requests/sec:\s*([\d.]+)", out or "")
     n = re.search(r"(\d+) requests in", out or "")
     return {"rate": float(m.group(1)) if m else float("nan"), "requests": int(n.group(1)) if n else 0,

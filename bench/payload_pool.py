@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/payload_pool.py [--quick] [--n 1000] [--reps 1]
 
-Runs ``python -m payloads --n N --cache-dir <empty temp folder>`` (a cold build: every image rendered and
+Runs ``python -m mmchaos.payloads --n N --cache-dir <empty temp folder>`` (a cold build: every image rendered and
 encoded, nothing read from a cache) in a child process and measures that process alone: wall time (interpreter
 start and imports included) and peak resident memory (getrusage of the waited-for child). Then a second, warm
 build from the cache it just wrote. Goals (cold, n = 1000): <= 10 s, <= 300 MB. ``--quick`` builds 150 images
@@ -31,11 +31,11 @@ def build(n: int, cache: Path) -> tuple[float, float, dict]:
     """One child build; returns (wall s, peak RSS MB of that child, the child's own summary)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     t = time.perf_counter()
-    child = subprocess.run([PY, "-m", "payloads", "--n", str(n), "--cache-dir", str(cache)], cwd=ROOT,
+    child = subprocess.run([PY, "-m", "mmchaos.payloads", "--n", str(n), "--cache-dir", str(cache)], cwd=ROOT,
                            capture_output=True, text=True, timeout=600)
     wall = time.perf_counter() - t
     if child.returncode != 0:
-        raise SystemExit(f"python -m payloads failed:\n{child.stderr[-2000:]}")
+        raise SystemExit(f"python -m mmchaos.payloads failed:\n{child.stderr[-2000:]}")
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # KiB on Linux: the max over waited children
     info = json.loads(child.stdout)
     # getrusage(CHILDREN) is a running maximum: when it did not grow, this child's own figure is the one

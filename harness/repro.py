@@ -13,7 +13,7 @@ import numpy as np
 import requests
 from PIL import Image
 
-from harness.server import auth_headers
+from mmchaos.auth import auth_headers
 
 # dimensions on a model without Matryoshka support fails after rendering (measured on 0.30.0 and 0.32.0)
 POISON_FIELDS = {"dimensions": 5}

@@ -9,8 +9,6 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
-import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -19,15 +17,13 @@ from pathlib import Path
 from typing import Callable
 from urllib.parse import urlsplit
 
-import psutil
 import requests
 
-from harness import engines
 from mmchaos import paths
+from mmchaos.auth import API_KEY_ENV, auth_headers
 
-API_KEY_ENV = "MMCHAOS_API_KEY"
-API_KEY_FILE_ENV = "MMCHAOS_API_KEY_FILE"
-LOOPBACK = "127.0.0.1"
+from . import engines
+from .processes import LOOPBACK, free_port, group_members, port_in_use, stop_group
 
 # Flags the embedded engine always gets first; users' flags come after them and win (argparse: last wins).
 ENGINE_BASE_FLAGS = ["--runner", "pooling", "--max-model-len", "4096", "--dtype", "bfloat16"]
@@ -35,40 +31,6 @@ ENGINE_BASE_FLAGS = ["--runner", "pooling", "--max-model-len", "4096", "--dtype"
 
 class ServerError(Exception):
     """A one-line, user-facing reason the server could not be started or reached."""
-
-
-def api_key() -> str | None:
-    """The bearer token for the target, from MMCHAOS_API_KEY or the file named by MMCHAOS_API_KEY_FILE."""
-    if os.environ.get(API_KEY_ENV):
-        return os.environ[API_KEY_ENV].strip()
-    f = os.environ.get(API_KEY_FILE_ENV)
-    if f:
-        try:
-            return Path(f).read_text().strip()
-        except OSError as e:
-            raise ServerError(f"cannot read the API key file {f} ({e.strerror}); fix {API_KEY_FILE_ENV}") from e
-    return None
-
-
-def auth_headers() -> dict[str, str]:
-    key = api_key()
-    return {"Authorization": f"Bearer {key}"} if key else {}
-
-
-def free_port(host: str = LOOPBACK) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def port_in_use(port: int, host: str = LOOPBACK) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return True
-    return False
 
 
 def tensor_parallel_size(flags: list[str]) -> int:
@@ -268,49 +230,14 @@ class Server:
     # -- stopping --------------------------------------------------------------------------------------------
     def group_pids(self) -> list[int]:
         """Live processes of the group we launched (found by the pgid we recorded)."""
-        if self.pgid is None:
-            return []
-        pids = []
-        for p in psutil.process_iter(["pid"]):
-            try:
-                if os.getpgid(p.pid) == self.pgid and p.status() != psutil.STATUS_ZOMBIE:
-                    pids.append(p.pid)
-            except (ProcessLookupError, psutil.Error):
-                continue
-        return pids
-
-    def _signal_group(self, sig: int) -> None:
-        try:
-            os.killpg(self.pgid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+        return [] if self.pgid is None else [p.pid for p in group_members(self.pgid)]
 
     def stop(self, grace: float = 15.0) -> None:
         """SIGTERM the server's main process (it shuts its children down in order), wait up to ``grace`` s for
         the whole group, then SIGKILL whatever of the group is left."""
         if self.proc is None:
             return
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        else:
-            self._signal_group(signal.SIGTERM)  # the leader is gone: its orphans get the signal directly
-        # a stopped (SIGSTOPped) process handles the SIGTERM only once continued; for a running one this is a no-op
-        self._signal_group(signal.SIGCONT)
-        deadline = time.time() + grace
-        while time.time() < deadline:
-            self.proc.poll()
-            if not self.group_pids():
-                break
-            time.sleep(0.2)  # pacing the wait for exit
-        else:
-            self._signal_group(signal.SIGKILL)
-            end = time.time() + 10
-            while self.group_pids() and time.time() < end:
-                time.sleep(0.1)
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
+        stop_group(self.proc, grace, leader_first=True)
         self._cleanup_files()
 
     def _cleanup_files(self) -> None:

@@ -13,13 +13,15 @@ from __future__ import annotations
 import logging
 
 import gevent
-from locust import between, constant, task
+from locust import between, constant, events, task
+from locust.runners import MasterRunner
+from mmchaos.locustfiles import plugin
+from mmchaos.locustfiles.chaos_user import ChaosUser
+from mmchaos.locustfiles.shapes import ChaosShape  # noqa: F401  (Locust picks the shape class up from this module)
+from mmchaos.locustfiles.traffic import Traffic, TrafficConfigError, UserTraffic
+from mmchaos.payloads import fresh
 
-from locustfiles import common
-from locustfiles.base import ChaosUser
-from locustfiles.shapes import ChaosShape  # noqa: F401  (Locust picks the shape class up from this module)
-from locustfiles.traffic import Traffic, TrafficConfigError, UserTraffic
-from payloads import fresh
+plugin.register()
 
 log = logging.getLogger("mmchaos")
 _traffic: dict[tuple, Traffic] = {}
@@ -65,10 +67,10 @@ def _in_thread(fn, *args):
 fresh.set_offload(_in_thread)
 
 
-@common.events.test_start.add_listener
+@events.test_start.add_listener
 def _warm_pool(environment, **_):
     # build (or load from the disk cache) the image pool before users start, not inside the first request
-    if environment.parsed_options is not None and not isinstance(environment.runner, common.MasterRunner):
+    if environment.parsed_options is not None and not isinstance(environment.runner, MasterRunner):
         try:
             shared_traffic(environment.parsed_options)
         except (TrafficConfigError, ValueError, OSError) as e:

@@ -15,11 +15,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 from locust import constant, events, task
+from mmchaos.locustfiles import plugin
+from mmchaos.locustfiles.chaos_user import ChaosUser
+from mmchaos.payloads import bodies as build
+from mmchaos.payloads import catalogue, fresh, malformed
+from mmchaos.payloads.shared_pool import shared_pool
 
-from locustfiles import common  # noqa: F401  (registers the shared options, recorder and watchers)
-from locustfiles.base import ChaosUser
-from payloads import images, malformed
-from payloads import requests as build
+plugin.register()
 
 SEQUENCES = ("poison_reuse", "tokenize_reuse", "abort_reuse")
 POISON_CASE = "dimensions_unsupported"  # the report's measured post-render 400
@@ -45,13 +47,13 @@ class ProbeUser(ChaosUser):
         if unknown or not names:
             raise ValueError(f"unknown probe sequence(s) {sorted(unknown)}; known: {', '.join(SEQUENCES)}")
         self.sequences = names
-        self.pool = images.shared_pool(n=8, seed=o.image_seed, preset="small")
-        self.poison = malformed.load_cases()[POISON_CASE]
+        self.pool = shared_pool(n=8, seed=o.image_seed, preset="small")
+        self.poison = catalogue.load_cases()[POISON_CASE]
         self.n = 0
 
     def _fresh(self):
         self.n += 1
-        return self.pool.fresh(self.n % len(self.pool), f"probe-{self.worker_index}-{self.user_id}-{self.n}")
+        return fresh.fresh_image(self.pool[self.n % len(self.pool)], f"probe-{self.worker_index}-{self.user_id}-{self.n}")
 
     def _reuse(self, seq: str, image, model: str, ins) -> None:
         valid = _as_probe(build.image_request(model, image, "probe", instruction=ins), "reuse")

@@ -6,61 +6,11 @@ counts what Locust counts. Rows are flushed to Parquet parts every second (mmcha
 
 from __future__ import annotations
 
-import json
-import socket
-
 import gevent
 
 from mmchaos import schema
+from mmchaos.outcomes import error_text, outcome_of, status_of
 from mmchaos.tables import PartWriter, process_tag, table_dir
-
-_TIMEOUTS = (socket.timeout, TimeoutError, gevent.Timeout)
-ERROR_CHARS = 200
-
-
-class StoppedByLocust(Exception):
-    """A request still in flight when Locust stopped its user: the client gave up on it."""
-
-
-def _status(response) -> int | None:
-    code = getattr(response, "status_code", None)
-    return code if code else None  # FastHttp reports 0 when no HTTP answer arrived
-
-
-def _error_text(response, exception, status: int | None) -> str | None:
-    if status is not None and 200 <= status < 300:
-        return None
-    if status is not None:
-        try:
-            body = response.text or ""
-        except Exception:  # a body that cannot be read is no reason to lose the row
-            body = ""
-        try:
-            msg = json.loads(body).get("error", {})
-            body = msg.get("message", body) if isinstance(msg, dict) else str(msg)
-        except (ValueError, AttributeError):
-            pass
-        return (body or f"HTTP {status}")[:ERROR_CHARS]
-    return f"{type(exception).__name__}: {exception}"[:ERROR_CHARS] if exception else None
-
-
-def _root_cause(exception):
-    """geventhttpclient wraps the socket error of a failed attempt as ``.original``: unwrap it."""
-    seen = 0
-    while getattr(exception, "original", None) is not None and seen < 5:
-        exception, seen = exception.original, seen + 1
-    return exception
-
-
-def outcome_of(status: int | None, exception, aborting: bool) -> str:
-    if status is not None:
-        return schema.OK if 200 <= status < 300 else schema.HTTP_ERROR
-    if isinstance(exception, StoppedByLocust):
-        return schema.ABORTED
-    exception = _root_cause(exception)
-    if isinstance(exception, _TIMEOUTS) or "timed out" in str(exception).lower():
-        return schema.ABORTED if aborting else schema.TIMEOUT
-    return schema.CONNECTION_ERROR
 
 
 class Recorder:
@@ -80,7 +30,7 @@ class Recorder:
     def on_request(self, request_type, name, response_time, response_length, response=None, context=None,
                    exception=None, start_time=None, url=None, **_):
         ctx = context or {}
-        status = _status(response)
+        status = status_of(response)
         # marking a request a success in Locust (catch_response) clears its exception; the cause stays on it
         exception = exception or getattr(response, "error", None)
         kind = ctx.get("kind")
@@ -103,7 +53,7 @@ class Recorder:
                 "latency_ms": response_time,
                 "status": status,
                 "outcome": outcome_of(status, exception, bool(ctx.get("abort"))),
-                "error": _error_text(response, exception, status),
+                "error": error_text(response, exception, status),
                 "n_images": ctx.get("n_images", 0),
                 "image_ids": ctx.get("image_ids"),
                 "image_hashes": ctx.get("image_hashes"),

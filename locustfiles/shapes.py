@@ -10,7 +10,6 @@ import math
 
 from locust import LoadTestShape
 
-SHAPES = ("steady", "ramp", "spike", "soak")
 DEFAULT_RUN_TIME = 60.0  # when the user gave no run time: loads here are always bounded
 
 

@@ -11,12 +11,12 @@ import bisect
 from dataclasses import replace
 
 import numpy as np
+from mmchaos.payloads import bodies as build
+from mmchaos.payloads import catalogue, fresh, malformed
+from mmchaos.payloads.reuse import ReuseModel
+from mmchaos.payloads.shared_pool import shared_pool
 
-from locustfiles.options import WEIGHTS
-from payloads import images as image_pool
-from payloads import malformed
-from payloads import requests as build
-from payloads.reuse import ReuseModel
+from mmchaos.options import WEIGHTS
 
 KINDS = tuple(WEIGHTS)
 TEXTS = (
@@ -48,20 +48,20 @@ class Traffic:
         cdf /= cdf[-1]  # as numpy's Generator.choice computes it
         self.kind_cdf = cdf.tolist()
         if o.image_dir:
-            self.pool = image_pool.shared_pool(o.image_dir)
+            self.pool = shared_pool(o.image_dir)
         else:
             kw = {"n": o.pool_size, "seed": o.image_seed, "preset": o.image_preset}
             if o.max_side:
                 kw["max_side"] = o.max_side
-            self.pool = image_pool.shared_pool(**kw)
+            self.pool = shared_pool(**kw)
         self.reuse = ReuseModel(len(self.pool), o.zipf, o.fresh_fraction)
-        catalogue = malformed.load_cases(*([o.cases_file] if o.cases_file else []))
-        usable = catalogue.usable(o.max_model_len)
+        cases = catalogue.load_cases(*([o.cases_file] if o.cases_file else []))
+        usable = cases.usable(o.max_model_len)
         if o.malformed_cases:
             names = [n.strip() for n in o.malformed_cases.split(",") if n.strip()]
-            unknown = [n for n in names if n not in catalogue]
+            unknown = [n for n in names if n not in cases]
             if unknown:
-                raise TrafficConfigError(f"unknown malformed case(s) {unknown}; known: {', '.join(catalogue)}")
+                raise TrafficConfigError(f"unknown malformed case(s) {unknown}; known: {', '.join(cases)}")
             usable = [c for c in usable if c.name in names]
         self.cases = {
             "malformed_pre": [c for c in usable if not c.poisons],
@@ -90,7 +90,7 @@ class UserTraffic:
         d = self.sampler.draw()
         if d.fresh:
             self.fresh_n += 1  # unique per user and worker: fresh images never repeat across the run
-            return self.t.pool.fresh(d.index, f"{self.worker_index}-{self.user_id}-{self.fresh_n}")
+            return fresh.fresh_image(self.t.pool[d.index], f"{self.worker_index}-{self.user_id}-{self.fresh_n}")
         return self.t.pool[d.index]
 
     def _format(self) -> str:

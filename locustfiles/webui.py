@@ -12,7 +12,8 @@ It uses the extension points of Locust's own (React) web UI, so no JavaScript of
 
 Where the data comes from, all in the process that owns the test (master or standalone):
 
-- server health over time: the watchers' ``on_health`` callback (``/health`` every 0.25 s);
+- server health over time: the watchers' ``on_health`` callback (``/health`` every 0.25 s), judged by the shared
+  crash-from-health rule (mmchaos.health_rule);
 - mm-cache hit rate: the watchers' ``/metrics`` samples (observed as the watchers write them), summed over the
   counters whose names look like ``vllm:*mm*cache_hits`` / ``_queries`` (names vary by version), "n/a" when
   the server exposes none;
@@ -20,10 +21,8 @@ Where the data comes from, all in the process that owns the test (master or stan
   rows. Standalone, the owner sees those events itself. In master/worker mode only workers see them: each
   worker adds its counts since its last report to the stats report Locust already sends to the master every
   3 s (``events.report_to_master`` -> ``events.worker_report``), including the final report at stop;
-- crash events: ``/health`` going from ok to failing (an HTTP status other than 200, or connection refused;
-  no answer at all for ``HANG_AFTER`` s is a hang); ``--server-log PATH`` makes the panel tail that file and
-  classify its lines with harness.signatures, which names the crash (e.g. ``detokenizer_assert``) and adds
-  the drift and fatal lines as events.
+- crash events: ``--server-log PATH`` makes the panel tail that file and classify its lines with the signature
+  table, which names the crash (e.g. ``detokenizer_assert``) and adds the drift and fatal lines as events.
 """
 
 from __future__ import annotations
@@ -36,23 +35,35 @@ from flask import Blueprint, jsonify, request
 from locust import events
 from locust.runners import MasterRunner, WorkerRunner
 
-from harness.crash_watch import LogTail
-from harness.signatures import Signatures
-from locustfiles import options
-from locustfiles.webui_panel import (LOG_POLL_S, TABLES, TABS, MetricsTee, Outcomes, Panel,
-                                     apply_mangled_form_fields, classify_request)
+from mmchaos import options
+from mmchaos.logtail import LogTail
+from mmchaos.signatures import Signatures
+
+from .panel import LOG_POLL_S, Panel
+from .web_form import apply_mangled_form_fields
+from .panel_outcomes import Outcomes, classify_request
+from .panel_tables import TABLES, TABS, tables
 
 log = logging.getLogger("mmchaos")
 REPORT_KEY = "mmchaos_panel"  # our entry in the workers' stats reports
 
 
-# -- wiring into Locust ---------------------------------------------------------------------------------------
 class _Process:
+    session = None  # the plugin's Session (given to register): the run's watchers and results-folder choice
     panel: Panel | None = None
     sigs: Signatures | None = None
     log_greenlet: gevent.Greenlet | None = None
     pending: dict[str, Outcomes] = {}  # worker: counts not yet reported, by run id
     run_id = ""  # worker: the run its requests belong to
+
+
+def register(session) -> None:
+    """Wire the panel into Locust (called once per process by the plugin, after its own listeners)."""
+    _Process.session = session
+    events.init.add_listener(_init)
+    events.test_start.add_listener(_test_start)
+    events.test_stop.add_listener(_test_stop)
+    events.quitting.add_listener(_quitting)
 
 
 def _signatures() -> Signatures:
@@ -63,6 +74,23 @@ def _signatures() -> Signatures:
 
 def _runner_state(environment) -> str | None:
     return getattr(environment.runner, "state", None)
+
+
+class MetricsTee:
+    """Stands in for the watchers' metrics writer: writes as before and shows each row to the panel."""
+
+    def __init__(self, writer, observe):
+        self._writer, self._observe = writer, observe
+
+    def add(self, row: dict) -> None:
+        self._writer.add(row)
+        try:
+            self._observe(row)
+        except Exception:  # the panel must never cost the watchers a row
+            log.exception("mmchaos panel: metrics row")
+
+    def __getattr__(self, name):
+        return getattr(self._writer, name)
 
 
 def _attach(environment, web_ui) -> None:
@@ -98,12 +126,10 @@ def _attach(environment, web_ui) -> None:
     def _start_form():
         if request.method == "POST" and request.path == base + "/swarm":
             apply_mangled_form_fields(environment.parsed_options, request.form)
-            from locustfiles.common import Session  # noqa: PLC0415  (common imports this module at its end)
-
-            # common decides "generate a results folder per run" once, from the command line; a folder typed
+            # the plugin decides "generate a results folder per run" once, from the command line; a folder typed
             # in the form is this run's, an empty field asks for a generated one
             if "results_dir" in request.form:
-                Session.auto_results_dir = not request.form["results_dir"].strip()
+                _Process.session.auto_results_dir = not request.form["results_dir"].strip()
 
     @web_ui.app.after_request
     def _extend_stats(response):
@@ -111,14 +137,13 @@ def _attach(environment, web_ui) -> None:
             return response
         try:
             data = json.loads(response.get_data())
-            data["extended_stats"] = panel.tables(_runner_state(environment))
+            data["extended_stats"] = tables(panel, _runner_state(environment))
             response.set_data(json.dumps(data))
         except Exception:  # never break Locust's own stats for the panel's sake
             log.exception("mmchaos panel: extending /stats/requests")
         return response
 
 
-@events.init.add_listener
 def _init(environment, web_ui=None, **_):
     if isinstance(environment.runner, WorkerRunner):
         environment.events.request.add_listener(_worker_on_request)
@@ -138,7 +163,6 @@ def _worker_report(client_id, data, **_):
         data[REPORT_KEY] = {run_id: o.to_report() for run_id, o in pending.items() if o}
 
 
-@events.test_start.add_listener
 def _test_start(environment, **_):
     o = environment.parsed_options
     if isinstance(environment.runner, WorkerRunner):
@@ -148,11 +172,9 @@ def _test_start(environment, **_):
     if panel is None or o is None:
         return
     _stop_log_tail()
-    panel.reset(o.run_id)  # after common's listener: the run id is decided
+    panel.reset(o.run_id)  # after the plugin's listener: the run id is decided
     panel.options = {opt.name: getattr(o, opt.name, None) for opt in options.OPTIONS}
-    from locustfiles.common import Session  # noqa: PLC0415  (common imports this module at its end)
-
-    w = Session.watchers
+    w = _Process.session.watchers
     if w is not None:
         panel.watchers, panel.watching = w, True
         previous = w.on_health
@@ -188,7 +210,6 @@ def _stop_log_tail() -> None:
         _Process.log_greenlet = None
 
 
-@events.test_stop.add_listener
 def _test_stop(environment, **_):
     # the log keeps being read a little after the stop: a crash at the end still gets its signature
     if _Process.log_greenlet is not None:
@@ -196,7 +217,5 @@ def _test_stop(environment, **_):
         gevent.spawn_later(5.0, lambda: g.kill())
 
 
-@events.quitting.add_listener
 def _quitting(environment, **_):
     _stop_log_tail()
-

@@ -39,6 +39,8 @@ KINDS = (
     "abort",
     "probe",
 )
+VALID_KINDS = ("valid_image", "text", "multi_image", "batch", "tokenize")  # requests that should succeed
+MALFORMED_KINDS = ("malformed_pre", "malformed_post")
 
 REQUESTS = pa.schema(
     [
@@ -120,12 +122,14 @@ TABLES = {
 TABLE_DIRS = {name: name for name in TABLES}
 REQUESTS_DIR = TABLE_DIRS["requests"]
 SERVER_LOG = "server.log"
+LOCUST_LOG = "locust.log"
 MANIFEST = "manifest.json"
 CAMPAIGN_MANIFEST = "campaign.json"
 
 
-def empty_table(schema: pa.Schema) -> pa.Table:
-    return schema.empty_table()
+def trial_folder(trial: int) -> str:
+    """The folder of trial ``trial`` inside its configuration's folder."""
+    return f"t{trial:03d}"
 
 
 def table_from_rows(rows: list[dict], schema: pa.Schema) -> pa.Table:

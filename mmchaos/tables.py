@@ -112,11 +112,3 @@ def read_table(trial_dir: Path | str, table: str) -> pa.Table:
     if not files:
         return schema.TABLES[table].empty_table()
     return pa.concat_tables(pq.read_table(p, schema=schema.TABLES[table]) for p in files)
-
-
-def write_json_atomic(path: Path | str, data: dict) -> None:
-    """Write JSON so that readers see the old file or the new one, never half of one."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str))
-    os.replace(tmp, path)

@@ -1,6 +1,6 @@
 """Build (and so cache) an image pool, and say what it cost.
 
-    python -m payloads [--n 1000] [--seed 0] [--preset realistic] [--max-side N] [--cache-dir DIR]
+    python -m mmchaos.payloads [--n 1000] [--seed 0] [--preset realistic] [--max-side N] [--cache-dir DIR]
                        [--no-cache] [--workers K] [--image-dir DIR]
 
 Run it once before a load test so Locust processes start on a warm cache (a cold build of 1,000 images takes
@@ -15,14 +15,17 @@ import resource
 import sys
 import time
 
-from . import images
+from mmchaos.options import IMAGE_PRESETS
+
+from .generated import generate_pool
+from .user_images import load_image_dir
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m payloads", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m mmchaos.payloads", description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--preset", default="realistic", choices=sorted(images.PRESETS))
+    ap.add_argument("--preset", default="realistic", choices=sorted(IMAGE_PRESETS))
     ap.add_argument("--max-side", type=int)
     ap.add_argument("--cache-dir")
     ap.add_argument("--no-cache", action="store_true")
@@ -32,9 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     try:
         if a.image_dir:
-            pool = images.load_image_dir(a.image_dir)
+            pool = load_image_dir(a.image_dir)
         else:
-            pool = images.generate_pool(
+            pool = generate_pool(
                 a.n, a.seed, preset=a.preset, max_side=a.max_side, cache_dir=a.cache_dir,
                 use_cache=not a.no_cache, workers=a.workers,
             )

@@ -1,6 +1,6 @@
 """Fresh images, cheaply: a pool image with a unique stamp in its top-left corner, without re-encoding the image.
 
-:func:`payloads.images.fresh_image` defines what a fresh image is: the base image decoded, a 16x8-cell
+:func:`fresh_image` defines what a fresh image is: the base image decoded, a 16x8-cell
 black/white stamp (128 bits of a token's sha256) pasted at its top-left corner, encoded again in the base's
 format and quality. Decoding and encoding a whole 1-4 Mpx image costs 5-50 ms, which made fresh images most of
 a load generator's CPU. The stamp touches the top ~36 rows only, so this module re-encodes those and reuses the
@@ -24,15 +24,20 @@ Templates live in a process-wide LRU bounded by bytes (:data:`CACHE_BYTES`).
 
 from __future__ import annotations
 
+import hashlib
 import io
 import struct
 import threading
+import uuid
 import zlib
 from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image
+
+from .encode import encode
+from .pool import PoolImage, content_hash
 
 CACHE_BYTES = 256 * 2**20  # templates and decoded bases kept per process
 STAMP_COLS, STAMP_ROWS = 16, 8
@@ -41,7 +46,7 @@ _ADLER_BASE = 65521
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# the stamp (one definition: images.fresh_image uses it too)
+# the stamp (one definition)
 # ---------------------------------------------------------------------------------------------------------------
 
 
@@ -124,7 +129,7 @@ def _cached(kind: str, base, build):
 
 
 def decoded(base, keep: bool = True) -> np.ndarray:
-    """The base image decoded as images.fresh_image converts it (RGB, or RGBA for images with alpha), as a
+    """The base image decoded as fresh_image converts it (RGB, or RGBA for images with alpha), as a
     read-only array; kept in the cache when ``keep`` (the formats re-encoded whole need it every time, the
     templates only once)."""
     def build():
@@ -208,7 +213,7 @@ def _png_template(base) -> _PngTemplate | None:
     if len(filtered) != h * stride:
         return None
     tail = filtered[n_top * stride:]
-    c = zlib.compressobj(3, zlib.DEFLATED, -15)  # the level images.encode uses for PNG
+    c = zlib.compressobj(3, zlib.DEFLATED, -15)  # the level encode.encode uses for PNG
     deflated = c.compress(tail) + c.flush()
     top = np.array(pixels[:n_top])
     head = PNG_SIG + _png_chunk(b"IHDR", chunks[0][1])
@@ -245,7 +250,7 @@ def _fresh_png(base, digest: bytes) -> tuple[bytes, str] | None:
 
 def _jpeg_save(im: Image.Image, quality: int, restart_blocks: int) -> bytes:
     buf = io.BytesIO()
-    im.save(buf, "JPEG", quality=quality, restart_marker_blocks=restart_blocks)  # as images.encode, + restarts
+    im.save(buf, "JPEG", quality=quality, restart_marker_blocks=restart_blocks)  # as encode.encode, + restarts
     return buf.getvalue()
 
 
@@ -301,7 +306,7 @@ def _jpeg_template(base) -> _JpegTemplate | None:
     h, w, ch = pixels.shape
     if ch != 3:
         return None
-    quality = base.quality or 90  # as images.encode
+    quality = base.quality or 90  # as encode.encode
     probe = _jpeg_scan(_jpeg_save(Image.new("RGB", (16, 16)), quality, 1))
     if probe is None:
         return None
@@ -354,9 +359,9 @@ def _fresh_jpeg(base, digest: bytes) -> bytes | None:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def fresh_data(base, digest: bytes, encode) -> tuple[bytes, str, str]:
-    """(encoded bytes, format, mode) of the fresh variant of ``base`` for ``digest``. ``encode`` is
-    images.encode (the full re-encode, for the formats without a fast path)."""
+def fresh_data(base, digest: bytes) -> tuple[bytes, str, str]:
+    """(encoded bytes, format, mode) of the fresh variant of ``base`` for ``digest`` (the full re-encode for the
+    formats without a fast path)."""
     if base.format == "png":
         done = _fresh_png(base, digest)
         if done is not None:
@@ -388,3 +393,26 @@ def set_offload(run) -> None:
     """``run(fn, *args)`` -> fn(*args), run elsewhere (None: in the caller)."""
     global _offload
     _offload = run
+
+
+def fresh_image(base: PoolImage, token: str | bytes | None = None) -> PoolImage:
+    """``base`` with a unique 16x8-cell black/white stamp (128 bits of sha256(token)) in its top-left corner,
+    re-encoded in the same format. Different tokens give different pixels, so the server sees a new item
+    whether it hashes the bytes or the decoded pixels. ``token=None`` -> a random one (uuid4); pass a token
+    such as ``f"{run}/{worker}/{user}/{seq}"`` for reproducible runs. The pixels are those of decoding the
+    base, pasting the stamp and encoding again, got without re-encoding the whole image where the format allows
+    (PNG, JPEG: a fraction of a millisecond instead of 5-50 ms)."""
+    if token is None:
+        token = uuid.uuid4().bytes
+    digest = hashlib.sha256(token.encode() if isinstance(token, str) else token).digest()
+    data, fmt, mode = fresh_data(base, digest)
+    return PoolImage(
+        id=f"{base.id}~{digest.hex()[:12]}",
+        format=fmt,
+        width=base.width,
+        height=base.height,
+        data=data,
+        hash=content_hash(data),
+        mode=mode,
+        quality=base.quality,
+    )

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import engines
-from harness.server import Server, Target
+from mmchaos.harness import engines
+from mmchaos.harness.server import Server, Target
 from mmchaos import paths
 
 TESTS = Path(__file__).resolve().parent

@@ -14,7 +14,7 @@ from collections import Counter
 
 from locust import events
 
-from locustfiles.embeddings import ChaosShape, EmbeddingUser  # noqa: F401  (Locust picks them up from here)
+from mmchaos.locustfiles.embeddings import ChaosShape, EmbeddingUser  # noqa: F401  (Locust picks them up from here)
 
 _reported: Counter = Counter()
 

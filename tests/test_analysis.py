@@ -14,13 +14,13 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from analysis import intervals as I
-from analysis import report, stats
-from analysis.attribution import SAME_IMAGE, WINDOW, attribute
-from analysis.load import LoadError, load_campaign
-from analysis.survival import first_crash_durations, kaplan_meier, median_survival
-from analysis.synthetic import SyntheticConfig, make_campaign
-from analysis.verdict import verdicts
+from mmchaos.analysis import intervals as I
+from mmchaos.analysis import report, stats
+from mmchaos.analysis.attribution import SAME_IMAGE, WINDOW, attribute
+from mmchaos.analysis.results import LoadError, load_results
+from mmchaos.analysis.survival import first_crash_durations, kaplan_meier, median_survival
+from mmchaos.analysis.synthetic import SyntheticConfig, make_campaign
+from mmchaos.analysis.verdict import verdicts
 from mmchaos import schema as S
 from mmchaos.tables import table_dir
 
@@ -33,7 +33,7 @@ T0 = 1_700_000_000.0
 
 def write_trial(camp: Path, config: str, trial: int, *, requests=(), health=(), metrics=(), log_events=(),
                 crashes=(), manifest: dict | None = None, server_log: str | None = "INFO up\n") -> Path:
-    folder = camp / config / f"t{trial:03d}"
+    folder = camp / config / S.trial_folder(trial)
     folder.mkdir(parents=True, exist_ok=True)
     for name, rows in (("requests", requests), ("health", health), ("metrics", metrics),
                        ("log_events", log_events), ("crashes", crashes)):
@@ -175,7 +175,7 @@ def hand(tmp_path_factory) -> Path:
 
 
 def test_load_hand_campaign(hand):
-    c = load_campaign(hand)
+    c = load_results(hand)
     assert c.configs == ["buggy", "fixed"]
     assert len(c.trials) == 4 and (c.trials["n_requests"] == 500).all()
     assert len(c.requests) == 2000
@@ -185,7 +185,7 @@ def test_load_hand_campaign(hand):
 
 
 def test_crash_rates_and_trials_crashed(hand):
-    c = load_campaign(hand)
+    c = load_results(hand)
     cs = stats.crash_stats(c).set_index("config")
     b = cs.loc["buggy"]
     # 1 crash in 1 hour and in 1,000 requests: rate 1, exact interval [chi2(.025;2)/2, chi2(.975;4)/2]
@@ -200,7 +200,7 @@ def test_crash_rates_and_trials_crashed(hand):
 
 
 def test_time_and_requests_to_first_crash(hand):
-    c = load_campaign(hand)
+    c = load_results(hand)
     d = first_crash_durations(c.trials, c.requests, c.crashes).set_index(["config", "trial"])
     # crash detected 106 s in, after 6 requests had been sent (t = 10, 100, 103, 103.5, 104, 105)
     assert d.loc[("buggy", 0), "crashed"] and d.loc[("buggy", 0), "time_s"] == pytest.approx(106)
@@ -211,7 +211,7 @@ def test_time_and_requests_to_first_crash(hand):
 
 
 def test_attribution_picks_the_poison(hand):
-    c = load_campaign(hand)
+    c = load_results(hand)
     events, summary = attribute(c, window_s=10)
     ev = events.set_index(["event", "signature", "t_rel"]).sort_index()
     drift = events[(events["event"] == "drift") & (events["mm_hash"] == "h1")].iloc[0]
@@ -234,7 +234,7 @@ def test_attribution_picks_the_poison(hand):
 
 
 def test_verdicts(hand):
-    c = load_campaign(hand)
+    c = load_results(hand)
     v = verdicts(c).set_index("config")
     assert v.loc["fixed", "verdict"] == "yes"
     assert v.loc["fixed", ["fails_alone", "health_ok", "normal_ok", "no_drift"]].all()
@@ -250,7 +250,7 @@ def test_verdicts(hand):
 
 
 def test_latency_percentiles_per_kind(hand):
-    c = load_campaign(hand)
+    c = load_results(hand)
     lat = stats.latency_table(c).set_index(["config", "kind"])
     # fixed text latencies: 10,20,30,40,50 ms, 198 times each, + 4 at 100 ms (t=10 and 103.5 in both trials);
     # 994 values, median at sorted position 496.5: inside the block of 30s (positions 396..593) -> 30
@@ -273,7 +273,7 @@ def test_load_trial_with_missing_files(tmp_path):
     # a truncated part file must not stop the rest
     bad = table_dir(camp / "a" / "t000", "requests") / "part-test-000001.parquet"
     bad.write_bytes(b"PAR1 not really")
-    c = load_campaign(camp)
+    c = load_results(camp)
     t = c.trials.set_index("trial")
     assert t.loc[0, "status"] == "unknown" and not t.loc[0, "has_manifest"]
     assert "manifest.json" in t.loc[0, "missing"] and "health" in t.loc[0, "missing"]
@@ -288,9 +288,9 @@ def test_load_trial_with_missing_files(tmp_path):
 
 def test_load_errors(tmp_path):
     with pytest.raises(LoadError, match="not a folder"):
-        load_campaign(tmp_path / "nope")
+        load_results(tmp_path / "nope")
     with pytest.raises(LoadError, match="no trials"):
-        load_campaign(tmp_path)
+        load_results(tmp_path)
 
 
 # --- the report end to end -----------------------------------------------------------------------------
@@ -348,26 +348,30 @@ def test_html_is_self_contained_and_escaped(built):
     assert "<script" not in res.markdown.read_text()
 
 
-def test_cli_bad_input(tmp_path, capsys):
-    assert report.main([str(tmp_path / "missing")]) != 0
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "not a folder" in err
-    assert report.main([str(tmp_path), "--out", str(tmp_path / "out")]) != 0
-    assert "no trials" in capsys.readouterr().err
+def _report_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mmchaos.harness.cli", "report", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_cli_bad_input(tmp_path):
+    p = _report_cli(str(tmp_path / "missing"))
+    assert p.returncode == 2
+    assert len(p.stderr.strip().splitlines()) == 1 and "not a folder" in p.stderr
+    p = _report_cli(str(tmp_path), "--out", str(tmp_path / "out"))
+    assert p.returncode == 2 and "no trials" in p.stderr
     assert not (tmp_path / "out").exists()  # nothing half-written
 
 
-def test_cli_bad_baseline_and_module_entry(built, tmp_path):
+def test_cli_bad_baseline(built, tmp_path):
     camp, _ = built
-    p = subprocess.run([sys.executable, "-m", "analysis.report", str(camp), "--baseline", "nope", "--out",
-                        str(tmp_path / "o")], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert p.returncode != 0
+    p = _report_cli(str(camp), "--baseline", "nope", "--out", str(tmp_path / "o"))
+    assert p.returncode == 2
     assert len(p.stderr.strip().splitlines()) == 1 and "baseline 'nope'" in p.stderr
     assert not (tmp_path / "o").exists()
 
 
 def test_fails_alone_tolerates_rare_unanswered_but_not_wrong_status():
-    from analysis.verdict import _fails_alone
+    from mmchaos.analysis.verdict import _fails_alone
 
     def rows(statuses, outcomes):
         return pd.DataFrame({"kind": "malformed_post", "case": "dimensions", "expected_status": 400.0,
@@ -382,7 +386,7 @@ def test_fails_alone_tolerates_rare_unanswered_but_not_wrong_status():
 
 
 def test_default_baseline_is_the_shipped_server_that_kept_serving(hand):
-    c = load_campaign(hand)
+    c = load_results(hand)
     assert stats.default_baseline(c) == "buggy"  # the only one without extra flags, crashed or not
     # were "fixed" also run without extra flags, it would be the baseline: it did not crash
     c.trials.loc[c.trials["config"] == "fixed", "flags"] = ""

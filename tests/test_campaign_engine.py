@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from analysis.load import load_campaign
-from analysis.report import write_report
+from mmchaos.analysis.results import load_results
+from mmchaos.analysis.report import write_report
 from conftest import REPORT_VERSION
-from harness import campaign, campaign_file
+from mmchaos.harness import campaign_plan, campaign_runner
 from mmchaos import paths, schema
 from mmchaos.tables import read_table
 
@@ -43,7 +43,7 @@ name = "cache-off"
 engine = "{REPORT_VERSION}"
 flags = ["--mm-processor-cache-gb", "0"]
 ''')
-    results = campaign.CampaignRunner(campaign_file.load(f), root / "results").run()
+    results = campaign_runner.CampaignRunner(campaign_plan.load(f), root / "results").run()
     return root / "results" / "two-configs", {r.config: r for r in results}
 
 
@@ -88,7 +88,7 @@ def test_every_request_sent_is_a_row(real_campaign, config):
 
 def test_report_builds_from_the_real_campaign(real_campaign, tmp_path):
     camp_dir, _ = real_campaign
-    c = load_campaign(camp_dir)
+    c = load_results(camp_dir)
     assert set(c.configs) == {"default", "cache-off"}
     out = write_report(camp_dir, out_dir=tmp_path / "report")
     html = (tmp_path / "report" / "report.html").read_text()

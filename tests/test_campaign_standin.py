@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import TESTS
-from harness import campaign, campaign_file
+from mmchaos.harness import campaign_plan, campaign_runner
 from mmchaos import schema
 from mmchaos.tables import read_table
 
@@ -54,7 +54,7 @@ startup_timeout = 30
 
 
 def run(f: Path, results: Path, **kw):
-    return campaign.CampaignRunner(campaign_file.load(f), results, **kw).run()
+    return campaign_runner.CampaignRunner(campaign_plan.load(f), results, **kw).run()
 
 
 def test_campaign_layout_crash_detection_and_classification(tmp_path):
@@ -152,7 +152,7 @@ def test_unfinished_trial_is_run_again(tmp_path):
 def test_bad_campaign_files_name_file_line_and_hint(tmp_path, body, needle):
     f = tmp_path / "bad.toml"
     f.write_text(body)
-    r = subprocess.run([sys.executable, "-m", "harness.cli", "campaign", "check", str(f)], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "mmchaos.harness.cli", "campaign", "check", str(f)], capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
@@ -162,7 +162,7 @@ def test_bad_campaign_files_name_file_line_and_hint(tmp_path, body, needle):
 def test_unknown_mix_kind_is_rejected_before_anything_runs(tmp_path):
     f = write_campaign(tmp_path, configs='[[config]]\nname = "a"\n')
     f.write_text(f.read_text().replace("[workload.options]", "[workload.mix]\nvalid_imgae = 3\n\n[workload.options]"))
-    r = subprocess.run([sys.executable, "-m", "harness.cli", "campaign", "run", str(f), "--results",
+    r = subprocess.run([sys.executable, "-m", "mmchaos.harness.cli", "campaign", "run", str(f), "--results",
                         str(tmp_path / "results")], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "unknown kind 'valid_imgae'" in r.stderr
     assert not (tmp_path / "results" / "standin").exists()

@@ -8,8 +8,8 @@ import pytest
 import requests
 
 from conftest import FIXED_VERSION, REPORT_VERSION, vllm_server
-from payloads import images, malformed
-from payloads import requests as build
+from mmchaos.payloads import catalogue, fresh, generated, malformed
+from mmchaos.payloads import bodies as build
 
 pytestmark = pytest.mark.engine
 MAX_MODEL_LEN = 4096  # the embedded engine's default
@@ -22,10 +22,10 @@ def _post(server, req) -> requests.Response:
 
 def _check_catalogue(server, reuse_expectation) -> list[str]:
     model = server.model_name()
-    pool = images.generate_pool(4, seed=11, preset="small")
+    pool = generated.generate_pool(4, seed=11, preset="small")
     problems = []
-    for i, case in enumerate(malformed.load_cases().values()):
-        image = pool.fresh(i % len(pool), f"catalogue-{server.port}-{i}")  # never seen: no earlier poison
+    for i, case in enumerate(catalogue.load_cases().values()):
+        image = fresh.fresh_image(pool[i % len(pool)], f"catalogue-{server.port}-{i}")  # never seen: no earlier poison
         got = _post(server, malformed.build_malformed_request(case, image, model, max_model_len=MAX_MODEL_LEN))
         if got.status_code != case.expected_status:
             problems.append(f"{case.name}: expected {case.expected_status}, got {got.status_code}: {got.text[:120]}")

@@ -10,8 +10,8 @@ import pytest
 import requests
 
 from conftest import FIXED_VERSION, REPORT_VERSION, vllm_server
-from harness import engines, repro
-from harness.signatures import Signatures
+from mmchaos.harness import engines, repro
+from mmchaos.signatures import Signatures
 
 pytestmark = pytest.mark.engine
 SIGS = Signatures.load()
@@ -82,7 +82,7 @@ def test_report_version_with_cache_off_survives(tmp_path):
 def test_provisioning_again_is_a_fast_noop():
     before = engines.require(REPORT_VERSION).manifest()
     t0 = time.time()
-    r = subprocess.run([sys.executable, "-m", "harness.cli", "engine", "install", REPORT_VERSION],
+    r = subprocess.run([sys.executable, "-m", "mmchaos.harness.cli", "engine", "install", REPORT_VERSION],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "already installed" in r.stderr

@@ -10,13 +10,13 @@ import sys
 import pytest
 
 from conftest import TESTS, standin_server
-from harness import engines
-from harness.server import Server, ServerError, Target, tensor_parallel_size
-from harness.signatures import SignatureError, Signatures
+from mmchaos.harness import engines
+from mmchaos.harness.server import Server, ServerError, Target, tensor_parallel_size
+from mmchaos.signatures import SignatureError, Signatures
 
 
 def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "mmchaos.harness.cli", *args], capture_output=True, text=True,
                           timeout=120, env={**os.environ, **(env or {})})
 
 

@@ -16,8 +16,11 @@ import pytest
 from PIL import Image
 
 from mmchaos import schema
-from payloads import images, malformed, reuse
-from payloads import requests as rq
+from mmchaos.payloads import catalogue as cases_module
+from mmchaos.payloads import (encode, fresh, generated, image_spec, malformed, mutations, patches, reuse, shared_pool,
+                              user_images)
+from mmchaos.payloads.pool import PayloadWarning
+from mmchaos.payloads import bodies as rq
 
 PIL_FORMAT = {"jpeg": "JPEG", "png": "PNG", "webp": "WEBP"}
 
@@ -29,7 +32,7 @@ def cache_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def small_pool(cache_dir):
-    return images.generate_pool(40, seed=7, preset="small", cache_dir=cache_dir)
+    return generated.generate_pool(40, seed=7, preset="small", cache_dir=cache_dir)
 
 
 def _one_of_each(pool):
@@ -43,17 +46,17 @@ def _one_of_each(pool):
 
 
 def test_pool_is_deterministic_from_seed(small_pool, tmp_path):
-    again = images.generate_pool(40, seed=7, preset="small", use_cache=False)
+    again = generated.generate_pool(40, seed=7, preset="small", use_cache=False)
     assert [im.hash for im in again] == [im.hash for im in small_pool]
     assert [im.id for im in again] == [im.id for im in small_pool]
-    other = images.generate_pool(40, seed=8, preset="small", cache_dir=tmp_path)
+    other = generated.generate_pool(40, seed=8, preset="small", cache_dir=tmp_path)
     assert not {im.hash for im in other} & {im.hash for im in small_pool}
 
 
 def test_pool_images_are_distinct_and_prefix_stable(small_pool, cache_dir):
     assert len({im.hash for im in small_pool}) == len(small_pool)
     assert len({im.id for im in small_pool}) == len(small_pool)
-    head = images.generate_pool(10, seed=7, preset="small", cache_dir=cache_dir)
+    head = generated.generate_pool(10, seed=7, preset="small", cache_dir=cache_dir)
     assert [im.hash for im in head] == [im.hash for im in small_pool[:10]]
 
 
@@ -73,9 +76,9 @@ def test_images_decode_at_reported_size_and_format(small_pool):
 
 
 def test_specs_follow_the_size_aspect_and_format_distribution():
-    specs = [images.image_spec(3, i) for i in range(3000)]
+    specs = [image_spec.image_spec(3, i) for i in range(3000)]
     fmt = Counter(s.format for s in specs)
-    for f, share in images.DEFAULT_FORMATS.items():
+    for f, share in image_spec.DEFAULT_FORMATS.items():
         assert abs(fmt[f] / len(specs) - share) < 0.03, (f, fmt)
     longs = np.array([max(s.width, s.height) for s in specs])
     assert longs.min() >= 255 and longs.max() <= 2049
@@ -83,7 +86,7 @@ def test_specs_follow_the_size_aspect_and_format_distribution():
     lo, hi = math.log(256), math.log(2048)
     q = np.quantile(np.log(longs), [0.25, 0.5, 0.75])
     assert np.allclose(q, [lo + (hi - lo) * k for k in (0.25, 0.5, 0.75)], atol=0.12)
-    ratios = {(a, b) for a, b, _ in images.ASPECTS}
+    ratios = {(a, b) for a, b, _ in image_spec.ASPECTS}
     for s in specs:
         r = s.width / s.height
         assert any(abs(r - a / b) < 0.02 for a, b in ratios), (s.width, s.height)
@@ -98,79 +101,77 @@ def test_specs_follow_the_size_aspect_and_format_distribution():
 
 
 def test_max_side_knob_and_realistic_render(tmp_path):
-    pool = images.generate_pool(6, seed=1, preset="realistic", max_side=400, cache_dir=tmp_path)
+    pool = generated.generate_pool(6, seed=1, preset="realistic", max_side=400, cache_dir=tmp_path)
     assert all(max(im.width, im.height) <= 400 for im in pool)
     assert all(max(im.width, im.height) >= 255 for im in pool)
     with pytest.raises(ValueError, match="preset"):
-        images.generate_pool(2, preset="huge")
+        generated.generate_pool(2, preset="huge")
     with pytest.raises(ValueError, match="seed"):
-        images.generate_pool(2, seed=-1)
+        generated.generate_pool(2, seed=-1)
 
 
 def test_formats_weights_are_respected(tmp_path):
-    pool = images.generate_pool(6, seed=2, preset="small", formats={"webp": 1.0}, cache_dir=tmp_path)
+    pool = generated.generate_pool(6, seed=2, preset="small", formats={"webp": 1.0}, cache_dir=tmp_path)
     assert {im.format for im in pool} == {"webp"}
     with pytest.raises(ValueError, match="unknown image format"):
-        images.generate_pool(2, preset="small", formats={"gif": 1.0}, use_cache=False)
+        generated.generate_pool(2, preset="small", formats={"gif": 1.0}, use_cache=False)
 
 
 def test_disk_cache_files_are_reused(tmp_path):
-    first = images.generate_pool(12, seed=11, preset="small", cache_dir=tmp_path)
-    files = sorted((tmp_path / images.GENERATOR_VERSION).iterdir())
+    first = generated.generate_pool(12, seed=11, preset="small", cache_dir=tmp_path)
+    files = sorted((tmp_path / image_spec.GENERATOR_VERSION).iterdir())
     assert first.generated == 12 and first.from_cache == 0
     assert len(files) == 12
     mtimes = {f: f.stat().st_mtime_ns for f in files}
-    second = images.generate_pool(12, seed=11, preset="small", cache_dir=tmp_path)
+    second = generated.generate_pool(12, seed=11, preset="small", cache_dir=tmp_path)
     assert second.generated == 0 and second.from_cache == 12
-    assert sorted((tmp_path / images.GENERATOR_VERSION).iterdir()) == files
+    assert sorted((tmp_path / image_spec.GENERATOR_VERSION).iterdir()) == files
     assert {f: f.stat().st_mtime_ns for f in files} == mtimes  # read, not rewritten
     assert [im.hash for im in second] == [im.hash for im in first]
 
 
 def test_no_cache_writes_nothing_and_default_dir_follows_home(tmp_path, monkeypatch):
     monkeypatch.setenv("MMCHAOS_HOME", str(tmp_path))
-    assert images.default_cache_dir() == tmp_path.resolve() / "payload-cache"
-    images.generate_pool(3, seed=1, preset="small", use_cache=False)
+    assert generated.default_cache_dir() == tmp_path.resolve() / "payload-cache"
+    generated.generate_pool(3, seed=1, preset="small", use_cache=False)
     assert not (tmp_path / "payload-cache").exists()
-    images.generate_pool(3, seed=1, preset="small")
-    assert len(list((tmp_path / "payload-cache" / images.GENERATOR_VERSION).iterdir())) == 3
+    generated.generate_pool(3, seed=1, preset="small")
+    assert len(list((tmp_path / "payload-cache" / image_spec.GENERATOR_VERSION).iterdir())) == 3
 
 
 def test_shared_pool_is_built_once_per_process(tmp_path):
-    images.clear_shared_pools()
-    a = images.shared_pool(n=4, seed=5, preset="small", cache_dir=tmp_path)
-    b = images.shared_pool(n=4, seed=5, preset="small", cache_dir=tmp_path)
-    c = images.shared_pool(n=4, seed=6, preset="small", cache_dir=tmp_path)
+    shared_pool.clear_shared_pools()
+    a = shared_pool.shared_pool(n=4, seed=5, preset="small", cache_dir=tmp_path)
+    b = shared_pool.shared_pool(n=4, seed=5, preset="small", cache_dir=tmp_path)
+    c = shared_pool.shared_pool(n=4, seed=6, preset="small", cache_dir=tmp_path)
     assert a is b and a is not c
-    images.clear_shared_pools()
-    assert images.shared_pool(n=4, seed=5, preset="small", cache_dir=tmp_path) is not a
+    shared_pool.clear_shared_pools()
+    assert shared_pool.shared_pool(n=4, seed=5, preset="small", cache_dir=tmp_path) is not a
 
 
 def test_fresh_images_are_new_deterministic_and_well_formed(small_pool):
     for base in _one_of_each(small_pool).values():
-        f1 = images.fresh_image(base, "run/w1/u1/1")
-        f2 = images.fresh_image(base, "run/w1/u1/2")
-        assert images.fresh_image(base, "run/w1/u1/1").hash == f1.hash
+        f1 = fresh.fresh_image(base, "run/w1/u1/1")
+        f2 = fresh.fresh_image(base, "run/w1/u1/2")
+        assert fresh.fresh_image(base, "run/w1/u1/1").hash == f1.hash
         assert len({base.hash, f1.hash, f2.hash}) == 3
         assert f1.id.startswith(base.id + "~") and f1.id != f2.id
         assert (f1.format, f1.width, f1.height) == (base.format, base.width, base.height)
         with Image.open(io.BytesIO(f1.data)) as a, Image.open(io.BytesIO(f2.data)) as b:
             assert a.size == (base.width, base.height)
             assert a.tobytes() != b.tobytes()  # different pixels, not only different bytes
-    assert small_pool.fresh(0).hash != small_pool.fresh(0).hash  # token=None: random
+    assert fresh.fresh_image(small_pool[0]).hash != fresh.fresh_image(small_pool[0]).hash  # token=None: random
 
 
 def _full_reencode(base, token):
     """What a fresh image is by definition: decode, paste the stamp, encode the whole image again."""
-    from payloads import fresh
-
     digest = hashlib.sha256(token.encode()).digest()
     with Image.open(io.BytesIO(base.data)) as src:
         im = src.convert("RGBA" if src.mode in ("RGBA", "LA", "PA") else "RGB")
     arr = np.array(im)
     stamp, off = fresh.stamp_array(digest, *im.size)
     fresh.apply_stamp(arr, stamp, off)
-    data = images.encode(Image.fromarray(arr, im.mode), base.format, base.quality)
+    data = encode.encode(Image.fromarray(arr, im.mode), base.format, base.quality)
     with Image.open(io.BytesIO(data)) as out:
         return out.mode, out.tobytes()
 
@@ -179,16 +180,14 @@ def _full_reencode(base, token):
 def test_fresh_fast_paths_give_the_pixels_of_a_full_reencode(pool_kw, cache_dir):
     """PNG (rows spliced into the zlib stream) and JPEG (restart intervals swapped) decode to exactly the pixels
     of decoding the base, stamping and encoding it all again."""
-    from payloads import fresh
-
     fresh.clear_cache()
-    pool = images.generate_pool(**pool_kw, cache_dir=cache_dir)
+    pool = generated.generate_pool(**pool_kw, cache_dir=cache_dir)
     for base in pool:
         for token in ("t/1", "t/2"):
-            f = images.fresh_image(base, token)
+            f = fresh.fresh_image(base, token)
             with Image.open(io.BytesIO(f.data)) as got:
                 assert (got.mode, got.tobytes()) == _full_reencode(base, token), (base.id, base.format)
-            assert f.hash == images.fresh_image(base, token).hash  # deterministic (template cached or not)
+            assert f.hash == fresh.fresh_image(base, token).hash  # deterministic (template cached or not)
 
 
 def test_encode_body_is_plain_json_with_data_urls_copied_in(small_pool):
@@ -197,7 +196,7 @@ def test_encode_body_is_plain_json_with_data_urls_copied_in(small_pool):
               rq.text_request("m", "plain").body,
               {"messages": [{"content": [{"image_url": {"url": im.data_url}}, {"text": "é \x01mmchaos-data-url\x01"}]}]}]
     bodies += [malformed.build_malformed_request(c, im, "m", max_model_len=4096).body for c in
-               malformed.load_cases().usable(4096)]
+               cases_module.load_cases().usable(4096)]
     for b in bodies:
         assert rq.encode_body(b) == json.dumps(b, separators=(",", ":"), ensure_ascii=False).encode()
 
@@ -214,8 +213,8 @@ def test_user_dir_loads_images_and_skips_other_files(tmp_path):
     _write_image(tmp_path / "d.gif", "GIF", colour=(50, 60, 70))
     (tmp_path / "README.txt").write_text("not an image")
     _write_image(tmp_path / ".hidden" / "x.png", "PNG", colour=(4, 4, 4))
-    with pytest.warns(images.PayloadWarning, match="README.txt"):
-        pool = images.load_image_dir(tmp_path)
+    with pytest.warns(PayloadWarning, match="README.txt"):
+        pool = user_images.load_image_dir(tmp_path)
     assert [im.id for im in pool] == ["a.png", "b.jpg", "d.gif", "sub/c.webp"]
     assert [im.format for im in pool] == ["png", "jpeg", "gif", "webp"]
     assert pool.by_id("sub/c.webp").width == 64
@@ -226,43 +225,43 @@ def test_user_dir_loads_images_and_skips_other_files(tmp_path):
 def test_user_dir_errors_name_the_path(tmp_path):
     missing = tmp_path / "nope"
     with pytest.raises(FileNotFoundError, match="nope"):
-        images.load_image_dir(missing)
+        user_images.load_image_dir(missing)
     f = tmp_path / "file.png"
     _write_image(f, "PNG")
     with pytest.raises(NotADirectoryError, match="file.png"):
-        images.load_image_dir(f)
+        user_images.load_image_dir(f)
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(ValueError, match="has no images"):
-        images.load_image_dir(empty)
+        user_images.load_image_dir(empty)
     bad = tmp_path / "bad"
     _write_image(bad / "ok.png", "PNG")
     (bad / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 definitely not a jpeg")
     with pytest.raises(ValueError, match="broken.jpg"):
-        images.load_image_dir(bad)
+        user_images.load_image_dir(bad)
     trunc = tmp_path / "trunc"
     _write_image(trunc / "big.png", "PNG", size=(300, 300))
     data = (trunc / "big.png").read_bytes()
     (trunc / "big.png").write_bytes(data[: len(data) // 2])
     with pytest.raises(ValueError, match="big.png"):
-        images.load_image_dir(trunc)
+        user_images.load_image_dir(trunc)
 
 
 def test_user_dir_drops_duplicates_with_a_warning(tmp_path):
     _write_image(tmp_path / "a.png", "PNG")
     (tmp_path / "copy.png").write_bytes((tmp_path / "a.png").read_bytes())
-    with pytest.warns(images.PayloadWarning, match="duplicate"):
-        pool = images.load_image_dir(tmp_path)
+    with pytest.warns(PayloadWarning, match="duplicate"):
+        pool = user_images.load_image_dir(tmp_path)
     assert [im.id for im in pool] == ["a.png"]
 
 
 def test_shared_pool_from_a_dir(tmp_path):
-    images.clear_shared_pools()
+    shared_pool.clear_shared_pools()
     _write_image(tmp_path / "a.png", "PNG")
-    assert images.shared_pool(tmp_path) is images.shared_pool(str(tmp_path))
+    assert shared_pool.shared_pool(tmp_path) is shared_pool.shared_pool(str(tmp_path))
     with pytest.raises(ValueError, match="exclusive"):
-        images.shared_pool(tmp_path, n=3)
-    images.clear_shared_pools()
+        shared_pool.shared_pool(tmp_path, n=3)
+    shared_pool.clear_shared_pools()
 
 
 # ----------------------------------------------------------------------------------------------------- reuse
@@ -282,17 +281,17 @@ def test_sampler_is_seeded_and_draw_matches_draw_many():
     first = m.sampler(42).draw()
     s = m.sampler(42)
     seq = [s.draw() for _ in range(500)]
-    idx, fresh = m.sampler(42).draw_many(500)
+    idx, is_fresh = m.sampler(42).draw_many(500)
     assert first == seq[0] and isinstance(first, reuse.Draw)
     assert [d.index for d in seq] == idx.tolist()
-    assert [d.fresh for d in seq] == fresh.tolist()
+    assert [d.fresh for d in seq] == is_fresh.tolist()
     assert m.sampler(43).draw_many(50)[0].tolist() != idx[:50].tolist()
 
 
 def test_zipf_skew_orders_the_hot_images():
     m = reuse.ReuseModel(100, zipf_s=1.2)
-    idx, fresh = m.sampler(1).draw_many(30_000)
-    assert not fresh.any()
+    idx, is_fresh = m.sampler(1).draw_many(30_000)
+    assert not is_fresh.any()
     counts = np.bincount(idx, minlength=100)
     assert counts[0] > counts[1] > counts[2] > counts[4] > counts[9] > counts[60]
     assert counts[0] / 30_000 == pytest.approx(m.probabilities[0], abs=0.015)
@@ -302,8 +301,8 @@ def test_zipf_skew_orders_the_hot_images():
 
 def test_fresh_fraction_within_tolerance():
     m = reuse.ReuseModel(10, zipf_s=1.0, fresh_fraction=0.2)
-    idx, fresh = m.sampler(3).draw_many(20_000)
-    assert fresh.mean() == pytest.approx(0.2, abs=0.015)
+    idx, is_fresh = m.sampler(3).draw_many(20_000)
+    assert is_fresh.mean() == pytest.approx(0.2, abs=0.015)
     assert idx.min() >= 0 and idx.max() < 10
     assert all(reuse.ReuseModel(10, fresh_fraction=1.0).sampler(0).draw().fresh for _ in range(3))
 
@@ -408,7 +407,7 @@ MML = 1024
 
 @pytest.fixture(scope="module")
 def catalogue():
-    return malformed.load_cases()
+    return cases_module.load_cases()
 
 
 def _image_urls(body):
@@ -434,7 +433,7 @@ def test_catalogue_has_the_required_cases(catalogue):
     assert catalogue["dimensions_unsupported"].patch == {"dimensions": 5}
     for c in catalogue.values():
         assert c.kind == ("malformed_post" if c.stage == "post_render" else "malformed_pre")
-        assert c.evidence in malformed.EVIDENCE and c.confidence in malformed.CONFIDENCE and c.source
+        assert c.evidence in cases_module.EVIDENCE and c.confidence in cases_module.CONFIDENCE and c.source
     with pytest.raises(KeyError, match="no malformed case"):
         catalogue["nope"]
 
@@ -507,7 +506,7 @@ def test_specific_mutations(catalogue, small_pool):
         Image.open(io.BytesIO(png))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-        with Image.open(io.BytesIO(malformed.png_header_only(5000, 4000))) as small_header:
+        with Image.open(io.BytesIO(mutations.png_header_only(5000, 4000))) as small_header:
             assert small_header.size == (5000, 4000)
 
     multi = build("multi_image_one_bad")
@@ -528,16 +527,16 @@ def test_building_does_not_leak_between_cases(catalogue, small_pool):
 
 def test_merge_patch_and_unset():
     target = {"a": 1, "b": {"c": 2, "d": [1, 2]}}
-    assert malformed.merge_patch(target, {"b": {"c": 3, "e": 4}, "f": [5]}) == {
+    assert patches.merge_patch(target, {"b": {"c": 3, "e": 4}, "f": [5]}) == {
         "a": 1, "b": {"c": 3, "d": [1, 2], "e": 4}, "f": [5]
     }
     assert target == {"a": 1, "b": {"c": 2, "d": [1, 2]}}  # not modified
     body = {"messages": [{"content": [{"x": 1}, {"y": 2}]}], "k": 1}
-    malformed.unset_path(body, "messages.0.content.0")
-    malformed.unset_path(body, "k")
+    patches.unset_path(body, "messages.0.content.0")
+    patches.unset_path(body, "k")
     assert body == {"messages": [{"content": [{"y": 2}]}]}
     with pytest.raises(KeyError, match="nope"):
-        malformed.unset_path(body, "nope.x")
+        patches.unset_path(body, "nope.x")
 
 
 USER_CASES = """
@@ -571,7 +570,7 @@ endpoint = "/tokenize"
 def test_user_case_file_is_merged(tmp_path, small_pool):
     f = tmp_path / "mine.toml"
     f.write_text(USER_CASES)
-    cat = malformed.load_cases(f)
+    cat = cases_module.load_cases(f)
     assert list(cat)[-2:] == ["user_field_with_image", "bigger_oversized"]
     assert "dimensions_unsupported" in cat
     mine = cat["user_field_with_image"]
@@ -581,7 +580,7 @@ def test_user_case_file_is_merged(tmp_path, small_pool):
     assert _image_urls(built.body) == [small_pool[0].data_url]
     big = malformed.build_malformed_request(cat["bigger_oversized"], small_pool[0], "m")
     assert big.path == "/tokenize" and big.meta.kind == "malformed_pre"
-    only = malformed.load_cases(f, include_builtin=False)
+    only = cases_module.load_cases(f, include_builtin=False)
     assert list(only) == ["user_field_with_image", "bigger_oversized"]
 
 
@@ -622,28 +621,28 @@ def _case(**over):
 def test_bad_case_files_give_clear_errors(tmp_path, text, match):
     f = tmp_path / "bad.toml"
     f.write_text(text)
-    with pytest.raises(malformed.CaseFileError, match=match) as err:
-        malformed.load_cases(f)
+    with pytest.raises(cases_module.CaseFileError, match=match) as err:
+        cases_module.load_cases(f)
     assert str(f) in str(err.value)
 
 
 def test_duplicate_and_missing_case_files(tmp_path):
     f = tmp_path / "dupe.toml"
     f.write_text(_case(name='"bad_base64"'))
-    with pytest.raises(malformed.CaseFileError, match=r"case 'bad_base64': duplicate case name") as err:
-        malformed.load_cases(f)
+    with pytest.raises(cases_module.CaseFileError, match=r"case 'bad_base64': duplicate case name") as err:
+        cases_module.load_cases(f)
     assert "malformed_cases.toml" in str(err.value)
     g = tmp_path / "twice.toml"
     g.write_text(_case() + _case())
-    with pytest.raises(malformed.CaseFileError, match="duplicate"):
-        malformed.load_cases(g, include_builtin=False)
+    with pytest.raises(cases_module.CaseFileError, match="duplicate"):
+        cases_module.load_cases(g, include_builtin=False)
     with pytest.raises(FileNotFoundError, match="missing.toml"):
-        malformed.load_cases(tmp_path / "missing.toml")
+        cases_module.load_cases(tmp_path / "missing.toml")
 
 
 def test_unset_of_a_missing_key_names_it(tmp_path, small_pool):
     f = tmp_path / "u.toml"
     f.write_text(_case(patch=None, unset='["messages.5"]'))
-    (case,) = malformed.load_cases(f, include_builtin=False).values()
+    (case,) = cases_module.load_cases(f, include_builtin=False).values()
     with pytest.raises(KeyError, match="messages.5"):
         malformed.build_malformed_request(case, small_pool[0], "m")

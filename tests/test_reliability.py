@@ -26,12 +26,13 @@ import pyarrow.parquet as pq
 import pytest
 import requests as http
 
-from analysis import report
-from analysis.load import load_campaign
+from mmchaos.analysis import report
+from mmchaos.harness import cli
+from mmchaos.analysis.results import load_results
 from conftest import REPORT_VERSION, TESTS, require_engine_and_model, standin_server
-from harness import campaign, campaign_file
+from mmchaos.harness import campaign_plan, campaign_runner
 from locust_run import ROOT, locust
-from locustfiles.options import WEIGHTS
+from mmchaos.options import WEIGHTS
 from mmchaos import schema
 from mmchaos.tables import read_table
 
@@ -83,7 +84,7 @@ max_restarts = 1
 
 
 def trial_dir(root: Path, config: str = "a", trial: int = 0) -> Path:
-    return root / CAMP / config / f"t{trial:03d}"
+    return root / CAMP / config / schema.trial_folder(trial)
 
 
 def manifest(trial: Path) -> dict:
@@ -142,8 +143,8 @@ class Fault:
             self.action(trial_dir(self.root, state["config"], state["trial"]))
 
 
-def run(f: Path, root: Path, progress=None) -> list[campaign.TrialResult]:
-    return campaign.CampaignRunner(campaign_file.load(f), root, progress=progress).run()
+def run(f: Path, root: Path, progress=None) -> list[campaign_runner.TrialResult]:
+    return campaign_runner.CampaignRunner(campaign_plan.load(f), root, progress=progress).run()
 
 
 def assert_counts_match(trial: Path) -> pd.DataFrame:
@@ -157,9 +158,9 @@ def assert_counts_match(trial: Path) -> pd.DataFrame:
 
 def assert_analysable(root: Path) -> str:
     """The campaign loads and `mmchaos report` builds; returns report.html."""
-    c = load_campaign(root / CAMP)
+    c = load_results(root / CAMP)
     assert len(c.trials) >= 1
-    assert report.main([str(root / CAMP), "-q"]) == 0
+    assert cli.main(["report", str(root / CAMP), "-q"]) == 0
     return (root / CAMP / "report" / report.REPORT_HTML).read_text()
 
 
@@ -194,7 +195,7 @@ def test_server_sigkill_mid_load_is_a_crash_and_the_restarted_server_takes_the_l
     [res] = run(f, root, progress=fault)
     assert killed, "the fault never fired"
     trial = trial_dir(root)
-    assert res.status == campaign.COMPLETED and res.error is None
+    assert res.status == campaign_runner.COMPLETED and res.error is None
     [crash] = res.crashes
     assert crash.reason == "process_exit" and crash.exit_code == -signal.SIGKILL and crash.restart == 0
     assert 0 <= crash.t_detected - killed[0] < 4  # detection within a tick, plus the wait for a traceback
@@ -237,7 +238,7 @@ def test_port_taken_while_restarting_fails_the_restart_cleanly(tmp_path, reaper)
     assert len(res.crashes) == 1
     assert res.error.startswith("restart failed: port ") and "already in use" in res.error
     m = manifest(trial)
-    assert m["status"] == campaign.COMPLETED and m["error"] == res.error  # finished, not left "running"
+    assert m["status"] == campaign_runner.COMPLETED and m["error"] == res.error  # finished, not left "running"
     assert len(m["server_pgids"]) == 1  # the restart never launched anything
     assert_counts_match(trial)
     assert_no_orphans(recorded_pgids(trial), reaper)
@@ -283,10 +284,10 @@ flags = ["--unhealthy"]
 name = "well"
 ''')
     sick, well = run(f, root)
-    assert sick.status == campaign.FAILED and well.status == campaign.COMPLETED
+    assert sick.status == campaign_runner.FAILED and well.status == campaign_runner.COMPLETED
     assert sick.error.startswith("server not healthy after 1 s at http://127.0.0.1:") and "\n" not in sick.error
     m = manifest(trial_dir(root, "sick"))
-    assert m["status"] == campaign.FAILED and m["error"] == sick.error and m["requests"] == 0
+    assert m["status"] == campaign_runner.FAILED and m["error"] == sick.error and m["requests"] == 0
     assert_counts_match(trial_dir(root, "well"))
     assert_no_orphans(recorded_pgids(trial_dir(root, "sick")) | recorded_pgids(trial_dir(root, "well")), reaper)
     assert_analysable(root)
@@ -301,13 +302,13 @@ def test_port_in_use_by_another_server_is_refused_not_loaded(tmp_path, reaper):
                            url=f"http://127.0.0.1:{port}")
         results = run(f, root)
         metrics = http.get(occupant.base_url + "/metrics", timeout=5).text
-    assert [r.status for r in results] == [campaign.FAILED, campaign.FAILED]  # the second trial still ran
+    assert [r.status for r in results] == [campaign_runner.FAILED, campaign_runner.FAILED]  # the second trial still ran
     for r in results:
         assert f"port {port} of http://127.0.0.1:{port} is already in use" in r.error
     assert 'handler="/v1/embeddings"' not in metrics  # the occupant got no load
     for t in (0, 1):
         assert "server_pgids" not in manifest(trial_dir(root, trial=t))  # nothing was launched
-    assert load_campaign(root / CAMP).trials["status"].tolist() == ["failed", "failed"]
+    assert load_results(root / CAMP).trials["status"].tolist() == ["failed", "failed"]
 
 
 def test_locust_stopped_with_sigint_keeps_every_row_and_the_trial_is_interrupted(tmp_path, reaper):
@@ -321,7 +322,7 @@ def test_locust_stopped_with_sigint_keeps_every_row_and_the_trial_is_interrupted
 
     [res] = run(f, root, progress=Fault(root, interrupt_locust))
     trial = trial_dir(root)
-    assert res.status == campaign.INTERRUPTED  # a re-run will not skip it as done
+    assert res.status == campaign_runner.INTERRUPTED  # a re-run will not skip it as done
     assert res.error.startswith("Locust ended after ")
     m = manifest(trial)
     assert m["locust_exit_code"] in (0, 1)  # Locust's own orderly shutdown (1: some requests failed)
@@ -335,7 +336,7 @@ def test_ctrl_c_of_the_campaign_stops_everything_and_keeps_valid_results(tmp_pat
     """Ctrl-C reaches `mmchaos campaign run` (Locust and the server run in sessions of their own)."""
     root = tmp_path / "results"
     f = write_campaign(tmp_path, duration=20)
-    cli = subprocess.Popen([PY, "-m", "harness.cli", "campaign", "run", str(f), "--results", str(root)], cwd=ROOT,
+    cli = subprocess.Popen([PY, "-m", "mmchaos.harness.cli", "campaign", "run", str(f), "--results", str(root)], cwd=ROOT,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     reaper.add(cli.pid)
     trial = trial_dir(root)
@@ -350,7 +351,7 @@ def test_ctrl_c_of_the_campaign_stops_everything_and_keeps_valid_results(tmp_pat
         if cli.poll() is None:
             killpg(cli.pid, signal.SIGKILL)
     assert cli.returncode == 130, out.decode()[-2000:]
-    assert manifest(trial)["status"] == campaign.INTERRUPTED
+    assert manifest(trial)["status"] == campaign_runner.INTERRUPTED
     assert_counts_match(trial)
     assert_no_orphans(recorded_pgids(trial), reaper)
     assert_analysable(root)
@@ -372,7 +373,7 @@ def test_locust_sigkill_keeps_rows_up_to_the_last_second_and_the_trial_is_interr
     [res] = run(f, root, progress=fault)
     t_kill = killed[0]
     trial = trial_dir(root)
-    assert res.status == campaign.INTERRUPTED and not res.crashes  # not failed, not a server crash
+    assert res.status == campaign_runner.INTERRUPTED and not res.crashes  # not failed, not a server crash
     m = manifest(trial)
     assert m["locust_exit_code"] == -signal.SIGKILL
     assert m["locust_requests"] is None  # Locust died before writing its stats
@@ -382,7 +383,7 @@ def test_locust_sigkill_keeps_rows_up_to_the_last_second_and_the_trial_is_interr
     assert rows["t_start"].max() > t_kill - 2.5  # flushed every second: at most the last second is lost
     assert set(rows["outcome"]) <= set(schema.OUTCOMES)
     assert_no_orphans(recorded_pgids(trial), reaper)
-    c = load_campaign(root / CAMP)
+    c = load_results(root / CAMP)
     assert c.trials["status"].tolist() == ["interrupted"] and len(c.requests) == len(rows)
     assert_analysable(root)
 
@@ -440,7 +441,7 @@ def test_killed_worker_keeps_its_rows_and_the_run_goes_on(tmp_path, reaper):
     dead = by_pid[victim.pid]
     assert len(dead) > 0 and dead["t_start"].max() <= t_kill and dead["t_start"].max() > t_kill - 2.5
     assert (dead.groupby("user_id")["seq"].apply(lambda s: sorted(s) == list(range(1, len(s) + 1)))).all()
-    c = load_campaign(tmp_path / "results" / CAMP)
+    c = load_results(tmp_path / "results" / CAMP)
     assert len(c.requests) == len(rows)
     assert_no_orphans({p.pid for p in (master, *workers)} | {s.pgid}, reaper)
 
@@ -504,7 +505,7 @@ def test_bad_input_is_one_line_naming_problem_and_fix_and_writes_nothing(tmp_pat
     text = edit(tmp_path, f.read_text())
     f.write_text(text)
     results = tmp_path / "results"
-    r = subprocess.run([PY, "-m", "harness.cli", "campaign", "run", str(f), "--results", str(results)],
+    r = subprocess.run([PY, "-m", "mmchaos.harness.cli", "campaign", "run", str(f), "--results", str(results)],
                        capture_output=True, text=True, timeout=60, cwd=ROOT,
                        env={**os.environ, "MMCHAOS_HOME": str(tmp_path / "home")})
     assert r.returncode == 2, r.stderr
@@ -520,7 +521,7 @@ def test_non_writable_results_folder_is_one_line_and_writes_nothing(tmp_path):
     f = write_campaign(tmp_path)
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder\n")
-    r = subprocess.run([PY, "-m", "harness.cli", "campaign", "run", str(f), "--results", str(blocker / "results")],
+    r = subprocess.run([PY, "-m", "mmchaos.harness.cli", "campaign", "run", str(f), "--results", str(blocker / "results")],
                        capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert r.returncode == 2, r.stderr
     [line] = r.stderr.strip().splitlines()
@@ -570,7 +571,7 @@ def test_api_key_is_sent_as_bearer_and_never_written_anywhere(tmp_path, via, rea
         keyfile.parent.mkdir()
         keyfile.write_text(key + "\n")
         env["MMCHAOS_API_KEY_FILE"] = str(keyfile)
-    run_out = subprocess.run([PY, "-m", "harness.cli", "campaign", "run", str(f), "--results", str(root)],
+    run_out = subprocess.run([PY, "-m", "mmchaos.harness.cli", "campaign", "run", str(f), "--results", str(root)],
                              capture_output=True, timeout=90, cwd=ROOT, env=env)
     trial = trial_dir(root, "keyed")
     reaper.update(recorded_pgids(trial))
@@ -578,7 +579,7 @@ def test_api_key_is_sent_as_bearer_and_never_written_anywhere(tmp_path, via, rea
     rows = assert_counts_match(trial)
     posts = rows[rows["endpoint"].isin(["/v1/embeddings", "/tokenize"])]
     assert (posts["status"] != 401).all() and (posts["outcome"] == schema.OK).sum() > 50  # the bearer was sent
-    rep = subprocess.run([PY, "-m", "harness.cli", "report", str(root / CAMP)], capture_output=True, timeout=90,
+    rep = subprocess.run([PY, "-m", "mmchaos.harness.cli", "report", str(root / CAMP)], capture_output=True, timeout=90,
                          cwd=ROOT, env=env)
     assert rep.returncode == 0, rep.stderr.decode()[-2000:]
 

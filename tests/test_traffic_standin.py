@@ -7,13 +7,11 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
-import pytest
 
 from conftest import standin_server
 from locust_run import ROOT, locust, locust_request_count, rows
-from locustfiles.options import WEIGHTS
+from mmchaos.options import WEIGHTS
 from mmchaos import schema
 from mmchaos.tables import read_table
 

@@ -16,11 +16,14 @@ import pytest
 import requests
 
 from conftest import standin_server
-from harness.server import free_port
-from harness.signatures import Signatures
+from mmchaos.harness.processes import free_port
+from mmchaos.signatures import Signatures
 from locust_run import ROOT, rows
-from locustfiles import webui_panel as webui
-from locustfiles.watchers import parse_metrics
+from mmchaos.locustfiles import panel_tables
+from mmchaos.locustfiles.panel import Panel
+from mmchaos.locustfiles.panel_outcomes import CATEGORIES, Outcomes, category
+from mmchaos.locustfiles.web_form import apply_mangled_form_fields
+from mmchaos.locustfiles.watchers import parse_metrics
 from mmchaos import schema
 
 SMALL = ["--image-preset", "small", "--pool-size", "16"]
@@ -84,10 +87,10 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.25):
 
 def counts_from_rows(df: pd.DataFrame) -> dict:
     """Per kind, per panel category, from the recorded rows."""
-    cats = [webui.category(None if pd.isna(s) else int(s), o) for s, o in zip(df["status"], df["outcome"])]
+    cats = [category(None if pd.isna(s) else int(s), o) for s, o in zip(df["status"], df["outcome"])]
     out = {}
     for (kind, cat), n in pd.DataFrame({"kind": df["kind"], "cat": cats}).value_counts().items():
-        out.setdefault(kind, dict.fromkeys(webui.CATEGORIES, 0))[cat] = int(n)
+        out.setdefault(kind, dict.fromkeys(CATEGORIES, 0))[cat] = int(n)
     return {k: {**c, "total": sum(c.values())} for k, c in out.items()}
 
 
@@ -116,13 +119,13 @@ def test_panel_counts_match_the_recorded_rows(standin, tmp_path):
         # the rows of the tabs, as Locust's UI receives them with its stats
         stats = requests.get(ui.url + "/stats/requests", timeout=5).json()
         tabs = {t["key"]: t["data"] for t in stats["extended_stats"]}
-        assert set(tabs) == {webui.TAB_EVENTS, webui.TAB_OUTCOMES, webui.TAB_SERVER}
-        table = {r["kind"]: r for r in tabs[webui.TAB_OUTCOMES]}
+        assert set(tabs) == {panel_tables.TAB_EVENTS, panel_tables.TAB_OUTCOMES, panel_tables.TAB_SERVER}
+        table = {r["kind"]: r for r in tabs[panel_tables.TAB_OUTCOMES]}
         assert table["all"]["total"] == len(df)
         for kind, c in counts_from_rows(df).items():
             assert table[kind]["total"] == c["total"] and table[kind]["c4xx"] == c["4xx"]
             assert table[kind]["ok"] == c["ok"] and table[kind]["aborted"] == c["aborted"]
-        assert any(r["item"] == "mm-cache hit rate" and r["value"].startswith("n/a") for r in tabs[webui.TAB_SERVER])
+        assert any(r["item"] == "mm-cache hit rate" and r["value"].startswith("n/a") for r in tabs[panel_tables.TAB_SERVER])
     finally:
         ui.stop()
 
@@ -210,8 +213,8 @@ def test_crash_and_drift_from_health_and_server_log(tmp_path):
 
 
 # -- the panel's logic, fed directly ---------------------------------------------------------------------------
-def _panel(server_log: str | None = None) -> webui.Panel:
-    p = webui.Panel(Signatures.load(), "test")
+def _panel(server_log: str | None = None) -> Panel:
+    p = Panel(Signatures.load(), "test")
     p.reset("r1")
     p.watching = True
     p.server_log = server_log
@@ -238,7 +241,7 @@ def test_503_cache_miss_answers_are_drift_events():
 
 
 def test_worker_reports_merge_and_keep_their_run():
-    w = webui.Outcomes()
+    w = Outcomes()
     w.add("abort", "aborted", 1.0, "client gave up", None)
     w.add("valid_image", "503", 2.0, "Multi-modal processor cache miss.", "cache_miss_503")
     p = _panel()
@@ -264,7 +267,7 @@ def test_health_transitions_make_crash_recovery_and_hang_events():
 
 
 def test_crash_is_named_by_the_log_lines_that_arrive_after_it(tmp_path):
-    from harness.crash_watch import LogTail
+    from mmchaos.logtail import LogTail
 
     log = tmp_path / "server.log"
     log.write_text("INFO startup\n")
@@ -310,7 +313,7 @@ def test_mm_cache_hit_rate_from_the_scraped_counters():
     assert mm["cumulative"] == pytest.approx(200 / 300)
     assert mm["run"] == pytest.approx(150 / 200)
     assert mm["recent"] == pytest.approx((200 - 80) / (300 - 150))  # since the last scrape >= 10 s before
-    rows_ = {r["item"]: r["value"] for r in p.tables()[2]["data"]}
+    rows_ = {r["item"]: r["value"] for r in panel_tables.tables(p)[2]["data"]}
     assert rows_["mm-cache hit rate, this run"] == "75.0%"
 
 
@@ -324,17 +327,17 @@ def test_mm_cache_hit_rate_is_na_without_the_counters():
 
 def test_form_fields_renamed_by_the_ui_reach_their_option():
     o = SimpleNamespace(base64_fraction=0.1, weight_text=12, no_watch=False)
-    applied = webui.apply_mangled_form_fields(o, {"base_64_fraction": "0.4", "weight_text": "3", "x": "1"})
+    applied = apply_mangled_form_fields(o, {"base_64_fraction": "0.4", "weight_text": "3", "x": "1"})
     assert applied == ["base64_fraction"] and o.base64_fraction == 0.4
     assert o.weight_text == 12  # fields Locust knows are left to Locust
 
 
 def test_categories():
-    assert webui.category(200, "ok") == "ok"
-    assert webui.category(400, "http_error") == "4xx"
-    assert webui.category(503, "http_error") == "503"
-    assert webui.category(500, "http_error") == "5xx"
-    assert webui.category(302, "http_error") == "other"
-    assert webui.category(None, "connection_error") == "refused"
-    assert webui.category(None, "timeout") == "timeout"
-    assert webui.category(None, "aborted") == "aborted"
+    assert category(200, "ok") == "ok"
+    assert category(400, "http_error") == "4xx"
+    assert category(503, "http_error") == "503"
+    assert category(500, "http_error") == "5xx"
+    assert category(302, "http_error") == "other"
+    assert category(None, "connection_error") == "refused"
+    assert category(None, "timeout") == "timeout"
+    assert category(None, "aborted") == "aborted"

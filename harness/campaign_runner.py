@@ -22,16 +22,21 @@ from pathlib import Path
 import pandas  # noqa: F401  (imported up front: a Ctrl-C must never land in its first, lazy import)
 import pyarrow.parquet as pq
 
-from harness import crash_watch, provenance
-from harness.campaign_file import Campaign, Config
-from harness.server import Server, ServerError, Target
-from harness.signatures import Signatures
-from locustfiles import options as locust_options
+from mmchaos import options as locust_options
 from mmchaos import paths, schema
-from mmchaos.tables import PartWriter, compact, read_table, table_dir, write_json_atomic
+from mmchaos.files import write_json_atomic
+from mmchaos.outcomes import unexpected
+from mmchaos.signatures import Signatures
+from mmchaos.tables import PART_GLOB, PartWriter, compact, read_table, table_dir
+
+from . import crash_watch, engines, provenance
+from .campaign_plan import CampaignPlan, Config
+from .processes import stop_group
+from .server import Server, ServerError, Target
 
 COMPLETED, INTERRUPTED, FAILED, RUNNING = "completed", "interrupted", "failed", "running"
 TICK = 0.2  # seconds between observations of the server: detection within a second
+LOCUST_GRACE = 20.0  # seconds Locust may take to stop its users and flush its rows
 
 
 @dataclass
@@ -57,7 +62,7 @@ class RowCounter:
     def update(self) -> None:
         if not self.folder.is_dir():
             return
-        for p in self.folder.glob("part-*.parquet"):
+        for p in self.folder.glob(PART_GLOB):
             if p.name in self.seen:
                 continue
             self.seen.add(p.name)
@@ -66,17 +71,8 @@ class RowCounter:
             self.errors += int(unexpected(t).sum())
 
 
-def unexpected(rows):
-    """Requests that did not get what they were built to get: a malformed case's expected status, an abort's
-    disconnect, else a 2xx. (The malformed 400s the mix sends on purpose are not errors.)"""
-    expected = rows["expected_status"]
-    return ~(((rows["outcome"] == schema.OK) & expected.isna())
-             | (rows["status"] == expected)
-             | (rows["outcome"] == schema.ABORTED))
-
-
-def trial_dir(root: Path, camp: Campaign, cfg: Config, trial: int) -> Path:
-    return root / camp.name / cfg.name / f"t{trial:03d}"
+def trial_dir(root: Path, camp: CampaignPlan, cfg: Config, trial: int) -> Path:
+    return root / camp.name / cfg.name / schema.trial_folder(trial)
 
 
 def trial_status(folder: Path) -> str | None:
@@ -84,7 +80,7 @@ def trial_status(folder: Path) -> str | None:
     return json.loads(m.read_text()).get("status") if m.is_file() else None
 
 
-def make_target(camp: Campaign, cfg: Config) -> Target:
+def make_target(camp: CampaignPlan, cfg: Config) -> Target:
     if camp.target == "engine":
         return Target(mode="engine", engine=cfg.engine, model=camp.model or None, flags=list(cfg.flags),
                       env=dict(cfg.env))
@@ -94,7 +90,7 @@ def make_target(camp: Campaign, cfg: Config) -> Target:
     return Target(mode="attach", url=camp.url)
 
 
-def locust_argv(camp: Campaign, cfg: Config, trial: int, folder: Path, base_url: str, model: str,
+def locust_argv(camp: CampaignPlan, cfg: Config, trial: int, folder: Path, base_url: str, model: str,
                 run_id: str) -> list[str]:
     w = camp.workload
     locustfile = camp.path.parent / w["locustfile"]
@@ -113,7 +109,7 @@ def locust_argv(camp: Campaign, cfg: Config, trial: int, folder: Path, base_url:
 
 
 class CampaignRunner:
-    def __init__(self, camp: Campaign, results_root: Path | None = None, force: bool = False, progress=None,
+    def __init__(self, camp: CampaignPlan, results_root: Path | None = None, force: bool = False, progress=None,
                  signatures: Signatures | None = None):
         self.camp = camp
         self.root = Path(results_root or paths.results_dir())
@@ -188,8 +184,6 @@ class CampaignRunner:
     def _manifest(self, cfg: Config, trial: int, target: Target, run_id: str, **extra) -> dict:
         engine_info = None
         if target.mode == "engine":
-            from harness import engines
-
             engine_info = engines.require(cfg.engine).manifest().get("packages")
         return {
             "campaign": self.camp.name, "config": cfg.name, "trial": trial, "run_id": run_id,
@@ -233,9 +227,9 @@ class CampaignRunner:
                 result.status, result.error = FAILED, str(e).splitlines()[0]
                 return result
             watch = crash_watch.CrashWatch(server, folder, self.sigs, hang_after=crash_cfg["hang_after"])
-            watch.last_healthy = server.healthy_at
+            watch.healthy_at(server.healthy_at)
             argv = locust_argv(self.camp, cfg, trial, folder, server.base_url, model, run_id)
-            with open(folder / "locust.log", "ab") as llog:
+            with open(folder / schema.LOCUST_LOG, "ab") as llog:
                 locust = subprocess.Popen(argv, stdout=llog, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                           start_new_session=True, cwd=paths.PROJECT_ROOT)
             self._record_pgid(manifest, folder, "locust_pgids", locust.pid)
@@ -273,7 +267,9 @@ class CampaignRunner:
         finally:
             if t_load is not None:
                 manifest["t_load_end"] = time.time()  # before the stops: a trial's clock is its load
-            locust_code = _stop_process_group(locust) if locust else None
+            # Locust on SIGTERM stops its users and flushes its recorder; whatever of its group is left after the
+            # grace is killed (a forked worker too: it was ours)
+            locust_code = stop_group(locust, LOCUST_GRACE) if locust else None
             if watch:
                 watch.finish()
             server.stop()
@@ -301,7 +297,7 @@ class CampaignRunner:
             new.stop()
             raise
         watch.rebind(new)
-        watch.last_healthy = new.healthy_at
+        watch.healthy_at(new.healthy_at)
         return new
 
     def _finish(self, folder: Path, manifest: dict, result: TrialResult, locust_code) -> None:
@@ -330,23 +326,3 @@ def locust_count(folder: Path) -> int | None:
         return sum(e["num_requests"] for e in json.loads(f.read_text()))
     except (OSError, ValueError, KeyError, TypeError):
         return None
-
-
-def _stop_process_group(proc: subprocess.Popen, grace: float = 20.0) -> int | None:
-    """Locust on SIGTERM stops its users and flushes its recorder; after ``grace`` s the group is killed."""
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    # what the group may still hold (a forked worker) goes too: it was ours
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    return proc.returncode

@@ -26,12 +26,12 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from mmchaos import schema
+from mmchaos.options import DEFAULT_INSTRUCTION
 
-from .images import DataURL, PoolImage
+from .pool import DataURL, PoolImage
 
 EMBEDDINGS_PATH = "/v1/embeddings"
 TOKENIZE_PATH = "/tokenize"
-DEFAULT_INSTRUCTION = "Represent the user's input."
 ENCODING_FORMATS = ("float", "base64")
 
 
@@ -89,7 +89,7 @@ class EmbedInput:
 def encode_body(body: Mapping[str, Any]) -> bytes:
     """The body as compact JSON, UTF-8: exactly ``json.dumps(body, separators=(",", ":"), ensure_ascii=False)``.
 
-    Image data URLs (:class:`payloads.images.DataURL`, ~99 % of a body's bytes) need no escaping: they are
+    Image data URLs (:class:`.pool.DataURL`, ~99 % of a body's bytes) need no escaping: they are
     swapped for a placeholder, the small rest is serialised, and the URLs are copied in as bytes -- instead of
     JSON scanning ~100 kB of base64 per request."""
     urls: list[str] = []

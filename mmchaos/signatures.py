@@ -1,7 +1,9 @@
-"""Classify server-log lines by a table of named signatures kept as data (signatures.toml)."""
+"""Classify server-log lines by a table of named signatures kept as data (signatures.toml): which lines are
+fatal, which mean cache drift, and what a crash is called."""
 
 from __future__ import annotations
 
+import functools
 import re
 import tomllib
 from dataclasses import dataclass
@@ -9,7 +11,7 @@ from pathlib import Path
 
 DEFAULT_FILE = Path(__file__).with_name("signatures.toml")
 UNKNOWN = "unknown"
-_KEYS = {"name", "pattern", "fatal", "rank", "description"}
+_KEYS = {"name", "pattern", "fatal", "drift", "rank", "description"}
 
 
 class SignatureError(Exception):
@@ -23,6 +25,7 @@ class Signature:
     fatal: bool
     rank: int
     description: str
+    drift: bool = False  # the line means P0/P1 cache drift (logged or answered)
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,12 @@ class Signatures:
         self.signatures = signatures
         self.mm_hash = re.compile(mm_hash_pattern)
         self.request_id = re.compile(request_id_pattern)
+
+    @classmethod
+    @functools.cache
+    def default(cls) -> "Signatures":
+        """The default table (read once per process)."""
+        return cls.load()
 
     @classmethod
     def load(cls, *files: Path | str) -> "Signatures":
@@ -61,11 +70,15 @@ class Signatures:
                     pat = re.compile(s["pattern"])
                 except re.error as e:
                     raise SignatureError(f"{f}: signature {s['name']}: bad pattern ({e})") from e
-                by_name[s["name"]] = Signature(
-                    s["name"], pat, bool(s.get("fatal", False)), int(s.get("rank", 50)), s.get("description", "")
-                )
+                by_name[s["name"]] = Signature(s["name"], pat, bool(s.get("fatal", False)), int(s.get("rank", 50)),
+                                               s.get("description", ""), bool(s.get("drift", False)))
         return cls(sorted(by_name.values(), key=lambda s: s.rank), mm_hash_pattern or r"$^",
                    request_id_pattern or r"$^")
+
+    @property
+    def drift_names(self) -> frozenset[str]:
+        """The signatures that mean P0/P1 cache drift: what every drift count counts."""
+        return frozenset(s.name for s in self.signatures if s.drift)
 
     def match(self, line: str) -> Match | None:
         for s in self.signatures:

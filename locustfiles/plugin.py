@@ -1,9 +1,9 @@
-"""Wiring shared by every mmchaos locustfile: custom arguments, the recorder, the watchers, the request budget.
+"""The mmchaos plugin for Locust: custom arguments, the recorder, the watchers, the request budget and the web UI
+panel. A locustfile calls :func:`register` once, at import (Locust parses its command line after importing the
+locustfile); a second call, from another locustfile of the same process, does nothing.
 
-Importing this module registers the listeners once per process (module import is cached), whichever
-locustfiles import it. Roles: the process that owns the test (master or standalone) resolves the run's ids,
-results folder and model and runs the watchers; the processes that send requests (workers or standalone)
-record them.
+Roles: the process that owns the test (master or standalone) resolves the run's ids, results folder and model
+and runs the watchers; the processes that send requests (workers or standalone) record them.
 """
 
 from __future__ import annotations
@@ -21,11 +21,12 @@ from locust import events
 from locust.exception import StopUser
 from locust.runners import STATE_INIT, MasterRunner, WorkerRunner
 
-from harness.server import auth_headers
-from locustfiles import options
-from locustfiles.recorder import Recorder
-from locustfiles.watchers import Watchers
-from mmchaos import paths
+from mmchaos import options, paths
+from mmchaos.auth import auth_headers
+
+from . import webui
+from .recorder import Recorder
+from .watchers import Watchers
 
 log = logging.getLogger("mmchaos")
 
@@ -33,12 +34,27 @@ log = logging.getLogger("mmchaos")
 class Session:
     """This process's part of the current test run."""
 
+    registered = False
     recorder: Recorder | None = None
     watchers: Watchers | None = None
     auto_results_dir = False
     auto_run_id = False
     sent = 0  # requests started by this process in this run (the --max-requests budget)
     user_ids = itertools.count()
+
+
+def register() -> None:
+    """Add mmchaos's arguments and listeners to Locust's events, in order: ours, then the web UI panel's (it uses
+    the run's watchers, which ours start)."""
+    if Session.registered:
+        return
+    Session.registered = True
+    events.init_command_line_parser.add_listener(_add_arguments)
+    events.init.add_listener(_init)
+    events.test_start.add_listener(_test_start)
+    events.test_stop.add_listener(_test_stop)
+    events.quit.add_listener(_quit)
+    webui.register(Session)
 
 
 def opts(environment):
@@ -60,12 +76,10 @@ def take_budget(environment) -> None:
     Session.sent += 1
 
 
-@events.init_command_line_parser.add_listener
-def _register(parser):
+def _add_arguments(parser):
     options.register(parser)
 
 
-@events.init.add_listener
 def _init(environment, **_):
     # Locust installs its SIGTERM handler only after a headless shape test has finished, so until then SIGTERM
     # kills the process with rows unflushed. End the shape instead: Locust then quits its usual way.
@@ -93,7 +107,6 @@ def resolve_model(host: str) -> str:
     return r.json()["data"][0]["id"]
 
 
-@events.test_start.add_listener
 def _test_start(environment, **_):
     o = opts(environment)
     runner = environment.runner
@@ -128,17 +141,11 @@ def _stop_all():
         Session.watchers = None
 
 
-@events.test_stop.add_listener
 def _test_stop(environment, **_):
     _stop_all()
 
 
-@events.quit.add_listener
 def _quit(exit_code, **_):
     # the last event of a Locust process, after its runner has stopped every user; not `quitting`, which
     # Locust fires before it stops the users (rows of requests still in flight would be lost)
     _stop_all()
-
-
-# the mmchaos panel in the web UI (its listeners run after the ones above: it uses the run's watchers)
-from locustfiles import webui  # noqa: E402,F401

@@ -10,11 +10,12 @@ from urllib.parse import urlsplit
 import gevent
 from gevent import GreenletExit
 from locust import FastHttpUser
+from mmchaos.payloads.bodies import BuiltRequest
 
-from harness.server import auth_headers
-from locustfiles import common
-from locustfiles.recorder import StoppedByLocust
-from payloads.requests import BuiltRequest
+from mmchaos.auth import auth_headers
+from mmchaos.outcomes import StoppedByLocust
+
+from . import plugin
 
 # vLLM takes X-Request-Id as the request's id and names it in its log lines (drift warnings included), so a
 # log event can be joined to the exact request row
@@ -28,7 +29,7 @@ class ChaosUser(FastHttpUser):
         o = environment.parsed_options
         self.network_timeout = self.connection_timeout = o.request_timeout
         super().__init__(environment)
-        self.user_id = common.next_user_id()
+        self.user_id = plugin.next_user_id()
         self.worker_index = getattr(environment.runner, "worker_index", 0) or 0
         self.seq = 0
         self.run_id = o.run_id
@@ -82,7 +83,7 @@ class ChaosUser(FastHttpUser):
     def send(self, req: BuiltRequest, *, abort: bool = False, **ctx_extra) -> tuple[int | None, object]:
         """POST ``req``; returns (status or None, response). Locust's stats count the request as a success
         when it got what it was built to get (a malformed case's expected status, an abort's disconnect)."""
-        common.take_budget(self.environment)
+        plugin.take_budget(self.environment)
         self.seq += 1
         payload = req.payload()
         request_id = f"{REQUEST_ID_PREFIX}{self.run_id}-{self.worker_index}-{self.user_id}-{self.seq}"

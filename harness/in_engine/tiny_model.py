@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Build a tiny random-weight Qwen3-VL embedding model into a directory.
 
-    python harness/tiny_model_build.py OUTDIR
+    python harness/in_engine/tiny_model.py OUTDIR
 
 Run it with the *engine* virtualenv's python (torch CPU + transformers 5.x + tokenizers).
 It imports nothing from this repository and never touches the network.
@@ -117,7 +117,7 @@ MEAN_STD = [0.5, 0.5, 0.5]
 
 
 def die(msg, code=2):
-    print(f"tiny_model_build: error: {msg}", file=sys.stderr)
+    print(f"tiny_model: error: {msg}", file=sys.stderr)
     sys.exit(code)
 
 
@@ -433,7 +433,7 @@ def verify(tmp, ids):
 
 def main(argv):
     if len(argv) != 2 or argv[1].startswith("-"):
-        die("usage: tiny_model_build.py OUTDIR")
+        die("usage: tiny_model.py OUTDIR")
     out = os.path.abspath(argv[1])
     parent = os.path.dirname(out)
     if not os.path.isdir(parent):

@@ -1,6 +1,7 @@
 """Load one campaign folder (``results/<campaign>/<config>/<trial>/``) into tidy DataFrames.
 
-Everything in ``analysis`` reads results through :func:`load_campaign`; nothing else opens the files.
+Everything in ``analysis`` reads results through :func:`load_results`; nothing else opens the files. (What a
+campaign is to run is harness.campaign_plan.CampaignPlan; what it wrote is a :class:`CampaignResults`.)
 Every table gets ``campaign``, ``config`` and ``trial`` columns taken from the folder layout (the
 folders are the truth: a writer that got a column wrong cannot mislabel a trial), and a ``t_rel``
 column: seconds since the trial started.
@@ -50,7 +51,7 @@ class LoadError(ValueError):
 
 
 @dataclass
-class Campaign:
+class CampaignResults:
     """One campaign (or several combined, see :func:`combine`) as tidy tables.
 
     ``requests``, ``health``, ``metrics``, ``log_events``, ``crashes``: the schema.py tables, plus
@@ -86,7 +87,7 @@ def find_trials(campaign_dir: Path) -> list[tuple[str, str, Path]]:
     return found
 
 
-def load_campaign(campaign_dir: str | Path) -> Campaign:
+def load_results(campaign_dir: str | Path) -> CampaignResults:
     """Read every trial of a campaign. Missing files in a trial (interrupted run) are tolerated."""
     campaign_dir = Path(campaign_dir)
     if not campaign_dir.is_dir():
@@ -115,10 +116,10 @@ def load_campaign(campaign_dir: str | Path) -> Campaign:
     for df in tables.values():
         df["config"] = df["config"].cat.set_categories(configs)
     trials = trials.sort_values(["config", "trial"], ignore_index=True)
-    return Campaign(name, campaign_dir, configs, trials, warnings=notes, **tables)
+    return CampaignResults(name, campaign_dir, configs, trials, warnings=notes, **tables)
 
 
-def combine(campaigns: list[Campaign]) -> Campaign:
+def combine(campaigns: list[CampaignResults]) -> CampaignResults:
     """Several campaigns in one (for before/after comparisons): configs become ``<campaign>/<config>``."""
     names = []
     for c in campaigns:  # two folders with the same name still need distinct prefixes
@@ -143,7 +144,7 @@ def combine(campaigns: list[Campaign]) -> Campaign:
                     p[col] = p[col].cat.set_categories(cats)
         out[table_name] = pd.concat(parts, ignore_index=True)
     notes = [f"{n}: {w}" for n, c in zip(names, campaigns) for w in c.warnings]
-    return Campaign(" vs ".join(names), campaigns[0].path, configs, warnings=notes, **out)
+    return CampaignResults(" vs ".join(names), campaigns[0].path, configs, warnings=notes, **out)
 
 
 # --- trials -------------------------------------------------------------------------------------------

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 from pathlib import Path
 
-from harness import engines
 from mmchaos import paths
 
-BUILDER = Path(__file__).with_name("tiny_model_build.py")
+from . import engines
+
+BUILDER = Path(__file__).parent / "in_engine" / "tiny_model.py"
 STAMP = "mmchaos-model.json"
 
 
@@ -49,7 +49,3 @@ def build(out: Path | None = None, engine_version: str | None = None, say=print)
         raise ModelError(f"model build failed: {last}")
     say(r.stdout.strip().splitlines()[-1] if r.stdout.strip() else f"model built at {out}")
     return out
-
-
-def recipe(model_dir: Path) -> dict:
-    return json.loads((Path(model_dir) / STAMP).read_text())

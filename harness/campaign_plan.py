@@ -13,7 +13,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness import engines
+from . import engines
 
 TARGETS = ("engine", "command", "attach")
 POLICIES = ("stop", "restart")
@@ -73,7 +73,9 @@ class Config:
 
 
 @dataclass
-class Campaign:
+class CampaignPlan:
+    """A campaign file, checked: what to run (the results of running it are analysis.results.CampaignResults)."""
+
     name: str
     path: Path
     description: str
@@ -136,7 +138,7 @@ class _Checker:
         return out
 
 
-def load(path: str | Path, check_flags: bool = True) -> Campaign:
+def load(path: str | Path, check_flags: bool = True) -> CampaignPlan:
     path = Path(path)
     try:
         text = path.read_text()
@@ -205,7 +207,7 @@ def load(path: str | Path, check_flags: bool = True) -> Campaign:
             configs.append(Config(name, v, tuple(cfg["flags"]), {str(k): str(x) for k, x in cfg["env"].items()},
                                   cfg["description"], i))
 
-    camp = Campaign(
+    camp = CampaignPlan(
         name=c["name"], path=path, description=c["description"], trials=c["trials"], target=c["target"],
         command=c["command"], url=c["url"], model=c["model"], seed=c["seed"], workload=w, crash=crash,
         configs=configs,
@@ -227,7 +229,7 @@ def _check_image_dir(w: dict, path: Path, ck: _Checker) -> None:
     folder = Path(raw).expanduser()
     if not folder.is_absolute() and (path.parent / folder).exists():
         folder = path.parent / folder
-    from payloads.images import load_image_dir
+    from mmchaos.payloads.user_images import load_image_dir
 
     try:
         with warnings.catch_warnings():
@@ -240,7 +242,7 @@ def _check_image_dir(w: dict, path: Path, ck: _Checker) -> None:
     w["options"] = {**w["options"], "image_dir": str(folder.resolve())}
 
 
-def check_engine_flags(camp: Campaign, ck: _Checker | None = None) -> None:
+def check_engine_flags(camp: CampaignPlan, ck: _Checker | None = None) -> None:
     """Reject flags the config's engine does not accept (needs the engine installed: its --help is the truth)."""
     for cfg in camp.configs:
         try:

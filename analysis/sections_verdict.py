@@ -1,0 +1,115 @@
+"""The report's opening: what was measured, the summary table, the plain-words findings and the verdicts."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pandas as pd
+
+from . import stats
+from .attribution import SAME_IMAGE
+from .document import Doc
+from .formatting import by_config, ci, integer, num, pct, pct_ci
+from .results import CampaignResults
+from .verdict import CHECK_TITLES
+
+
+def intro(doc: Doc, c: CampaignResults, baseline: str, window_s: float, compared: bool) -> None:
+    tr = c.trials
+    span = [pd.to_datetime(x, unit="s", utc=True) for x in (tr["t_start"].min(), tr["t_end"].max())]
+    doc.p(
+        f"Generated {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC from {c.path}"
+        + (" (compared with a second campaign; configurations are named campaign/config)" if compared else "")
+        + f". {len(c.configs)} configuration(s), {len(tr)} trial(s), {len(c.requests):,} requests, "
+        f"{tr['duration_s'].sum() / 3600:.2f} hours of load"
+        + (f", run between {span[0]:%Y-%m-%d %H:%M} and {span[1]:%Y-%m-%d %H:%M} UTC." if pd.notna(span[0]) else ".")
+    )
+    doc.p(
+        "What this measures: a vLLM server serving a multimodal embedding model is driven with a realistic mix of "
+        "requests plus malformed ones that can leave the multi-modal processor cache of the API server (P0) and the "
+        "engine core (P1) out of step. A later request with the same image then misses in P1 (cache drift); "
+        "depending on the version this kills the server or returns a retryable 503. Each configuration (vLLM "
+        "version × flags) was run for several trials; this report counts crashes, drift, errors, latency and "
+        "throughput per configuration, says which requests preceded each incident, and whether the configuration "
+        "passes the bug report's verification step."
+    )
+    doc.note(
+        "Intervals are 95 %: exact Poisson (Garwood) for rates, Wilson for shares of trials, bootstrap for latency "
+        "percentiles and cost ratios, Kaplan–Meier (log-log Greenwood) for survival. "
+        f"Cost is relative to the baseline configuration {baseline!r}. Attribution window: {window_s:g} s."
+    )
+    if c.warnings:
+        doc.p("Notes from loading the results:")
+        doc.bullets(c.warnings)
+
+
+def summary(doc, c, verdict, crash, drift, counts, lat, tput, cost, attribution, baseline) -> None:
+    doc.h(2, "Summary")
+    v, cr, dr, tp = by_config(verdict), by_config(crash), by_config(drift), by_config(tput)
+    pooled = lat[lat["kind"] == stats.ALL_VALID].set_index("config")
+    cst = cost[cost["kind"] == stats.ALL_VALID].set_index("config")
+    valid = counts[counts["kind"].isin(stats.VALID_KINDS)].groupby("config", observed=True)[["n", "ok"]].sum()
+    rows = []
+    for cfg in c.configs:
+        trials = c.trials[c.trials["config"] == cfg]
+        status = ", ".join(f"{k} {n}" for k, n in trials["status"].value_counts().items())
+        rows.append({
+            "configuration": cfg,
+            "workaround verified": v[cfg]["verdict"],
+            "trials": f"{len(trials)} ({status})",
+            "requests": integer(trials["n_requests"].sum()),
+            "valid ok": pct(valid.loc[cfg, "ok"] / valid.loc[cfg, "n"]) if cfg in valid.index else "—",
+            "crashes": integer(cr[cfg]["crashes"]),
+            "crashes / hour": ci(cr[cfg]["per_hour"], cr[cfg]["per_hour_lo"], cr[cfg]["per_hour_hi"]),
+            "trials crashed": pct_ci(*cr[cfg][["share_crashed", "share_crashed_lo", "share_crashed_hi"]]),
+            "drift lines": integer(dr[cfg]["drift_events"]),
+            "503 share": pct(dr[cfg]["share_503"]),
+            "p50 / p95 ms (valid)": (f"{num(pooled.loc[cfg, 'p50'])} / {num(pooled.loc[cfg, 'p95'])}"
+                                     if cfg in pooled.index else "—"),
+            "ok / s": num(tp[cfg]["ok_per_s"]),
+            f"p50 vs {baseline}": (num(cst.loc[cfg, "p50_ratio"], "×") if cfg in cst.index else "—"),
+        })
+    doc.table(pd.DataFrame(rows))
+    doc.p("In plain words:")
+    doc.bullets([finding(cfg, v[cfg], cr[cfg], dr[cfg], attribution, cst, baseline) for cfg in c.configs])
+
+
+def finding(cfg, v, cr, dr, attribution, cst, baseline) -> str:
+    failed = [t for k, t in CHECK_TITLES.items() if not v[k]]
+    parts = [f"{cfg}: " + ("workaround verified" if v["verdict"] == "yes" else
+                           "NOT verified (failed: " + ", ".join(failed) + ")")]
+    if cr["crashes"]:
+        parts.append(f"{int(cr['crashes'])} crash(es) in {int(cr['trials'])} trial(s), "
+                     f"{num(cr['per_hour'])} per hour [{num(cr['per_hour_lo'])}, {num(cr['per_hour_hi'])}]")
+    else:
+        parts.append(f"no crash in {int(cr['trials'])} trial(s) (at most {num(cr['per_hour_hi'])} per hour at 95 %)")
+    if dr["drift_events"]:
+        parts.append(f"{int(dr['drift_events'])} cache-drift line(s)")
+    a = attribution[(attribution["config"] == cfg)] if len(attribution) else attribution
+    for event in ("crash", "drift"):
+        top = a[(a["event"] == event) & (a["share_of_events"] >= 0.5) & (a["lift"] > 1.5)] if len(a) else a
+        if len(top):
+            t = top.iloc[0]
+            what = t["kind"] + ("" if t["case"] == "—" else f"/{t['case']}")
+            how = "with the same image" if t["match"] == SAME_IMAGE else "(any image)"
+            parts.append(f"{'crashes' if event == 'crash' else 'drift lines'} were preceded {how} by {what} in "
+                         f"{t['share_of_events']:.0%} of cases vs {t['background_share']:.0%} of random windows")
+    if cfg in cst.index and cfg != baseline:
+        r = cst.loc[cfg]
+        parts.append(f"latency p50 {num(r['p50_ratio'])}× and throughput {num(r['throughput_ratio'])}× {baseline}'s")
+    return "; ".join(parts) + "."
+
+
+def verdicts(doc: Doc, verdict: pd.DataFrame, min_ok_share: float) -> None:
+    doc.h(2, "Verdict per configuration")
+    doc.p(
+        "The bug report's verification step: send the poison request (expect 400), then the same image in a valid "
+        "request; the bad request must fail alone, the server must not log the cache drift or die, /health must stay "
+        f"200, and normal requests must keep succeeding (here: at least {min_ok_share:.0%} of valid requests sent "
+        "after the first malformed_post request). A check that could not be made counts as failed."
+    )
+    for _, row in verdict.iterrows():
+        doc.h(3, f"{row['config']}: {row['verdict']}")
+        doc.bullets(row["evidence"])
+
+

@@ -1,0 +1,239 @@
+"""The state of the mmchaos panel of the web UI, in the process that owns the test (master or standalone): events
+(crash, drift, recovery, classified log lines), outcomes by kind, server health over time, mm-cache hit rate.
+
+No Locust import here: the panel's logic is tested in the test process, which must not monkey-patch.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import deque
+
+from mmchaos import schema
+from mmchaos.health_rule import HANG, NO_ANSWER, OK, HealthRule, health_state
+from mmchaos.logtail import LogTail
+from mmchaos.signatures import Signatures
+
+from .panel_outcomes import CATEGORIES, Outcomes, classify_request, clean
+
+MM_CACHE_METRIC = re.compile(r"^vllm:\w*mm\w*cache_(hits|queries)(?:_total)?$")
+RECENT_S = 10.0  # window of the "last 10 s" hit rate
+STRIP_S = 60  # seconds shown in the health strip (one character per second)
+MAX_EVENTS = 500  # kept; the tab shows the newest first
+SHOWN_EVENTS = 200
+SHOWN_SEGMENTS = 30
+LOG_POLL_S = 0.25
+
+
+def clock(t: float | None) -> str:
+    if t is None:
+        return ""
+    return time.strftime("%H:%M:%S", time.localtime(t)) + f".{int((t % 1) * 1000):03d}"
+
+
+class Panel:
+    def __init__(self, sigs: Signatures, counts_source: str):
+        self.sigs = sigs
+        self.counts_source = counts_source
+        self.reset(None)
+
+    def reset(self, run_id: str | None) -> None:
+        self.run_id = run_id
+        self.t_start: float | None = time.time() if run_id is not None else None
+        self.outcomes = Outcomes()
+        self.workers: set[str] = set()
+        self.events: deque[dict] = deque(maxlen=MAX_EVENTS)
+        self.event_counts: dict[tuple[str, str], int] = {}
+        self.options: dict = {}  # the run's mmchaos options, as the run started (form changes included)
+        # health
+        self.watchers = None
+        self.watching = False
+        self.rule = HealthRule()
+        self.health_state: str | None = None
+        self.health_since: float | None = None
+        self.polls = self.polls_ok = 0
+        self.segments: deque[dict] = deque(maxlen=500)
+        self.recent_polls: deque[tuple[float, bool]] = deque()
+        self.open_crash: dict | None = None
+        # metrics
+        self.scrapes: deque[dict] = deque(maxlen=600)  # {"t", "hits", "queries"} of scrapes with mm counters
+        self.last_scrape_t: float | None = None
+        self.mm_names: set[str] = set()
+        self.first_scrape: dict | None = None
+        # server log
+        self.server_log: str | None = None
+        self.log_error: str | None = None
+        self.log_lines = self.classified = 0
+        self.epoch_fatal: list = []  # fatal lines since the run started or the server last recovered
+
+    @property
+    def last_ok(self) -> float | None:
+        return self.rule.last_ok
+
+    # events
+    def _event(self, t: float, event: str, signature: str, source: str, detail: str) -> dict:
+        e = {"t": t, "event": event, "signature": signature, "source": source, "detail": clean(detail, 500)}
+        self.events.append(e)
+        key = (event, signature)
+        self.event_counts[key] = self.event_counts.get(key, 0) + 1
+        return e
+
+    # outcomes (standalone: from the request event; master: from the workers' reports)
+    def on_request(self, response=None, context=None, exception=None, start_time=None, **_) -> None:
+        kind, cat, error, drift = classify_request(self.sigs, response, context, exception)
+        self.outcomes.add(kind, cat, start_time, error, drift)
+        if drift:
+            self._drift_event({"t": start_time, "kind": kind, "error": error, "signature": drift})
+
+    def on_worker_report(self, client_id: str, report: dict) -> None:
+        self.workers.add(client_id)
+        for d in self.outcomes.merge(report):
+            self._drift_event(d)
+
+    def _drift_event(self, d: dict) -> None:
+        self._event(d.get("t") or time.time(), "drift", d.get("signature") or "cache_miss_503", "response",
+                    f"{d.get('kind')}: HTTP 503 {d.get('error') or ''}")
+
+    # health (the watchers' on_health callback)
+    def on_health(self, row: dict) -> None:
+        t, ok, err = row["t"], bool(row.get("ok")), row.get("error") or ""
+        state = health_state(ok, row.get("status"), err)
+        was_down, last_ok, silent_since = self.rule.down, self.rule.last_ok, self.rule.silent_since
+        crash = self.rule.observe(t, state)
+        self.polls += 1
+        self.polls_ok += ok
+        self.recent_polls.append((t, ok))
+        while self.recent_polls and self.recent_polls[0][0] < t - STRIP_S - 1:
+            self.recent_polls.popleft()
+        if self.segments and self.segments[-1]["state"] == state:
+            self.segments[-1]["to"] = t
+            self.segments[-1]["polls"] += 1
+        else:
+            self.segments.append({"from": t, "to": t, "state": state, "polls": 1})
+            self.health_state, self.health_since = state, t
+        if state == OK:
+            if was_down:
+                self._event(t, "recovered", "", "health", f"/health ok again after {t - self.open_crash['t']:.1f} s")
+                self.open_crash = None
+                self.epoch_fatal = []
+            return
+        detail = f"/health: {state}" + (f" ({err})" if err else "")
+        if crash == HANG:
+            self.open_crash = self._event(t, "crash", HANG, "health",
+                                          f"{detail} for {t - silent_since:.0f} s after ok" if silent_since else detail)
+        elif crash:
+            self.open_crash = self._event(t, "crash", self._crash_signature(), "health",
+                                          f"{detail}, after ok at {clock(last_ok)}")
+        elif state != NO_ANSWER and last_ok is None and self.polls == 1:
+            self._event(t, "down", self._crash_signature(), "health", f"{detail} when the run started")
+
+    def _crash_signature(self) -> str:
+        if not self.server_log:
+            return "unclassified (no --server-log)"
+        return self.sigs.classify_crash(self.epoch_fatal)
+
+    # metrics (rows as the watchers write them)
+    def on_metric(self, row: dict) -> None:
+        t = row["t"]
+        self.last_scrape_t = t
+        m = MM_CACHE_METRIC.match(row["name"])
+        if not m:
+            return
+        self.mm_names.add(row["name"])
+        if not self.scrapes or self.scrapes[-1]["t"] != t:
+            self.scrapes.append({"t": t, "hits": 0.0, "queries": 0.0})
+            self.first_scrape = self.first_scrape or self.scrapes[-1]
+        self.scrapes[-1][m.group(1)] += row["value"]
+
+    # server log
+    def read_log(self, tail: LogTail) -> None:
+        now = time.time()
+        for line in tail.new_lines():
+            self.log_lines += 1
+            m = self.sigs.match(line)
+            if not m:
+                continue
+            self.classified += 1
+            sig = m.signature
+            event = "fatal log" if sig.fatal else ("drift" if sig.drift else "log")
+            detail = clean(m.line, 500)
+            if m.mm_hash and m.mm_hash not in detail:
+                detail = f"[mm_hash {m.mm_hash}] {detail}"
+            self._event(now, event, sig.name, "server log", detail)
+            if sig.fatal:
+                self.epoch_fatal.append(m)
+                if self.open_crash is not None and self.open_crash["signature"] != HANG:
+                    self.open_crash["signature"] = self.sigs.classify_crash(self.epoch_fatal)
+
+    # views
+    def hit_rate(self) -> dict:
+        if self.last_scrape_t is None:
+            available = getattr(self.watchers, "metrics_available", None)
+            if not self.watching:
+                text = "n/a (/metrics not watched)"
+            elif available is None:
+                text = "n/a (no /metrics scrape yet)"
+            elif available:
+                text = "n/a (this server's /metrics has no vLLM samples)"
+            else:
+                text = "n/a (this server has no /metrics)"
+            return {"available": False, "text": text}
+        if not self.scrapes:
+            return {"available": False, "text": "n/a (this server's /metrics has no mm-cache counters)"}
+        last = self.scrapes[-1]
+        out = {"available": True, "t": last["t"], "hits": last["hits"], "queries": last["queries"],
+               "names": sorted(self.mm_names)}
+        out["cumulative"] = last["hits"] / last["queries"] if last["queries"] else None
+        first = self.first_scrape
+        dq = last["queries"] - first["queries"]
+        out["run"] = (last["hits"] - first["hits"]) / dq if dq > 0 else None
+        older = [s for s in self.scrapes if s["t"] <= last["t"] - RECENT_S]
+        base = older[-1] if older else first
+        dq = last["queries"] - base["queries"]
+        out["recent"] = (last["hits"] - base["hits"]) / dq if dq > 0 else None
+        return out
+
+    def strip(self, now: float) -> str:
+        """One character per second of the run's last STRIP_S s, oldest first: █ all polls ok, ░ some failed,
+        · no poll answered or sent."""
+        worst: dict[int, bool] = {}
+        for t, ok in self.recent_polls:
+            s = int(now - t)
+            if 0 <= s < STRIP_S:
+                worst[s] = worst.get(s, True) and ok
+        width = min(STRIP_S, int(now - self.t_start) + 1) if self.t_start else STRIP_S
+        return "".join("·" if s not in worst else ("█" if worst[s] else "░") for s in reversed(range(width)))
+
+    def state(self, runner_state: str | None = None) -> dict:
+        now = time.time()
+        kinds = {}
+        total = dict.fromkeys(CATEGORIES, 0)
+        order = [k for k in schema.KINDS if k in self.outcomes.counts]
+        order += sorted(k for k in self.outcomes.counts if k not in schema.KINDS)
+        for k in order:
+            c = self.outcomes.counts[k]
+            kinds[k] = {**c, "total": sum(c.values())}
+            for cat in CATEGORIES:
+                total[cat] += c[cat]
+        total["total"] = sum(total[c] for c in CATEGORIES)
+        return {
+            "run_id": self.run_id,
+            "runner_state": runner_state,
+            "options": self.options,
+            "t_start": self.t_start,
+            "now": now,
+            "counts_source": self.counts_source,
+            "workers_reporting": len(self.workers),
+            "outcomes": {"categories": list(CATEGORIES), "kinds": kinds, "total": total,
+                         "last_error": dict(self.outcomes.last_error), "drift_503": self.outcomes.drift_total},
+            "health": {"watching": self.watching, "state": self.health_state, "since": self.health_since,
+                       "last_ok": self.last_ok, "polls": self.polls, "polls_ok": self.polls_ok,
+                       "strip": self.strip(now), "segments": list(self.segments)[-SHOWN_SEGMENTS:]},
+            "events": list(self.events)[::-1][:SHOWN_EVENTS],
+            "event_counts": [{"event": e, "signature": s, "count": n}
+                             for (e, s), n in sorted(self.event_counts.items())],
+            "mm_cache": self.hit_rate(),
+            "server_log": {"path": self.server_log, "lines_read": self.log_lines, "error": self.log_error,
+                           "classified": self.classified},
+        }

@@ -1,0 +1,31 @@
+"""The API key of the server under test: read from MMCHAOS_API_KEY, or from the file MMCHAOS_API_KEY_FILE names,
+and sent as a bearer token. Nothing else in mmchaos reads it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+API_KEY_ENV = "MMCHAOS_API_KEY"
+API_KEY_FILE_ENV = "MMCHAOS_API_KEY_FILE"
+
+
+class ApiKeyError(Exception):
+    """The key file cannot be read (one line, with the fix)."""
+
+
+def api_key() -> str | None:
+    if os.environ.get(API_KEY_ENV):
+        return os.environ[API_KEY_ENV].strip()
+    f = os.environ.get(API_KEY_FILE_ENV)
+    if f:
+        try:
+            return Path(f).read_text().strip()
+        except OSError as e:
+            raise ApiKeyError(f"cannot read the API key file {f} ({e.strerror}); fix {API_KEY_FILE_ENV}") from e
+    return None
+
+
+def auth_headers() -> dict[str, str]:
+    key = api_key()
+    return {"Authorization": f"Bearer {key}"} if key else {}

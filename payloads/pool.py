@@ -1,0 +1,107 @@
+"""The image pool's types: what the load generator uploads, as encoded files with their ids and hashes."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+
+MIME = {
+    "jpeg": "image/jpeg",
+    "png": "image/png",
+    "webp": "image/webp",
+    "gif": "image/gif",
+    "bmp": "image/bmp",
+    "tiff": "image/tiff",
+}
+
+
+class PayloadWarning(UserWarning):
+    """Something in the user's payload input was skipped or changed."""
+
+
+
+class DataURL(str):
+    """A data URL built by mmchaos whose text has no character JSON would escape: ASCII, no quote, backslash or
+    control character (base64 or percent-encoding and a plain MIME type). :func:`.bodies.encode_body`
+    copies such strings into the request body as they are instead of scanning them again for every request.
+    Only wrap text that is JSON-safe by construction."""
+
+    __slots__ = ()
+
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
+
+
+@dataclass(frozen=True)
+class PoolImage:
+    id: str  # unique in its pool; never contains a comma (ids are comma-joined in the requests table)
+    format: str  # lower-case Pillow format name: jpeg, png, webp (user images: also gif, bmp, tiff...)
+    width: int
+    height: int
+    data: bytes = field(repr=False)  # the encoded file, sent as is
+    hash: str = ""  # sha256(data) hex [:16]
+    mode: str = "RGB"
+    quality: int | None = None  # encoder quality when known (generated jpeg / webp), reused by fresh_image
+
+    @property
+    def mime(self) -> str:
+        return MIME.get(self.format, f"image/{self.format}")
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data)
+
+    @cached_property
+    def data_url(self) -> DataURL:
+        # computed once per image and kept (a third more memory than the encoded file): a load test sends each
+        # pool image again and again, and base64 of a big image costs ~1 ms
+        return DataURL(f"data:{self.mime};base64,{base64.b64encode(self.data).decode('ascii')}")
+
+
+@dataclass(frozen=True)
+class ImagePool(Sequence[PoolImage]):
+    images: tuple[PoolImage, ...]
+    source: str  # "generated seed=… preset=…" or the directory
+    generated: int = 0  # images rendered by this build
+    from_cache: int = 0  # images read from the disk cache by this build
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return self.images[i]
+
+    def __iter__(self) -> Iterator[PoolImage]:
+        return iter(self.images)
+
+    def by_id(self, image_id: str) -> PoolImage:
+        for im in self.images:
+            if im.id == image_id:
+                return im
+        raise KeyError(f"no image {image_id!r} in pool ({self.source})")
+
+    def summary(self) -> dict:
+        fmt = Counter(im.format for im in self.images)
+        px = np.array([im.width * im.height for im in self.images] or [0])
+        return {
+            "source": self.source,
+            "n": len(self.images),
+            "formats": dict(sorted(fmt.items())),
+            "total_bytes": sum(im.nbytes for im in self.images),
+            "median_pixels": int(np.median(px)),
+            "max_long_side": max((max(im.width, im.height) for im in self.images), default=0),
+            "generated": self.generated,
+            "from_cache": self.from_cache,
+        }
+
+def content_hash(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:16]
