@@ -101,7 +101,7 @@ class Doc:
                 for row in df.itertuples(index=False):
                     cells = []
                     for v, is_num in zip(row, num):
-                        cls = {"yes": ' class="yes"', "no": ' class="no"'}.get(v, ' class="num"' if is_num else "")
+                        cls = _VERDICT_CLASS.get(v, ' class="num"' if is_num else "")
                         cells.append(f"<td{cls}>{e(v)}</td>")
                     rows.append("<tr>" + "".join(cells) + "</tr>")
                 cap = f"<caption>{e(caption)}</caption>" if caption else ""
@@ -122,6 +122,9 @@ class Doc:
         )
 
 
+# cells that are a verdict get its colour
+_VERDICT_CLASS = {"yes": ' class="yes"', "no": ' class="no"', "clean": ' class="yes"', "fails": ' class="no"',
+                  "survives with retryable errors": ' class="warn"'}
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:1180px;margin:2em auto;padding:0 1em;
 color:#1d1d1f;line-height:1.45}
@@ -132,6 +135,7 @@ table{border-collapse:collapse;font-size:.86em}caption{text-align:left;font-weig
 th,td{border:1px solid #ddd;padding:.25em .55em;vertical-align:top}th{background:#f3f3f3;text-align:left}
 td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 td.yes{background:#e3f6e3;font-weight:600}td.no{background:#fbe3e3;font-weight:600}
+td.warn{background:#fff1d6;font-weight:600}
 .note{color:#555;font-size:.9em}
 figure{margin:1em 0}img{max-width:100%}
 pre{background:#f6f6f6;padding:.6em;overflow-x:auto;font-size:.8em}

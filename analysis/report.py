@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import pandas as pd
+
 from mmchaos.files import write_files_atomic
 
 from . import sections_incidents, sections_performance, sections_run, sections_verdict, stats
@@ -21,7 +23,7 @@ from .attribution import DEFAULT_WINDOW_S, attribute
 from .document import Doc
 from .results import CampaignResults, LoadError, combine, find_trials, load_results
 from .survival import first_crash_durations, kaplan_meier
-from .verdict import MIN_OK_SHARE, verdicts
+from .verdict import verdicts
 
 REPORT_MD = "report.md"
 REPORT_HTML = "report.html"
@@ -37,6 +39,7 @@ class ReportResult:
     out_dir: Path
     files: list[Path]
     timings: dict[str, float] = field(default_factory=dict)
+    verdicts: dict[str, str] = field(default_factory=dict)  # configuration -> fails / retryable / clean
 
     @property
     def html(self) -> Path:
@@ -53,7 +56,6 @@ def write_report(
     baseline: str | None = None,
     compare_with: str | Path | None = None,
     window_s: float = DEFAULT_WINDOW_S,
-    min_ok_share: float = MIN_OK_SHARE,
     progress: Callable[[str], None] | None = None,
 ) -> ReportResult:
     """Load ``campaign_dir`` (and ``compare_with``), compute everything, write the report; return the paths.
@@ -85,8 +87,7 @@ def write_report(
     lap("load")
     base = _resolve_baseline(c, baseline, compared=compare_with is not None)
     say(f"computing statistics for {len(c.configs)} configuration(s), {len(c.requests):,} requests")
-    doc = build(c, base, window_s, min_ok_share, compared=compare_with is not None, timings=timings, lap=lap,
-                say=say)
+    doc, verdict = build(c, base, window_s, compared=compare_with is not None, timings=timings, lap=lap, say=say)
     markdown, html_text = doc.to_markdown(), doc.to_html()
     lap("render")
     out = Path(out_dir) if out_dir is not None else Path(campaign_dir) / DEFAULT_OUT
@@ -97,7 +98,7 @@ def write_report(
         raise ReportError(f"cannot write the report into {out}: {e.strerror or e}") from e
     lap("write")
     say(f"wrote {out / REPORT_HTML}")
-    return ReportResult(out, files, timings)
+    return ReportResult(out, files, timings, dict(zip(verdict["config"].astype(str), verdict["verdict"])))
 
 
 def _precheck(campaign_dir, compare_with, baseline: str | None) -> None:
@@ -133,18 +134,18 @@ def _resolve_baseline(c: CampaignResults, baseline: str | None, compared: bool) 
 
 
 
-def build(c: CampaignResults, baseline: str, window_s: float = DEFAULT_WINDOW_S, min_ok_share: float = MIN_OK_SHARE,
-          compared: bool = False, timings=None, lap=lambda _n: None, say=lambda _m: None) -> Doc:
-    """Compute every table and figure and lay them out."""
+def build(c: CampaignResults, baseline: str, window_s: float = DEFAULT_WINDOW_S, compared: bool = False,
+          timings=None, lap=lambda _n: None, say=lambda _m: None) -> tuple[Doc, pd.DataFrame]:
+    """Compute every table and figure and lay them out; returns the document and the verdicts."""
     from . import plots  # matplotlib is slow to import: only when a report is really built
     crash = stats.crash_stats(c)
     drift = stats.drift_stats(c)
-    counts = stats.request_counts(c)
+    retried = stats.retry_success(c)
     groups = stats._ok_latency_groups(c)
     lat = stats.latency_table(c, _groups=groups)
     tput = stats.throughput(c)
     cost = stats.workaround_cost(c, baseline, _groups=groups)
-    verdict = verdicts(c, min_ok_share)
+    verdict = verdicts(c)
     durations = first_crash_durations(c.trials, c.requests, c.crashes)
     curves = {cfg: {w: kaplan_meier(d[w], d["crashed"]) for w in ("time_s", "requests")}
               for cfg, d in durations.groupby("config", observed=True)}
@@ -163,8 +164,8 @@ def build(c: CampaignResults, baseline: str, window_s: float = DEFAULT_WINDOW_S,
 
     doc = Doc(f"mmchaos report — {c.name}")
     sections_verdict.intro(doc, c, baseline, window_s, compared)
-    sections_verdict.summary(doc, c, verdict, crash, drift, counts, lat, tput, cost, attribution, baseline)
-    sections_verdict.verdicts(doc, verdict, min_ok_share)
+    sections_verdict.summary(doc, c, verdict, crash, drift, retried, lat, tput, cost, attribution, baseline)
+    sections_verdict.verdicts(doc, verdict)
     sections_run.what_was_run(doc, c)
     if compared:
         sections_run.side_by_side(doc, c, verdict, crash, lat, tput)
@@ -178,4 +179,4 @@ def build(c: CampaignResults, baseline: str, window_s: float = DEFAULT_WINDOW_S,
     sections_performance.cost(doc, cost, baseline)
     sections_performance.timelines(doc, timeline_figs)
     sections_run.trials(doc, c, durations)
-    return doc
+    return doc, verdict

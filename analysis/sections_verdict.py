@@ -11,7 +11,6 @@ from .attribution import SAME_IMAGE
 from .document import Doc
 from .formatting import by_config, ci, integer, num, pct, pct_ci
 from .results import CampaignResults
-from .verdict import CHECK_TITLES
 
 
 def intro(doc: Doc, c: CampaignResults, baseline: str, window_s: float, compared: bool) -> None:
@@ -30,8 +29,10 @@ def intro(doc: Doc, c: CampaignResults, baseline: str, window_s: float, compared
         "engine core (P1) out of step. A later request with the same image then misses in P1 (cache drift); "
         "depending on the version this kills the server or returns a retryable 503. Each configuration (vLLM "
         "version × flags) was run for several trials; this report counts crashes, drift, errors, latency and "
-        "throughput per configuration, says which requests preceded each incident, and whether the configuration "
-        "passes the bug report's verification step."
+        "throughput per configuration, says which requests preceded each incident, and judges each configuration "
+        "by the bug report's verification step as a client that retries sees it: fails (a crash, or failures no "
+        "retry cured), survives with retryable errors (drift or failed first attempts, all cured by retries), or "
+        "clean."
     )
     doc.note(
         "Intervals are 95 %: exact Poisson (Garwood) for rates, Wilson for shares of trials, bootstrap for latency "
@@ -43,22 +44,22 @@ def intro(doc: Doc, c: CampaignResults, baseline: str, window_s: float, compared
         doc.bullets(c.warnings)
 
 
-def summary(doc, c, verdict, crash, drift, counts, lat, tput, cost, attribution, baseline) -> None:
+def summary(doc, c, verdict, crash, drift, retried, lat, tput, cost, attribution, baseline) -> None:
     doc.h(2, "Summary")
-    v, cr, dr, tp = by_config(verdict), by_config(crash), by_config(drift), by_config(tput)
+    v, cr, dr, tp, rt = by_config(verdict), by_config(crash), by_config(drift), by_config(tput), by_config(retried)
     pooled = lat[lat["kind"] == stats.ALL_VALID].set_index("config")
     cst = cost[cost["kind"] == stats.ALL_VALID].set_index("config")
-    valid = counts[counts["kind"].isin(stats.VALID_KINDS)].groupby("config", observed=True)[["n", "ok"]].sum()
     rows = []
     for cfg in c.configs:
         trials = c.trials[c.trials["config"] == cfg]
         status = ", ".join(f"{k} {n}" for k, n in trials["status"].value_counts().items())
         rows.append({
             "configuration": cfg,
-            "workaround verified": v[cfg]["verdict"],
+            "verdict": v[cfg]["title"],
             "trials": f"{len(trials)} ({status})",
             "requests": integer(trials["n_requests"].sum()),
-            "valid ok": pct(valid.loc[cfg, "ok"] / valid.loc[cfg, "n"]) if cfg in valid.index else "—",
+            "valid ok, 1st attempt": pct(rt[cfg]["first_ok_share"]),
+            "valid ok, after retries": pct(rt[cfg]["final_ok_share"]),
             "crashes": integer(cr[cfg]["crashes"]),
             "crashes / hour": ci(cr[cfg]["per_hour"], cr[cfg]["per_hour_lo"], cr[cfg]["per_hour_hi"]),
             "trials crashed": pct_ci(*cr[cfg][["share_crashed", "share_crashed_lo", "share_crashed_hi"]]),
@@ -75,9 +76,10 @@ def summary(doc, c, verdict, crash, drift, counts, lat, tput, cost, attribution,
 
 
 def finding(cfg, v, cr, dr, attribution, cst, baseline) -> str:
-    failed = [t for k, t in CHECK_TITLES.items() if not v[k]]
-    parts = [f"{cfg}: " + ("workaround verified" if v["verdict"] == "yes" else
-                           "NOT verified (failed: " + ", ".join(failed) + ")")]
+    failed = [line.split(":", 1)[0] for line in v["evidence"] if ": failed" in line]
+    parts = [f"{cfg}: {v['title'].upper() if v['verdict'] == 'fails' else v['title']}"
+             + (f" (failed: {', '.join(failed)})" if failed else "")
+             + (f" (not exercised: {', '.join(v['not_exercised'])})" if v["not_exercised"] else "")]
     if cr["crashes"]:
         parts.append(f"{int(cr['crashes'])} crash(es) in {int(cr['trials'])} trial(s), "
                      f"{num(cr['per_hour'])} per hour [{num(cr['per_hour_lo'])}, {num(cr['per_hour_hi'])}]")
@@ -100,16 +102,19 @@ def finding(cfg, v, cr, dr, attribution, cst, baseline) -> str:
     return "; ".join(parts) + "."
 
 
-def verdicts(doc: Doc, verdict: pd.DataFrame, min_ok_share: float) -> None:
+def verdicts(doc: Doc, verdict: pd.DataFrame) -> None:
     doc.h(2, "Verdict per configuration")
     doc.p(
         "The bug report's verification step: send the poison request (expect 400), then the same image in a valid "
         "request; the bad request must fail alone, the server must not log the cache drift or die, /health must stay "
-        f"200, and normal requests must keep succeeding (here: at least {min_ok_share:.0%} of valid requests sent "
-        "after the first malformed_post request). A check that could not be made counts as failed."
+        "200, and normal requests must keep succeeding. Judged as the client that retries sees it (every attempt is "
+        "recorded; requests cut by the end of a run are not counted): fails — a crash, a failed /health poll, or a "
+        "failure no retry cured; survives with retryable errors — cache drift or failed first attempts, all cured; "
+        "clean — none of these. A check the run could not exercise is named so, and is not a failure. A CI job can "
+        "gate on these: mmchaos report RESULTS --expect CONFIG=fails|retryable|clean."
     )
     for _, row in verdict.iterrows():
-        doc.h(3, f"{row['config']}: {row['verdict']}")
+        doc.h(3, f"{row['config']}: {row['title']}")
         doc.bullets(row["evidence"])
 
 

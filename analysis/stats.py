@@ -50,6 +50,23 @@ def request_counts(c: CampaignResults) -> pd.DataFrame:
     return t.sort_values(["config", "_o", "kind"]).drop(columns="_o").reset_index(drop=True)
 
 
+def retry_success(c: CampaignResults) -> pd.DataFrame:
+    """Per config: valid requests, the share that succeeded at the first attempt and after the client's retries
+    (what an application sees), and the retries sent. Requests cut by the end of a run are left out."""
+    r = c.requests
+    v = r.loc[r["kind"].isin(VALID_KINDS) & (r["outcome"] != S.CUT), ["config", "outcome", "attempt", "final"]]
+    attempt = v["attempt"].fillna(1)
+    final = v["final"].fillna(True).astype(bool)
+    ok = v["outcome"] == S.OK
+    g = pd.DataFrame({"config": v["config"], "first": attempt == 1, "first_ok": (attempt == 1) & ok,
+                      "final": final, "final_ok": final & ok, "retries": attempt > 1}).groupby("config", observed=False)
+    out = _per_config(c, g[["first", "first_ok", "final", "final_ok", "retries"]].sum()).fillna(0).astype(int)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out["first_ok_share"] = out["first_ok"] / out["first"].where(out["first"] > 0)
+        out["final_ok_share"] = out["final_ok"] / out["final"].where(out["final"] > 0)
+    return out.reset_index()
+
+
 def crash_stats(c: CampaignResults, confidence: float = I.CONFIDENCE) -> pd.DataFrame:
     """Per config: crashes, crash rate per 1,000 requests and per hour (exact Poisson), share of trials
     that crashed at least once (Wilson)."""

@@ -15,10 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from mmchaos import schema as S
+from mmchaos.outcomes import causes
 from mmchaos.tables import table_dir
 
 
@@ -194,6 +196,11 @@ def _write_trial(folder, campaign, cfg, trial, t0, duration, n, part_rows, pool,
             "status": pa.array(status, pa.int32(), from_pandas=True),
             "outcome": outcome,
             "error": error,
+            "cause": causes(pd.DataFrame({"status": status, "outcome": outcome, "expected_status": expected})),
+            "attempt": np.ones(n, dtype=np.int16),  # the synthetic client does not retry (--retry-policy none)
+            "request_group": np.array([_request_id(trial, i) for i in range(n)], dtype=object),
+            "final": np.ones(n, dtype=bool),
+            "reconnects": np.zeros(n, dtype=np.int16),
             "n_images": n_img.astype(np.int16),
             "image_ids": image_ids,
             "image_hashes": image_hashes,

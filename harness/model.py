@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 from mmchaos import paths
 
-from . import engines
+from . import engines, long_step
 
 BUILDER = Path(__file__).parent / "in_engine" / "tiny_model.py"
 STAMP = "mmchaos-model.json"
@@ -37,15 +36,12 @@ def build(out: Path | None = None, engine_version: str | None = None, say=print)
         raise ModelError(f"{out} exists and is not an mmchaos model: give an empty or new folder")
     out.parent.mkdir(parents=True, exist_ok=True)
     say(f"building the tiny Qwen3-VL embedding model with vLLM {e.version}'s transformers")
-    r = subprocess.run(
-        [str(e.python), str(BUILDER), str(out)],
-        capture_output=True,
-        text=True,
-        env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
-        timeout=600,
-    )
-    if r.returncode != 0:
-        last = (r.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise ModelError(f"model build failed: {last}")
-    say(r.stdout.strip().splitlines()[-1] if r.stdout.strip() else f"model built at {out}")
+    log = out.parent / f"{out.name}.build.log"
+    log.unlink(missing_ok=True)
+    code = long_step.run([str(e.python), str(BUILDER), str(out)], log, "building the model", say, timeout=600,
+                         env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    if code != 0:
+        raise ModelError(f"model build failed: {lines[-1] if lines else '(no output)'} (log: {log})")
+    say(lines[-1] if lines else f"model built at {out}")
     return out

@@ -1,4 +1,14 @@
-"""The Locust user base of mmchaos: FastHttpUser whose every request becomes exactly one recorded row."""
+"""The Locust user base of mmchaos: a FastHttpUser that behaves like the clients users run, and whose every request
+attempt becomes exactly one recorded row.
+
+- Connections: a pooled connection the server closed is not reused, and a request that got no byte back on one
+  is sent again on a fresh connection (connections.py): a failure we would cause ourselves is never recorded as
+  the server's.
+- Retries: ``--retry-policy`` (mmchaos.retry_policy): ``openai`` retries as the OpenAI Python SDK does by
+  default. Each attempt is its own row, linked to the first by ``request_group``.
+- A request still in flight when Locust stops the user (the end of the run) keeps its row, as ``cut``: it is
+  not a Locust failure and counts in no verdict.
+"""
 
 from __future__ import annotations
 
@@ -8,18 +18,26 @@ from types import SimpleNamespace
 from urllib.parse import urlsplit
 
 import gevent
+import numpy as np
 from gevent import GreenletExit
 from locust import FastHttpUser
+
+from mmchaos import retry_policy
+from mmchaos.auth import auth_headers
+from mmchaos.outcomes import as_built, outcome_of
 from mmchaos.payloads.bodies import BuiltRequest
 
-from mmchaos.auth import auth_headers
-from mmchaos.outcomes import StoppedByLocust
-
-from . import plugin
+from . import connections, plugin
 
 # vLLM takes X-Request-Id as the request's id and names it in its log lines (drift warnings included), so a
 # log event can be joined to the exact request row
 REQUEST_ID_PREFIX = "mmc-"
+RETRY_HEADERS = ("retry-after-ms", "retry-after", "x-should-retry")
+
+
+def _retry_headers(resp) -> dict[str, str]:
+    headers = getattr(resp, "headers", None) or {}
+    return {h: headers.get(h) for h in RETRY_HEADERS if headers.get(h) is not None}
 
 
 class ChaosUser(FastHttpUser):
@@ -34,24 +52,41 @@ class ChaosUser(FastHttpUser):
         self.seq = 0
         self.run_id = o.run_id
         self.headers = {"Content-Type": "application/json", **auth_headers()}
+        self.retry_policy = o.retry_policy
+        # the jitter of retry delays: its own stream, so the requests a seed gives do not depend on outcomes
+        self.jitter = np.random.default_rng([o.seed, self.worker_index, self.user_id, 0x7e7])
+        self.connection = connections.install(self.client, self.host)
         # aborts use a plain connection of their own (see _abort), so the main pool never holds a dropped one
         self.abort_after = o.abort_after_ms / 1000
         url = urlsplit(self.host)
         self._conn_class = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
         self._netloc, self._base_path = url.netloc, url.path.rstrip("/")
 
-    def _post(self, payload: bytes, headers: dict, name: str, ctx: dict, req: BuiltRequest):
+    def _decide_retry(self, status: int | None, outcome: str, resp, retries: int) -> dict | None:
+        """Whether the client sends this request again: the retry-relevant headers if so, else None."""
+        headers = _retry_headers(resp)
+        return headers if retry_policy.should_retry(self.retry_policy, retries, status, outcome, headers) else None
+
+    def _post(self, payload: bytes, headers: dict, name: str, ctx: dict, req: BuiltRequest, retries: int):
+        self.connection.reconnects = 0
         with self.client.request("POST", req.path, data=payload, headers=headers, name=name, context=ctx,
                                  catch_response=True) as resp:
             status = resp.status_code or None
+            error = getattr(resp, "error", None)
+            outcome = outcome_of(status, error, False)
+            retry = self._decide_retry(status, outcome, resp, retries)
+            # what the row says beyond Locust's own: the request event fires with this context when the block ends
+            resp.request_meta["context"].update(reconnects=self.connection.reconnects, final=retry is None)
             expected = req.meta.expected_status
-            if expected is not None:
-                resp.success() if status == expected else resp.failure(f"expected {expected}, got {status}")
-            elif status is not None and 200 <= status < 300:
+            if as_built(status, outcome, expected):
                 resp.success()
+            elif status is None:
+                resp.failure(error or "no answer")  # the network error itself: its row says timeout or refused
+            elif expected is not None:
+                resp.failure(f"expected {expected}, got {status}")
             else:
-                resp.failure(f"HTTP {status}" if status else str(getattr(resp, "error", "no answer")))
-        return status, resp
+                resp.failure(f"HTTP {status}")
+        return status, resp, retry
 
     def _abort(self, payload: bytes, headers: dict, name: str, ctx: dict, path: str, t0: float):
         """Send on a connection of its own and hang up after --abort-after-ms: the server sees the client
@@ -78,32 +113,39 @@ class ChaosUser(FastHttpUser):
             request_type="POST", name=name, response_time=(time.perf_counter() - p0) * 1000,
             response_length=len(body), response=resp, context=ctx, exception=resp.error if failed else None,
             start_time=t0, url=path)
-        return resp.status_code or None, resp
+        return resp.status_code or None, resp, None  # a caller that gave up does not retry
 
     def send(self, req: BuiltRequest, *, abort: bool = False, **ctx_extra) -> tuple[int | None, object]:
-        """POST ``req``; returns (status or None, response). Locust's stats count the request as a success
-        when it got what it was built to get (a malformed case's expected status, an abort's disconnect)."""
-        plugin.take_budget(self.environment)
-        self.seq += 1
+        """POST ``req`` as the client would, retries included; returns the last attempt's (status or None,
+        response). Locust's stats count an attempt as a success when it got what it was built to get (a
+        malformed case's expected status, an abort's disconnect)."""
         payload = req.payload()
-        request_id = f"{REQUEST_ID_PREFIX}{self.run_id}-{self.worker_index}-{self.user_id}-{self.seq}"
-        ctx = {**req.meta.columns(), "endpoint": req.path, "request_bytes": len(payload), "user_id": self.user_id,
-               "seq": self.seq, "request_id": request_id, "abort": abort, **ctx_extra}
-        headers = {**self.headers, "X-Request-Id": request_id}
-        name = f"{req.path} [{ctx.get('case') or req.meta.kind}]"
-        t0 = time.time()
-        try:
-            if abort:
-                status, resp = self._abort(payload, headers, name, ctx, req.path, t0)
-            else:
-                status, resp = self._post(payload, headers, name, ctx, req)
-        except GreenletExit:
-            # Locust is stopping this user mid-request: the request still gets its row
-            self.environment.events.request.fire(
-                request_type="POST", name=name, response_time=(time.time() - t0) * 1000, response_length=0,
-                response=None, context=ctx, exception=StoppedByLocust("stopped by Locust"), start_time=t0,
-                url=req.path)
-            raise
+        kind = req.meta.kind
+        name = f"{req.path} [{kind}]" if req.meta.case is None else f"{req.path} [{kind}/{req.meta.case}]"
+        group, retries = None, 0
+        while True:
+            plugin.take_budget(self.environment)
+            self.seq += 1
+            request_id = f"{REQUEST_ID_PREFIX}{self.run_id}-{self.worker_index}-{self.user_id}-{self.seq}"
+            group = group or request_id
+            ctx = {**req.meta.columns(), "endpoint": req.path, "request_bytes": len(payload), "user_id": self.user_id,
+                   "seq": self.seq, "request_id": request_id, "abort": abort, "attempt": retries + 1,
+                   "request_group": group, "final": True, "reconnects": 0, **ctx_extra}
+            headers = {**self.headers, "X-Request-Id": request_id}
+            t0 = time.time()
+            try:
+                if abort:
+                    status, resp, retry = self._abort(payload, headers, name, ctx, req.path, t0)
+                else:
+                    status, resp, retry = self._post(payload, headers, name, ctx, req, retries)
+            except GreenletExit:
+                # Locust is stopping this user mid-request (the run ended): the request still gets its row
+                plugin.cut(self.environment, ctx, t0, (time.time() - t0) * 1000)
+                raise
+            if retry is None:
+                break
+            gevent.sleep(retry_policy.delay(retries, self.jitter.random(), retry))  # the client's backoff
+            retries += 1
         if status is None and not abort:
             # nobody answering (refused, reset, timed out): back off as a real client would, instead of
             # spinning thousands of refused requests per second while the server is down

@@ -1,5 +1,7 @@
-"""The state of the mmchaos panel of the web UI, in the process that owns the test (master or standalone): events
-(crash, drift, recovery, classified log lines), outcomes by kind, server health over time, mm-cache hit rate.
+"""The live state of a run, in the process that owns the test (master or standalone): events (crash, drift,
+recovery, classified log lines), outcomes by kind, server health over time, mm-cache hit rate, the three-level
+verdict and the gates. The web UI's mmchaos tabs and timeline page show it; the gates set the run's exit code from
+it, with or without the web UI.
 
 No Locust import here: the panel's logic is tested in the test process, which must not monkey-patch.
 """
@@ -10,20 +12,24 @@ import re
 import time
 from collections import deque
 
+from dataclasses import asdict
+
 from mmchaos import schema
 from mmchaos.health_rule import HANG, NO_ANSWER, OK, HealthRule, health_state
 from mmchaos.logtail import LogTail
 from mmchaos.signatures import Signatures
+from mmchaos.verdict_rule import CHECKS, Counts, judge
 
-from .panel_outcomes import CATEGORIES, Outcomes, classify_request, clean
+from . import gates
+from .panel_outcomes import CATEGORIES, Attempt, Outcomes, clean
 
 MM_CACHE_METRIC = re.compile(r"^vllm:\w*mm\w*cache_(hits|queries)(?:_total)?$")
 RECENT_S = 10.0  # window of the "last 10 s" hit rate
-STRIP_S = 60  # seconds shown in the health strip (one character per second)
 MAX_EVENTS = 500  # kept; the tab shows the newest first
 SHOWN_EVENTS = 200
 SHOWN_SEGMENTS = 30
 LOG_POLL_S = 0.25
+TIMELINE_POINTS = 600  # mm-cache hit-rate points kept for the timeline (one per /metrics scrape)
 
 
 def clock(t: float | None) -> str:
@@ -36,6 +42,7 @@ class Panel:
     def __init__(self, sigs: Signatures, counts_source: str):
         self.sigs = sigs
         self.counts_source = counts_source
+        self.p95_ms = lambda: None  # the p95 latency of valid requests, from Locust's stats (set by the wiring)
         self.reset(None)
 
     def reset(self, run_id: str | None) -> None:
@@ -46,6 +53,8 @@ class Panel:
         self.events: deque[dict] = deque(maxlen=MAX_EVENTS)
         self.event_counts: dict[tuple[str, str], int] = {}
         self.options: dict = {}  # the run's mmchaos options, as the run started (form changes included)
+        self.crashes = 0
+        self.drift_lines = 0
         # health
         self.watchers = None
         self.watching = False
@@ -54,10 +63,9 @@ class Panel:
         self.health_since: float | None = None
         self.polls = self.polls_ok = 0
         self.segments: deque[dict] = deque(maxlen=500)
-        self.recent_polls: deque[tuple[float, bool]] = deque()
         self.open_crash: dict | None = None
         # metrics
-        self.scrapes: deque[dict] = deque(maxlen=600)  # {"t", "hits", "queries"} of scrapes with mm counters
+        self.scrapes: deque[dict] = deque(maxlen=TIMELINE_POINTS)  # {"t", "hits", "queries"} of scrapes
         self.last_scrape_t: float | None = None
         self.mm_names: set[str] = set()
         self.first_scrape: dict | None = None
@@ -80,11 +88,10 @@ class Panel:
         return e
 
     # outcomes (standalone: from the request event; master: from the workers' reports)
-    def on_request(self, response=None, context=None, exception=None, start_time=None, **_) -> None:
-        kind, cat, error, drift = classify_request(self.sigs, response, context, exception)
-        self.outcomes.add(kind, cat, start_time, error, drift)
-        if drift:
-            self._drift_event({"t": start_time, "kind": kind, "error": error, "signature": drift})
+    def on_attempt(self, a: Attempt) -> None:
+        self.outcomes.add(a)
+        if a.drift:
+            self._drift_event({"t": a.t, "kind": a.kind, "error": a.error, "signature": a.drift})
 
     def on_worker_report(self, client_id: str, report: dict) -> None:
         self.workers.add(client_id)
@@ -103,9 +110,6 @@ class Panel:
         crash = self.rule.observe(t, state)
         self.polls += 1
         self.polls_ok += ok
-        self.recent_polls.append((t, ok))
-        while self.recent_polls and self.recent_polls[0][0] < t - STRIP_S - 1:
-            self.recent_polls.popleft()
         if self.segments and self.segments[-1]["state"] == state:
             self.segments[-1]["to"] = t
             self.segments[-1]["polls"] += 1
@@ -120,9 +124,11 @@ class Panel:
             return
         detail = f"/health: {state}" + (f" ({err})" if err else "")
         if crash == HANG:
+            self.crashes += 1
             self.open_crash = self._event(t, "crash", HANG, "health",
                                           f"{detail} for {t - silent_since:.0f} s after ok" if silent_since else detail)
         elif crash:
+            self.crashes += 1
             self.open_crash = self._event(t, "crash", self._crash_signature(), "health",
                                           f"{detail}, after ok at {clock(last_ok)}")
         elif state != NO_ANSWER and last_ok is None and self.polls == 1:
@@ -157,6 +163,7 @@ class Panel:
             self.classified += 1
             sig = m.signature
             event = "fatal log" if sig.fatal else ("drift" if sig.drift else "log")
+            self.drift_lines += sig.drift
             detail = clean(m.line, 500)
             if m.mm_hash and m.mm_hash not in detail:
                 detail = f"[mm_hash {m.mm_hash}] {detail}"
@@ -166,7 +173,29 @@ class Panel:
                 if self.open_crash is not None and self.open_crash["signature"] != HANG:
                     self.open_crash["signature"] = self.sigs.classify_crash(self.epoch_fatal)
 
+    # judgement
+    def counts(self) -> Counts:
+        return self.outcomes.verdict + Counts(crashes=self.crashes, health_polls=self.polls,
+                                              health_failed=self.polls - self.polls_ok, drift_lines=self.drift_lines)
+
+    def verdict(self) -> dict:
+        v = judge(self.counts())
+        return {"level": v.level, "title": v.title,
+                "checks": [{"check": n, "title": CHECKS[n][0], "state": st, "evidence": why}
+                           for n, (st, why) in v.checks.items()]}
+
+    def gates(self, options) -> list[gates.Gate]:
+        return gates.evaluate(options, self.counts(), self.crashes if self.watching else None, self.p95_ms())
+
     # views
+    def hit_rate_series(self) -> list[dict]:
+        """mm-cache hit rate between consecutive scrapes: {"t", "rate"} (rate None when nothing was queried)."""
+        out = []
+        for a, b in zip(self.scrapes, list(self.scrapes)[1:]):
+            dq = b["queries"] - a["queries"]
+            out.append({"t": b["t"], "rate": (b["hits"] - a["hits"]) / dq if dq > 0 else None})
+        return out
+
     def hit_rate(self) -> dict:
         if self.last_scrape_t is None:
             available = getattr(self.watchers, "metrics_available", None)
@@ -194,18 +223,8 @@ class Panel:
         out["recent"] = (last["hits"] - base["hits"]) / dq if dq > 0 else None
         return out
 
-    def strip(self, now: float) -> str:
-        """One character per second of the run's last STRIP_S s, oldest first: █ all polls ok, ░ some failed,
-        · no poll answered or sent."""
-        worst: dict[int, bool] = {}
-        for t, ok in self.recent_polls:
-            s = int(now - t)
-            if 0 <= s < STRIP_S:
-                worst[s] = worst.get(s, True) and ok
-        width = min(STRIP_S, int(now - self.t_start) + 1) if self.t_start else STRIP_S
-        return "".join("·" if s not in worst else ("█" if worst[s] else "░") for s in reversed(range(width)))
-
-    def state(self, runner_state: str | None = None) -> dict:
+    def state(self, runner_state: str | None = None, options=None) -> dict:
+        """Everything the web UI shows (``options``: the run's parsed options, for the gates)."""
         now = time.time()
         kinds = {}
         total = dict.fromkeys(CATEGORIES, 0)
@@ -229,11 +248,15 @@ class Panel:
                          "last_error": dict(self.outcomes.last_error), "drift_503": self.outcomes.drift_total},
             "health": {"watching": self.watching, "state": self.health_state, "since": self.health_since,
                        "last_ok": self.last_ok, "polls": self.polls, "polls_ok": self.polls_ok,
-                       "strip": self.strip(now), "segments": list(self.segments)[-SHOWN_SEGMENTS:]},
+                       "segments": list(self.segments)[-SHOWN_SEGMENTS:]},
             "events": list(self.events)[::-1][:SHOWN_EVENTS],
             "event_counts": [{"event": e, "signature": s, "count": n}
                              for (e, s), n in sorted(self.event_counts.items())],
             "mm_cache": self.hit_rate(),
             "server_log": {"path": self.server_log, "lines_read": self.log_lines, "error": self.log_error,
                            "classified": self.classified},
+            "verdict": self.verdict(),
+            "gates": [asdict(g) for g in self.gates(options)] if options is not None else [],
+            "timeline": {"segments": list(self.segments), "hit_rate": self.hit_rate_series(),
+                         "events": [e for e in self.events if e["event"] in ("crash", "drift", "recovered", "down")]},
         }

@@ -3,16 +3,20 @@
 
 from __future__ import annotations
 
-from .panel import RECENT_S, STRIP_S, Panel, clock
+from .panel import RECENT_S, Panel, clock
 from .panel_outcomes import CATEGORIES
 
-TAB_EVENTS, TAB_OUTCOMES, TAB_SERVER = "mmchaos-events", "mmchaos-outcomes", "mmchaos-server"
+TAB_VERDICT, TAB_EVENTS, TAB_OUTCOMES, TAB_SERVER = ("mmchaos-verdict", "mmchaos-events", "mmchaos-outcomes",
+                                                     "mmchaos-server")
 TABS = [
+    {"title": "mmchaos: verdict", "key": TAB_VERDICT},
     {"title": "mmchaos: events", "key": TAB_EVENTS},
     {"title": "mmchaos: outcomes", "key": TAB_OUTCOMES},
     {"title": "mmchaos: server", "key": TAB_SERVER},
 ]
 TABLES = [
+    {"key": TAB_VERDICT, "structure": [{"key": "item", "title": "Item"}, {"key": "state", "title": "State"},
+                                       {"key": "detail", "title": "Detail"}]},
     {"key": TAB_EVENTS, "structure": [
         {"key": "time", "title": "Time (since start)"}, {"key": "event", "title": "Event"},
         {"key": "signature", "title": "Signature"}, {"key": "source", "title": "Source"},
@@ -21,17 +25,18 @@ TABLES = [
         {"key": "kind", "title": "Kind"}, {"key": "total", "title": "Total"}, {"key": "ok", "title": "ok"},
         {"key": "c4xx", "title": "4xx"}, {"key": "c503", "title": "503"}, {"key": "c5xx", "title": "other 5xx"},
         {"key": "refused", "title": "refused"}, {"key": "timeout", "title": "timeout"},
-        {"key": "aborted", "title": "aborted"}, {"key": "other", "title": "other"},
+        {"key": "aborted", "title": "aborted"}, {"key": "cut", "title": "cut at the end"},
+        {"key": "other", "title": "other"},
         {"key": "last_error", "title": "Last error"}]},
     {"key": TAB_SERVER, "structure": [{"key": "item", "title": "Item"}, {"key": "value", "title": "Value"}]},
 ]
 _COLUMN = {"ok": "ok", "4xx": "c4xx", "503": "c503", "5xx": "c5xx", "refused": "refused", "timeout": "timeout",
-           "aborted": "aborted", "other": "other"}
+           "aborted": "aborted", "cut": "cut", "other": "other"}
+TIMELINE_LINK = "./mmchaos/timeline"
 
 
-def tables(panel: Panel, runner_state: str | None = None) -> list[dict]:
-    """The rows of the three tabs (``extended_stats`` of /stats/requests)."""
-    st = panel.state(runner_state)
+def tables(panel: Panel, st: dict) -> list[dict]:
+    """The rows of the four tabs (``extended_stats`` of /stats/requests), from ``panel.state(...)``."""
     t0 = panel.t_start or 0.0
     ev = [{"time": clock(e["t"]) + (f" (+{e['t'] - t0:.1f} s)" if panel.t_start else ""), "event": e["event"],
            "signature": e["signature"], "source": e["source"], "detail": e["detail"]} for e in st["events"]]
@@ -44,8 +49,19 @@ def tables(panel: Panel, runner_state: str | None = None) -> list[dict]:
         r = {"kind": kind, "total": c["total"], **{_COLUMN[cat]: c[cat] for cat in CATEGORIES}}
         r["last_error"] = st["outcomes"]["last_error"].get(kind, "")
         out.append(r)
-    return [{"key": TAB_EVENTS, "data": ev}, {"key": TAB_OUTCOMES, "data": out},
-            {"key": TAB_SERVER, "data": _server_rows(st)}]
+    return [{"key": TAB_VERDICT, "data": _verdict_rows(st)}, {"key": TAB_EVENTS, "data": ev},
+            {"key": TAB_OUTCOMES, "data": out}, {"key": TAB_SERVER, "data": _server_rows(st)}]
+
+
+def _verdict_rows(st: dict) -> list[dict]:
+    v = st["verdict"]
+    rows = [{"item": "verdict", "state": v["title"], "detail": "as a retrying client sees the server, so far"}]
+    rows += [{"item": c["title"], "state": c["state"], "detail": c["evidence"]} for c in v["checks"]]
+    rows += [{"item": f"gate {g['option'].replace('_', '-')}", "state": g["state"], "detail": g["text"]}
+             for g in st["gates"]]
+    rows.append({"item": "timeline", "state": "", "detail": f"health, drift, crashes and the mm-cache hit rate over "
+                 f"the run: open {TIMELINE_LINK} (also under Download Data)"})
+    return rows
 
 
 def _server_rows(st: dict) -> list[dict]:
@@ -61,7 +77,6 @@ def _server_rows(st: dict) -> list[dict]:
         add("health", "no poll yet")
     else:
         add("health now", f"{h['state']} since {clock(h['since'])} ({now - h['since']:.1f} s)")
-        add(f"health, last {STRIP_S} s (█ ok, ░ failing, 1 char/s)", h["strip"])
         add("health polls", f"{h['polls']} ({h['polls'] - h['polls_ok']} failed)")
     mm = st["mm_cache"]
     if mm["available"]:

@@ -1,9 +1,10 @@
-"""The mmchaos plugin for Locust: custom arguments, the recorder, the watchers, the request budget and the web UI
-panel. A locustfile calls :func:`register` once, at import (Locust parses its command line after importing the
-locustfile); a second call, from another locustfile of the same process, does nothing.
+"""The mmchaos plugin for Locust: custom arguments, the recorder, the watchers, the request budget, the live state
+(live.py) with its web UI panel, and the gates that set the run's exit code. A locustfile calls :func:`register`
+once, at import (Locust parses its command line after importing the locustfile); a second call, from another
+locustfile of the same process, does nothing.
 
-Roles: the process that owns the test (master or standalone) resolves the run's ids, results folder and model
-and runs the watchers; the processes that send requests (workers or standalone) record them.
+Roles: the process that owns the test (master or standalone) resolves the run's ids, results folder and model,
+runs the watchers and judges the gates; the processes that send requests (workers or standalone) record them.
 """
 
 from __future__ import annotations
@@ -18,13 +19,14 @@ from pathlib import Path
 import gevent
 import requests
 from locust import events
+from locust.event import EventHook
 from locust.exception import StopUser
 from locust.runners import STATE_INIT, MasterRunner, WorkerRunner
 
 from mmchaos import options, paths
 from mmchaos.auth import auth_headers
 
-from . import webui
+from . import gates, live, webui
 from .recorder import Recorder
 from .watchers import Watchers
 
@@ -41,11 +43,13 @@ class Session:
     auto_run_id = False
     sent = 0  # requests started by this process in this run (the --max-requests budget)
     user_ids = itertools.count()
+    # requests cut by the end of the run: (context, start_time, response_time); they are no Locust request
+    cut_hook = EventHook()
 
 
 def register() -> None:
-    """Add mmchaos's arguments and listeners to Locust's events, in order: ours, then the web UI panel's (it uses
-    the run's watchers, which ours start)."""
+    """Add mmchaos's arguments and listeners to Locust's events, in order: ours, then the web UI panel's (it
+    shows the live state, which ours make)."""
     if Session.registered:
         return
     Session.registered = True
@@ -53,8 +57,14 @@ def register() -> None:
     events.init.add_listener(_init)
     events.test_start.add_listener(_test_start)
     events.test_stop.add_listener(_test_stop)
+    events.quitting.add_listener(_quitting)
     events.quit.add_listener(_quit)
     webui.register(Session)
+
+
+def cut(environment, context: dict, start_time: float, response_time: float) -> None:
+    """A request still in flight when Locust stopped its user: it keeps its row, and is no Locust failure."""
+    Session.cut_hook.fire(context=context, start_time=start_time, response_time=response_time)
 
 
 def opts(environment):
@@ -84,6 +94,7 @@ def _init(environment, **_):
     # Locust installs its SIGTERM handler only after a headless shape test has finished, so until then SIGTERM
     # kills the process with rows unflushed. End the shape instead: Locust then quits its usual way.
     gevent.signal_handler(signal.SIGTERM, lambda: _end_shape_on_sigterm(environment))
+    live.init(environment, Session.cut_hook)
     o = opts(environment)
     if o is None:
         return
@@ -129,7 +140,8 @@ def _test_start(environment, **_):
                                         health_interval=o.health_interval,
                                         metrics_interval=o.metrics_interval).start()
     if not isinstance(runner, MasterRunner):
-        Session.recorder = Recorder(environment, o.results_dir, o.run_id, o.config_name, o.trial)
+        Session.recorder = Recorder(environment, o.results_dir, o.run_id, o.config_name, o.trial, Session.cut_hook)
+    live.test_start(environment, Session.watchers)
 
 
 def _stop_all():
@@ -143,6 +155,27 @@ def _stop_all():
 
 def _test_stop(environment, **_):
     _stop_all()
+    live.test_stop()
+
+
+def _quitting(environment, **_):
+    """Locust decides its exit code right after this: the gates decide it (a code set already, 2 when the run
+    could not run, stands)."""
+    live.quitting()
+    panel = live.Live.panel
+    if panel is None or isinstance(environment.runner, WorkerRunner) or opts(environment) is None:
+        return
+    if environment.process_exit_code is not None:
+        return
+    if not panel.counts().attempts:
+        log.error("mmchaos: no request was sent")
+        environment.process_exit_code = 2
+        return
+    judged = panel.gates(opts(environment))
+    for g in judged:
+        if g.state == gates.FAILED:
+            log.error("mmchaos: gate failed: %s", g.text)
+    environment.process_exit_code = gates.exit_code(judged)
 
 
 def _quit(exit_code, **_):

@@ -6,7 +6,8 @@ Sequences (``--probe-sequences``, comma-separated; default all, in turn):
   poison_reuse    a request that fails after rendering the image (400), then a valid one with that image
   tokenize_reuse  /tokenize of the image (renders, never runs), then a valid request with it
   abort_reuse     a valid request abandoned by the client, then a valid request with the same image
-A 503 on the reuse step (a retryable cache miss) is retried once, as a client would.
+A failed step is retried as ``--retry-policy`` says (a 503 cache miss on the reuse step, with the default openai
+policy), each attempt its own row.
 Rows: kind "probe", probe = the sequence, case = the step.
 """
 
@@ -56,10 +57,7 @@ class ProbeUser(ChaosUser):
         return fresh.fresh_image(self.pool[self.n % len(self.pool)], f"probe-{self.worker_index}-{self.user_id}-{self.n}")
 
     def _reuse(self, seq: str, image, model: str, ins) -> None:
-        valid = _as_probe(build.image_request(model, image, "probe", instruction=ins), "reuse")
-        status, _ = self.send(valid, probe=seq)
-        if status == 503:
-            self.send(_as_probe(valid, "retry"), probe=seq)
+        self.send(_as_probe(build.image_request(model, image, "probe", instruction=ins), "reuse"), probe=seq)
 
     @task
     def run_sequence(self):

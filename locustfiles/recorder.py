@@ -1,7 +1,8 @@
-"""The per-request recorder: exactly one REQUESTS row for every request Locust reports, whatever happened to it.
+"""The per-request recorder: exactly one REQUESTS row for every request sent, whatever happened to it.
 
 It listens to Locust's request event (fired once per request by FastHttpSession, success or failure), so it
-counts what Locust counts. Rows are flushed to Parquet parts every second (mmchaos.tables.PartWriter).
+counts what Locust counts, plus the requests cut by the end of the run (the plugin's cut hook: they are no Locust
+request). Rows are flushed to Parquet parts every second (mmchaos.tables.PartWriter).
 """
 
 from __future__ import annotations
@@ -9,14 +10,14 @@ from __future__ import annotations
 import gevent
 
 from mmchaos import schema
-from mmchaos.outcomes import error_text, outcome_of, status_of
+from mmchaos.outcomes import cause_of, error_text, outcome_of, status_of
 from mmchaos.tables import PartWriter, process_tag, table_dir
 
 
 class Recorder:
     """Attach to a Locust environment; writes ``<out_dir>/requests/part-*.parquet``."""
 
-    def __init__(self, environment, out_dir, run_id: str, config: str, trial: int, interval: float = 1.0):
+    def __init__(self, environment, out_dir, run_id: str, config: str, trial: int, cut_hook, interval: float = 1.0):
         self.writer = PartWriter(table_dir(out_dir, "requests"), schema.REQUESTS)
         self.run_id, self.config, self.trial = run_id, config, trial
         self.worker = process_tag()
@@ -25,6 +26,8 @@ class Recorder:
         self._closed = False
         self.environment = environment
         environment.events.request.add_listener(self.on_request)
+        self.cut_hook = cut_hook
+        cut_hook.add_listener(self.on_cut)
         self._loop = gevent.spawn(self._flush_loop)
 
     def on_request(self, request_type, name, response_time, response_length, response=None, context=None,
@@ -33,8 +36,17 @@ class Recorder:
         status = status_of(response)
         # marking a request a success in Locust (catch_response) clears its exception; the cause stays on it
         exception = exception or getattr(response, "error", None)
-        kind = ctx.get("kind")
+        outcome = outcome_of(status, exception, bool(ctx.get("abort")))
+        self._add(ctx, name, start_time, response_time, status, outcome, error_text(response, exception, status),
+                  response_length)
+
+    def on_cut(self, context, start_time, response_time, **_):
+        """A request Locust stopped mid-flight at the end of the run (no request event: not a Locust failure)."""
+        self._add(context, None, start_time, response_time, None, schema.CUT, "cut by the end of the run", 0)
+
+    def _add(self, ctx: dict, name, start_time, response_time, status, outcome, error, response_length) -> None:
         self.rows_seen += 1
+        expected = ctx.get("expected_status")
         self.writer.add(
             {
                 "run_id": self.run_id,
@@ -44,16 +56,21 @@ class Recorder:
                 "user_id": ctx.get("user_id"),
                 "seq": ctx.get("seq"),
                 "request_id": ctx.get("request_id"),
-                "kind": kind or "other",
+                "kind": ctx.get("kind") or "other",
                 "case": ctx.get("case"),
                 "probe": ctx.get("probe"),
-                "expected_status": ctx.get("expected_status"),
+                "expected_status": expected,
                 "endpoint": ctx.get("endpoint") or name,
                 "t_start": start_time,
                 "latency_ms": response_time,
                 "status": status,
-                "outcome": outcome_of(status, exception, bool(ctx.get("abort"))),
-                "error": error_text(response, exception, status),
+                "outcome": outcome,
+                "error": error,
+                "cause": cause_of(status, outcome, expected),
+                "attempt": ctx.get("attempt", 1),
+                "request_group": ctx.get("request_group") or ctx.get("request_id"),
+                "final": ctx.get("final", True),
+                "reconnects": ctx.get("reconnects", 0),
                 "n_images": ctx.get("n_images", 0),
                 "image_ids": ctx.get("image_ids"),
                 "image_hashes": ctx.get("image_hashes"),
@@ -78,5 +95,6 @@ class Recorder:
             return
         self._closed = True
         self.environment.events.request.remove_listener(self.on_request)
+        self.cut_hook.remove_listener(self.on_cut)
         self._loop.kill()
         self.writer.flush()

@@ -7,6 +7,7 @@ with the test. Each loop is bounded: it ends when the test stops or after ``max_
 from __future__ import annotations
 
 import json
+import logging
 import time
 
 import gevent
@@ -17,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from mmchaos import schema
 from mmchaos.tables import PartWriter, table_dir
 
+log = logging.getLogger("mmchaos")
 # Samples worth a timeline: vLLM's own (names vary by version, so by prefix) and the HTTP server's counters.
 METRIC_PREFIXES = ("vllm:", "http_requests_total")
 SKIP_SUFFIXES = ("_bucket", "_created")
@@ -34,7 +36,7 @@ def parse_metrics(text: str, t: float) -> list[dict]:
 
 class Watchers:
     def __init__(self, base_url: str, out_dir, headers: dict | None = None, health_interval: float = 0.25,
-                 metrics_interval: float = 1.0, max_seconds: float = 24 * 3600, on_health=None):
+                 metrics_interval: float = 1.0, max_seconds: float = 24 * 3600):
         url = URL(base_url)
         # a client of their own, so polls never queue behind load requests
         self.client = HTTPClient.from_url(url, concurrency=2, connection_timeout=1.0, network_timeout=2.0)
@@ -43,7 +45,7 @@ class Watchers:
         self.metrics = PartWriter(table_dir(out_dir, "metrics"), schema.METRICS)
         self.health_interval, self.metrics_interval = health_interval, metrics_interval
         self.deadline = time.time() + max_seconds
-        self.on_health = on_health  # callback(row) for live displays
+        self.observers: list = []  # live states shown each row as it is written: .on_health(row), .on_metric(row)
         self.metrics_available: bool | None = None
         self._greenlets: list[gevent.Greenlet] = []
 
@@ -62,8 +64,7 @@ class Watchers:
             status, _, ms, err = self._get("/health")
             row = {"t": t, "ok": status == 200, "status": status, "latency_ms": ms, "error": err}
             self.health.add(row)
-            if self.on_health:
-                self.on_health(row)
+            self._show("on_health", row)
             gevent.sleep(max(0.0, self.health_interval - (time.time() - t)))  # poll period
 
     def _metrics_loop(self) -> None:
@@ -75,12 +76,20 @@ class Watchers:
                     self.metrics_available = True
                     for row in parse_metrics(body.decode(errors="replace"), t):
                         self.metrics.add(row)
+                        self._show("on_metric", row)
                 except ValueError:
                     self.metrics_available = False
             elif status == 404:
                 self.metrics_available = False
             self._flush()
             gevent.sleep(max(0.0, self.metrics_interval - (time.time() - t)))  # scrape period
+
+    def _show(self, method: str, row: dict) -> None:
+        for o in self.observers:
+            try:
+                getattr(o, method)(row)
+            except Exception:  # a live display must never cost the watchers a row
+                log.exception("mmchaos: %s of a live display", method)
 
     def _flush(self) -> None:
         self.health.flush()

@@ -14,6 +14,9 @@ IMAGE_PRESETS: dict[str, tuple[int, int]] = {  # generated pools: range of the l
 }
 
 
+RETRY_POLICIES = ("none", "openai")  # mmchaos.retry_policy defines them
+
+
 @dataclass(frozen=True)
 class Option:
     name: str  # python name; the flag is --name-with-dashes
@@ -21,10 +24,27 @@ class Option:
     default: object
     help: str
     ui: bool = True  # shown in the web UI form
+    choices: tuple | None = None
+    minimum: float | None = None  # the smallest value allowed
+    maximum: float | None = None
 
     @property
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
+
+    def problem(self, value) -> str | None:
+        """Why ``value`` cannot be this option's value (one phrase), or None."""
+        want = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}[self.type]
+        types = (int, float) if self.type is float else (self.type,)
+        if isinstance(value, bool) != (self.type is bool) or not isinstance(value, types):
+            return f"must be {want}, not {value!r}"
+        if self.choices is not None and value not in self.choices:
+            return f"must be one of {', '.join(map(str, self.choices))}, not {value!r}"
+        if self.minimum is not None and value < self.minimum:
+            return f"must be at least {self.minimum:g}, not {value!r}"
+        if self.maximum is not None and value > self.maximum:
+            return f"must be at most {self.maximum:g}, not {value!r}"
+        return None
 
 
 # Weights of each request kind (relative; 0 turns a kind off). Defaults: mostly valid image embeddings, some
@@ -41,42 +61,56 @@ WEIGHTS = {
 }
 
 OPTIONS = [
-    *(Option(f"weight_{k}", int, w, f"weight of {h}") for k, (w, h) in WEIGHTS.items()),
+    *(Option(f"weight_{k}", int, w, f"weight of {h}", minimum=0) for k, (w, h) in WEIGHTS.items()),
     Option("model", str, "", "model name for requests (empty: the first of /v1/models)"),
     Option("instruction", str, DEFAULT_INSTRUCTION, "Qwen3-VL-Embedding instruction (system message); "
            "empty for none"),
-    Option("pool_size", int, 48, "distinct images in the pool"),
-    Option("zipf", float, 1.1, "Zipf exponent of image popularity (0 = uniform; higher = hotter hot set)"),
-    Option("fresh_fraction", float, 0.1, "share of image draws that are never-repeated fresh images"),
-    Option("image_preset", str, "realistic", "generated pool preset: realistic (256-2048 px) or small"),
-    Option("max_side", int, 0, "cap on the long side of generated images in px (0 = the preset's)"),
+    Option("pool_size", int, 48, "distinct images in the pool", minimum=1),
+    Option("zipf", float, 1.1, "Zipf exponent of image popularity (0 = uniform; higher = hotter hot set)", minimum=0),
+    Option("fresh_fraction", float, 0.1, "share of image draws that are never-repeated fresh images", minimum=0,
+           maximum=1),
+    Option("image_preset", str, "realistic", "generated pool preset: realistic (256-2048 px) or small",
+           choices=tuple(IMAGE_PRESETS)),
+    Option("max_side", int, 0, "cap on the long side of generated images in px (0 = the preset's)", minimum=0),
     Option("image_dir", str, "", "use your own images from this folder instead of generated ones"),
-    Option("image_seed", int, 0, "seed of the generated image pool"),
-    Option("multi_images", int, 3, "images per multi_image request"),
-    Option("batch_size", int, 4, "inputs per batch request"),
-    Option("base64_fraction", float, 0.1, "share of embedding requests asking encoding_format=base64"),
-    Option("abort_after_ms", int, 40, "the abort kind gives up (disconnects) after this many ms"),
+    Option("image_seed", int, 0, "seed of the generated image pool", minimum=0),
+    Option("multi_images", int, 3, "images per multi_image request", minimum=2),
+    Option("batch_size", int, 4, "inputs per batch request", minimum=1),
+    Option("base64_fraction", float, 0.1, "share of embedding requests asking encoding_format=base64", minimum=0,
+           maximum=1),
+    Option("abort_after_ms", int, 40, "the abort kind gives up (disconnects) after this many ms", minimum=1),
     Option("malformed_cases", str, "", "comma-separated malformed case names to use (empty: all)"),
     Option("cases_file", str, "", "TOML file with extra malformed cases"),
-    Option("max_model_len", int, 4096, "the server's --max-model-len (for the over-length cases)"),
-    Option("request_timeout", float, 60.0, "seconds before a request counts as timed out"),
-    Option("refused_backoff_ms", int, 250, "a user waits this long after a request got no answer (server down)"),
-    Option("wait_ms", int, 0, "think time per user between requests, uniform in [0, wait_ms] ms"),
+    Option("max_model_len", int, 4096, "the server's --max-model-len (for the over-length cases)", minimum=1),
+    Option("request_timeout", float, 60.0, "seconds before a request counts as timed out", minimum=0.001),
+    Option("retry_policy", str, "openai", "how the client retries: openai (the OpenAI SDK's defaults: 2 retries "
+           "of connection errors, 408, 409, 429 and 5xx, with backoff) or none; every attempt is a row",
+           choices=RETRY_POLICIES),
+    Option("refused_backoff_ms", int, 250, "a user waits this long after a request got no answer (server down)",
+           minimum=0),
+    Option("wait_ms", int, 0, "think time per user between requests, uniform in [0, wait_ms] ms", minimum=0),
     Option("seed", int, 1, "seed of each user's choices (kinds, images): runs are reproducible"),
-    Option("shape", str, "steady", "load shape: steady, ramp, spike or soak"),
-    Option("max_requests", int, 0, "stop after this many requests per Locust process (0: only the run time)"),
+    Option("shape", str, "steady", "load shape: steady, ramp, spike or soak", choices=SHAPES),
+    Option("max_requests", int, 0, "stop after this many requests per Locust process (0: only the run time)",
+           minimum=0),
     Option("results_dir", str, "", "where rows go (empty: results/adhoc/<time>)"),
     Option("run_id", str, "", "id stamped on every row (empty: generated)", ui=False),
     Option("config_name", str, "adhoc", "configuration name stamped on every row", ui=False),
     Option("trial", int, 0, "trial number stamped on every row", ui=False),
-    Option("health_interval", float, 0.25, "seconds between /health polls"),
-    Option("metrics_interval", float, 1.0, "seconds between /metrics scrapes"),
+    Option("health_interval", float, 0.25, "seconds between /health polls", minimum=0.01),
+    Option("metrics_interval", float, 1.0, "seconds between /metrics scrapes", minimum=0.01),
     Option("no_watch", bool, False, "do not poll /health and /metrics"),
     Option("server_log", str, "", "the server's log file: the web UI's mmchaos panel tails it and names crashes "
            "and drift by the log signatures (empty: none)"),
+    # gates: the run's exit code (0 all hold, 1 one failed, 2 it could not run); a campaign asks its report instead
+    Option("max_crashes", int, 0, "gate: most server crashes (seen on /health) the run may see", minimum=0),
+    Option("max_server_error_ratio", float, 0.01, "gate: largest share of valid requests that may fail because of the "
+           "server after the client's retries (1: no gate)", minimum=0, maximum=1),
+    Option("max_p95_ms", float, 0.0, "gate: largest p95 latency of valid requests in ms (0: no gate)", minimum=0),
 ]
 BY_NAME = {o.name: o for o in OPTIONS}
-HARNESS_OWNED = {"model", "seed", "shape", "max_requests", "results_dir", "run_id", "config_name", "trial"}
+GATES = ("max_crashes", "max_server_error_ratio", "max_p95_ms")
+HARNESS_OWNED = {"model", "seed", "shape", "max_requests", "results_dir", "run_id", "config_name", "trial", *GATES}
 
 
 def register(parser) -> None:
@@ -85,7 +119,8 @@ def register(parser) -> None:
             parser.add_argument(o.flag, action="store_true", default=o.default, help=o.help,
                                 include_in_web_ui=o.ui)
         else:
-            parser.add_argument(o.flag, type=o.type, default=o.default, help=o.help, include_in_web_ui=o.ui)
+            parser.add_argument(o.flag, type=o.type, default=o.default, help=o.help, include_in_web_ui=o.ui,
+                                choices=o.choices)
 
 
 class OptionError(ValueError):
@@ -98,12 +133,18 @@ def to_argv(mix: dict, options: dict) -> list[str]:
     for kind, weight in mix.items():
         if kind not in WEIGHTS:
             raise OptionError(f"unknown kind '{kind}' in [workload.mix]; kinds: {', '.join(WEIGHTS)}")
+        why = BY_NAME[f"weight_{kind}"].problem(weight)
+        if why:
+            raise OptionError(f"[workload.mix] {kind} {why}")
         argv += [BY_NAME[f"weight_{kind}"].flag, str(weight)]
     for name, value in options.items():
         o = BY_NAME.get(name)
         if o is None or name in HARNESS_OWNED or name.startswith("weight_"):
             raise OptionError(f"unknown option '{name}' in [workload.options]; options: "
                               + ", ".join(n for n in BY_NAME if n not in HARNESS_OWNED and not n.startswith("weight_")))
+        why = o.problem(value)
+        if why:
+            raise OptionError(f"[workload.options] {name} {why}")
         if o.type is bool:
             if value:
                 argv.append(o.flag)

@@ -25,7 +25,14 @@ HTTP_ERROR = "http_error"  # the server answered with a non-2xx status
 TIMEOUT = "timeout"  # no answer within the request's timeout (not asked for)
 CONNECTION_ERROR = "connection_error"  # refused / reset / closed before an answer
 ABORTED = "aborted"  # the client gave up on purpose (abort kind: short timeout, then disconnect)
-OUTCOMES = (OK, HTTP_ERROR, TIMEOUT, CONNECTION_ERROR, ABORTED)
+CUT = "cut"  # still in flight when the run ended (Locust stopped its user): in no failure count, in no verdict
+OUTCOMES = (OK, HTTP_ERROR, TIMEOUT, CONNECTION_ERROR, ABORTED, CUT)
+
+# Who caused a request not to succeed (null on success): the server (5xx, an unexpected status, refused, reset or
+# unanswered), the client on purpose (a malformed request answered as built, an abort) or the harness (the run
+# ended while it was in flight). mmchaos.outcomes decides.
+SERVER, CLIENT, HARNESS = "server", "client", "harness"
+CAUSES = (SERVER, CLIENT, HARNESS)
 
 # Request kinds sent by the realistic mix and the probes.
 KINDS = (
@@ -41,6 +48,10 @@ KINDS = (
 )
 VALID_KINDS = ("valid_image", "text", "multi_image", "batch", "tokenize")  # requests that should succeed
 MALFORMED_KINDS = ("malformed_pre", "malformed_post")
+# Requests that can leave the API server's cache (P0) ahead of the engine's (P1): post-render failures, client
+# aborts; in the probes, the steps of those names (and /tokenize, which poisoned before vLLM #38545).
+POISON_KINDS = ("malformed_post", "abort")
+POISON_PROBE_STEPS = ("poison", "abort", "tokenize")
 
 REQUESTS = pa.schema(
     [
@@ -61,6 +72,11 @@ REQUESTS = pa.schema(
         ("status", pa.int32()),  # null when no HTTP status was received
         ("outcome", pa.string()),
         ("error", pa.string()),  # short text, null on success
+        ("cause", pa.string()),  # CAUSES: who made it fail; null on success
+        ("attempt", pa.int16()),  # 1, then 2, 3... for the client's retries (--retry-policy)
+        ("request_group", pa.string()),  # request_id of the first attempt: links a request and its retries
+        ("final", pa.bool_()),  # the client's last attempt (false: it meant to retry, and the run ended first)
+        ("reconnects", pa.int16()),  # re-sent on a fresh connection after a pooled one was found closed
         ("n_images", pa.int16()),
         ("image_ids", pa.string()),  # comma-separated pool ids
         ("image_hashes", pa.string()),  # comma-separated content hashes (sha256[:16] of the encoded bytes)

@@ -80,6 +80,12 @@ class Signatures:
         """The signatures that mean P0/P1 cache drift: what every drift count counts."""
         return frozenset(s.name for s in self.signatures if s.drift)
 
+    def drift_answer(self, status: int | None, error: str | None) -> str | None:
+        """The drift signature of an answer that says the server missed its cache (vLLM 0.32's retryable 503),
+        else None."""
+        m = self.match(error) if status == 503 and error else None
+        return m.signature.name if m and m.signature.drift else None
+
     def match(self, line: str) -> Match | None:
         for s in self.signatures:
             if s.pattern.search(line):

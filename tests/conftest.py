@@ -41,6 +41,24 @@ def vllm_server(version: str, flags: list[str], log: Path, timeout: float = 420)
         assert not server.group_pids(), "server processes left behind"
 
 
+# Servers that only answer requests (no crash, no flag of a test's own) are shared by the engine tests that need
+# them: each start costs ~1 minute on 2 cores. Tests that use them send never-seen images (no test sees another's
+# cache state) and leave them up.
+@pytest.fixture(scope="session")
+def fixed_server(tmp_path_factory):
+    """vLLM 0.32.0, default flags: a cache miss is a retryable 503."""
+    with vllm_server(FIXED_VERSION, [], tmp_path_factory.mktemp("fixed") / "server.log") as s:
+        yield s
+
+
+@pytest.fixture(scope="session")
+def workaround_server(tmp_path_factory):
+    """vLLM 0.30.0 with the report's workaround: --mm-processor-cache-gb 0."""
+    with vllm_server(REPORT_VERSION, ["--mm-processor-cache-gb", "0"],
+                     tmp_path_factory.mktemp("workaround") / "server.log") as s:
+        yield s
+
+
 @contextlib.contextmanager
 def standin_server(log: Path, *args: str):
     cmd = f"{sys.executable} {TESTS / 'standin_server.py'} --port {{port}} " + " ".join(args)

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from mmchaos import schema
+from mmchaos.options import WEIGHTS
 from mmchaos.tables import read_table
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,3 +38,17 @@ def locust_request_count(out: Path) -> int:
 
 def rows(out: Path):
     return read_table(out, "requests").to_pandas()
+
+
+def locust_rows(df):
+    """The rows of requests Locust counted: all but those cut by the end of the run (no Locust request)."""
+    return df[df["outcome"] != schema.CUT]
+
+
+ONLY = {f"--weight-{k.replace('_', '-')}": "0" for k in WEIGHTS}
+
+
+def only(**weights: int) -> list[str]:
+    """Locust arguments for a mix of just these kinds, e.g. only(valid_image=3, malformed_post=1)."""
+    args = {**ONLY, **{f"--weight-{k.replace('_', '-')}": str(w) for k, w in weights.items()}}
+    return [x for kv in args.items() for x in kv]

@@ -4,6 +4,11 @@ Answers /health, /v1/models, /v1/embeddings, /tokenize and /metrics. ``--die-aft
 the report's crash lines and exit after N embedding requests, so crash detection can be tested without vLLM.
 ``--error-text`` sets the message of its 400 answers (and logs it); ``--api-key`` (or STANDIN_API_KEY) makes
 POSTs without that bearer token get 401. It handles SIGTERM (graceful shutdown) as vLLM does.
+
+Like vLLM, it answers an image given as a ``file://`` URL with 500 and then closes the connection without a
+``Connection: close`` header (after ``--close-delay-ms``, so a client that reuses the connection at once has sent
+its next request into it). ``--miss-after-poison`` plays vLLM 0.32: an image whose request failed with 400 is
+answered once with the retryable 503 cache miss the next time it comes.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ class Handler(BaseHTTPRequestHandler):
     opts: argparse.Namespace
     count = 0
     lock = threading.Lock()
+    poisoned: set[str] = set()
 
     def log_message(self, *args):  # keep the log for our own lines
         pass
@@ -81,16 +87,49 @@ class Handler(BaseHTTPRequestHandler):
             os._exit(1)
         if not isinstance(body, dict) or ("input" not in body and "messages" not in body):
             return self._send(400, {"error": {"message": "input or messages required", "code": 400}})
+        urls = _image_urls(body)
+        if any(u.startswith("file:") for u in urls):
+            self._send(500, {"error": {"message": "Cannot load local files without --allowed-local-media-path",
+                                       "code": 500}})
+            self.close_connection = True  # closed without saying so, as uvicorn does after an unhandled error
+            self.wfile.flush()  # the answer leaves now; the close comes after the delay
+            time.sleep(self.opts.close_delay_ms / 1000)
+            return None
         if "dimensions" in body:
             msg = self.opts.error_text or "Model does not support matryoshka representation"
             if self.opts.error_text:
                 print(f"ERROR [serving.py:1] request failed: {msg}", flush=True)  # servers log what they answer
+            if self.opts.miss_after_poison:
+                with self.lock:
+                    Handler.poisoned.update(urls)
             return self._send(400, {"error": {"message": msg, "code": 400}})
+        if self.opts.miss_after_poison:
+            with self.lock:
+                missed = Handler.poisoned & set(urls)
+                Handler.poisoned -= missed
+            if missed:
+                print("WARNING [core.py:1868] Multi-modal cache miss for request embd-x (mm_hashes=['ab12cd34ef']): "
+                      "P0/P1 cache drift; returning a retryable response so the items are resent with data.",
+                      flush=True)
+                return self._send(503, {"error": {"message": "Multi-modal processor cache miss.", "code": 503}})
         if body.get("encoding_format", "float") not in ("float", "base64"):
             return self._send(400, {"error": {"message": "bad encoding_format", "code": 400}})
         n_inputs = len(body["input"]) if isinstance(body.get("input"), list) else 1
         data = [{"index": i, "object": "embedding", "embedding": [0.125] * DIM} for i in range(n_inputs)]
         self._send(200, {"object": "list", "data": data, "model": "standin"})
+
+
+def _image_urls(body: dict) -> list[str]:
+    convs = body.get("messages") or []
+    if convs and isinstance(convs, list) and isinstance(convs[0], list):  # a batch: a list of conversations
+        convs = [m for conv in convs for m in conv]
+    urls = []
+    for msg in convs if isinstance(convs, list) else []:
+        content = msg.get("content") if isinstance(msg, dict) else None
+        for part in content if isinstance(content, list) else []:
+            if isinstance(part, dict) and part.get("type") == "image_url":
+                urls.append(str((part.get("image_url") or {}).get("url", "")))
+    return urls
 
 
 def _on_sigterm(*_):
@@ -107,6 +146,8 @@ def main() -> None:
     p.add_argument("--unhealthy", action="store_true")
     p.add_argument("--api-key", default=os.environ.get("STANDIN_API_KEY"))
     p.add_argument("--error-text", default="", help="message of 400 answers (to test escaping)")
+    p.add_argument("--close-delay-ms", type=float, default=50, help="after a 500, close the connection this late")
+    p.add_argument("--miss-after-poison", action="store_true", help="answer a poisoned image once with a 503 miss")
     opts = p.parse_args()
     Handler.opts = opts
     srv = ThreadingHTTPServer((opts.host, opts.port), Handler)

@@ -10,7 +10,6 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
@@ -236,17 +235,18 @@ def test_attribution_picks_the_poison(hand):
 def test_verdicts(hand):
     c = load_results(hand)
     v = verdicts(c).set_index("config")
-    assert v.loc["fixed", "verdict"] == "yes"
-    assert v.loc["fixed", ["fails_alone", "health_ok", "normal_ok", "no_drift"]].all()
+    assert v.loc["fixed", "verdict"] == "clean" and v.loc["fixed", "title"] == "clean"
+    assert (v.loc["fixed", ["fails_alone", "stays_up", "normal_ok", "no_drift", "first_try"]] == "ok").all()
     b = v.loc["buggy"]
-    assert b["verdict"] == "no"
-    assert b["fails_alone"]  # the malformed request did get its 400
-    assert not b["health_ok"] and not b["no_drift"]
-    # after the first malformed_post (100 s, trial 0 only; trial 1 sent none): valid at 103, 103.5, 104, 105
-    # (refused) and 494 texts -> 497 of 498 ok = 99.8 % >= 99 %
-    assert b["normal_ok"]
-    assert any("1 of 4 /health polls failed" in e for e in b["evidence"])
-    assert any("497 of 498 valid requests" in e for e in b["evidence"])
+    assert b["verdict"] == "fails" and b["title"] == "fails"
+    assert b["fails_alone"] == "ok"  # the malformed request did get its 400
+    assert b["stays_up"] == "failed" and b["no_drift"] == "failed"
+    # the valid request refused while the server was down (105 s) is the server's failure, with no retry (old rows)
+    assert b["normal_ok"] == "failed" and b["first_try"] == "failed"
+    assert any("1 crash(es), 1 of 4 /health polls failed" in e for e in b["evidence"])
+    assert any("998 of 999 valid requests succeeded; failures after the last retry: connection_error ×1" in e
+               for e in b["evidence"])
+    assert any("2 drift line(s) logged" in e and "cache_drift ×2" in e for e in b["evidence"])
 
 
 def test_latency_percentiles_per_kind(hand):
@@ -283,7 +283,8 @@ def test_load_trial_with_missing_files(tmp_path):
     assert any("part-test-000001" in w for w in c.warnings)
     # the statistics still run on it
     assert stats.crash_stats(c)["crashes"].sum() == 0
-    assert verdicts(c).loc[0, "verdict"] == "no"
+    v = verdicts(c).loc[0]
+    assert v["verdict"] == "clean" and v["stays_up"] == "not exercised"  # nothing failed; /health was not watched
 
 
 def test_load_errors(tmp_path):
@@ -370,19 +371,30 @@ def test_cli_bad_baseline(built, tmp_path):
     assert not (tmp_path / "o").exists()
 
 
-def test_fails_alone_tolerates_rare_unanswered_but_not_wrong_status():
-    from mmchaos.analysis.verdict import _fails_alone
+def test_not_exercised_checks_are_no_failures(tmp_path):
+    """An abort-only run on a server that answers everything: no malformed request was sent, so "the bad request
+    fails alone" was not exercised, and that is no failure of the server."""
+    camp = tmp_path / "aborts"
+    write_trial(camp, "a", 0, manifest={}, health=health([1, 2]),
+                requests=[req(1 + i / 10, "abort", S.ABORTED, None, "h1") for i in range(5)]
+                + [req(2 + i / 10, "valid_image", hashes="h1") for i in range(5)])
+    v = verdicts(load_results(camp)).set_index("config").loc["a"]
+    assert v["verdict"] == "clean" and v["fails_alone"] == "not exercised"
+    assert v["not_exercised"] == ["the bad request fails alone"]
+    assert any("the bad request fails alone: not exercised — no malformed request was sent" in e
+               for e in v["evidence"])
 
-    def rows(statuses, outcomes):
-        return pd.DataFrame({"kind": "malformed_post", "case": "dimensions", "expected_status": 400.0,
-                             "status": statuses, "outcome": outcomes})
 
-    # 199 answered 400 + 1 timeout: 0.5 % unanswered <= 1 % allowed -> still "fails alone"
-    ok, why = _fails_alone(rows([400.0] * 199 + [np.nan], [S.HTTP_ERROR] * 199 + [S.TIMEOUT]), 0.99)
-    assert ok and "199 of 200" in why and "timeout ×1" in why
-    # one answered with 500 instead of 400: not alone any more
-    ok, why = _fails_alone(rows([400.0] * 199 + [500.0], [S.HTTP_ERROR] * 200), 0.99)
-    assert not ok and "500 ×1" in why
+def test_unanswered_or_wrong_answers_to_bad_requests_are_the_servers_failures(tmp_path):
+    camp = tmp_path / "bad"
+    bad = [req(1 + i, "malformed_post", S.HTTP_ERROR, 400, "h1", "dimensions", 400) for i in range(3)]
+    write_trial(camp, "a", 0, manifest={}, health=health([1, 2]),
+                requests=bad + [req(5, "malformed_post", S.TIMEOUT, None, "h2", "dimensions", 400),
+                                req(6, "malformed_post", S.HTTP_ERROR, 500, "h3", "dimensions", 400)])
+    v = verdicts(load_results(camp)).set_index("config").loc["a"]
+    assert v["verdict"] == "fails" and v["fails_alone"] == "failed"
+    assert any("3 of 5 malformed requests got their expected status; the others got" in e and "500 ×1" in e
+               and "timeout ×1" in e for e in v["evidence"])
 
 
 def test_default_baseline_is_the_shipped_server_that_kept_serving(hand):

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import TESTS
+from locust_run import locust_rows
 from mmchaos.harness import campaign_plan, campaign_runner
 from mmchaos import schema
 from mmchaos.tables import read_table
@@ -73,7 +74,8 @@ def test_campaign_layout_crash_detection_and_classification(tmp_path):
         assert manifest["status"] == "completed" and manifest["config"] == name
         assert manifest["git_rev"] and manifest["machine"]["cpus"] and manifest["workload"]["users"] == 3
         rows = read_table(trial, "requests").to_pandas()
-        assert len(rows) == manifest["requests"] == manifest["locust_requests"] > 0  # every request is a row
+        # every request is a row (Locust counts all but those cut by the end of the run)
+        assert len(rows) == manifest["requests"] > 0 and len(locust_rows(rows)) == manifest["locust_requests"]
         assert (rows["config"] == name).all() and (rows["run_id"] == manifest["run_id"]).all()
         assert len(list((trial / "requests").iterdir())) == 1  # parts compacted at the end of the trial
 
@@ -104,7 +106,7 @@ flags = ["--die-after-s", "1"]
     trial = tmp_path / "results" / "standin" / "dies" / "t000"
     manifest = json.loads((trial / schema.MANIFEST).read_text())
     assert manifest["crashes"] == len(result.crashes)
-    assert manifest["requests"] == manifest["locust_requests"]
+    assert manifest["requests"] - manifest["cut"] == manifest["locust_requests"]
     # the server was answering again after each restart: successes after the first crash
     rows = read_table(trial, "requests").to_pandas()
     assert (rows.loc[rows["t_start"] > result.crashes[0].t_detected, "outcome"] == schema.OK).any()
@@ -166,3 +168,52 @@ def test_unknown_mix_kind_is_rejected_before_anything_runs(tmp_path):
                         str(tmp_path / "results")], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "unknown kind 'valid_imgae'" in r.stderr
     assert not (tmp_path / "results" / "standin").exists()
+
+
+def test_progress_in_a_ci_log_is_one_line_per_phase_and_per_trial(tmp_path):
+    """No terminal: plain lines with elapsed, done/total and ETA, the counts right, the summary on its own line."""
+    f = write_campaign(tmp_path, duration=2)
+    r = subprocess.run([sys.executable, "-m", "mmchaos.harness.cli", "campaign", "run", str(f), "--results",
+                        str(tmp_path / "results")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.splitlines()
+    phases = [ln for ln in lines if ln.startswith("[") and " done, ETA " in ln]
+    assert any(ln.endswith("healthy/t0: starting server") and "0/2 done" in ln for ln in phases), phases
+    assert any(ln.endswith("healthy/t0: load") for ln in phases)
+    finished = [ln for ln in phases if ": completed, " in ln]
+    assert len(finished) == 2 and "1/2 done" in finished[0] and "2/2 done, ETA 0:00]" in finished[1], finished
+    assert "dies/t0: completed" in finished[1] and "1 crash(es) (detokenizer_assert)" in finished[1]
+    assert any(ln.startswith("trials of campaign standin") for ln in lines)  # the summary title starts a line
+
+
+def test_the_report_verdicts_and_expect_gate_on_the_standin(tmp_path):
+    f = write_campaign(tmp_path, duration=4, configs='''
+[[config]]
+name = "healthy"
+
+[[config]]
+name = "dies"
+flags = ["--die-after", "40"]
+
+[[config]]
+name = "misses"
+flags = ["--miss-after-poison"]
+''', extra="")
+    f.write_text(f.read_text().replace("pool_size = 16", 'pool_size = 2\nfresh_fraction = 0.0\n'
+                                        'malformed_cases = "dimensions_unsupported"'))
+    f.write_text(f.read_text().replace("[workload.options]", "[workload.mix]\nmalformed_pre = 0\n\n[workload.options]"))
+    results = run(f, tmp_path / "results")
+    assert [r.status for r in results] == ["completed"] * 3
+    expect = ["--expect", "healthy=clean", "--expect", "dies=fails", "--expect", "misses=retryable"]
+    r = subprocess.run([sys.executable, "-m", "mmchaos.harness.cli", "report", str(tmp_path / "results" / "standin"),
+                        "-q", *expect], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([sys.executable, "-m", "mmchaos.harness.cli", "report", str(tmp_path / "results" / "standin"),
+                        "-q", "--expect", "misses=clean", "--expect", "nope=clean"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and "--expect nope: no such configuration" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "mmchaos.harness.cli", "report", str(tmp_path / "results" / "standin"),
+                        "-q", "--expect", "misses=clean"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "misses is retryable, expected clean" in r.stderr
+    md = (tmp_path / "results" / "standin" / "report" / "report.md").read_text()
+    assert "| clean |" in md and "| fails |" in md and "| survives with retryable errors |" in md

@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 import requests
 
-from conftest import FIXED_VERSION, REPORT_VERSION, vllm_server
 from mmchaos.payloads import catalogue, fresh, generated, malformed
 from mmchaos.payloads import bodies as build
 
@@ -37,15 +36,13 @@ def _check_catalogue(server, reuse_expectation) -> list[str]:
     return problems
 
 
-def test_catalogue_statuses_and_stages_on_the_fixed_version(tmp_path):
-    with vllm_server(FIXED_VERSION, [], tmp_path / "server.log") as server:
-        problems = _check_catalogue(server, lambda case: 503 if case.poisons else 200)
-        assert server.health()[0]
+def test_catalogue_statuses_and_stages_on_the_fixed_version(fixed_server):
+    problems = _check_catalogue(fixed_server, lambda case: 503 if case.poisons else 200)
+    assert fixed_server.health()[0]
     assert not problems, "\n".join(problems)
 
 
-def test_catalogue_statuses_on_the_report_version_with_cache_off(tmp_path):
-    with vllm_server(REPORT_VERSION, ["--mm-processor-cache-gb", "0"], tmp_path / "server.log") as server:
-        problems = _check_catalogue(server, lambda case: 200)  # no cache, no drift
-        assert server.health()[0]
+def test_catalogue_statuses_on_the_report_version_with_cache_off(workaround_server):
+    problems = _check_catalogue(workaround_server, lambda case: 200)  # no cache, no drift
+    assert workaround_server.health()[0]
     assert not problems, "\n".join(problems)

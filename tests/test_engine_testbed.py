@@ -9,7 +9,7 @@ import time
 import pytest
 import requests
 
-from conftest import FIXED_VERSION, REPORT_VERSION, vllm_server
+from conftest import REPORT_VERSION, require_engine_and_model, vllm_server
 from mmchaos.harness import engines, repro
 from mmchaos.signatures import Signatures
 
@@ -30,13 +30,12 @@ def _log_signatures(server) -> set[str]:
     return {m.signature.name for m in SIGS.scan(server.log_path.read_text(errors="replace"))}
 
 
-@pytest.fixture(scope="class")
-def fixed_server(tmp_path_factory):
-    with vllm_server(FIXED_VERSION, [], tmp_path_factory.mktemp("fixed") / "server.log") as s:
-        yield s
+def _repro_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mmchaos.harness.cli", "repro", *args], capture_output=True,
+                          text=True, timeout=600)
 
 
-class TestFixedVersion:  # one 0.32.0 server for both tests, stopped before the 0.30.0 ones start
+class TestFixedVersion:
     def test_valid_image_embedding_has_model_dimension(self, fixed_server):
         model = fixed_server.model_name()
         r = requests.post(
@@ -58,25 +57,37 @@ class TestFixedVersion:  # one 0.32.0 server for both tests, stopped before the 
         assert "cache_drift" in _log_signatures(fixed_server)
 
 
-def test_report_version_dies_on_poison_then_reuse(tmp_path):
-    with vllm_server(REPORT_VERSION, [], tmp_path / "server.log") as server:
-        res = repro.poison_then_reuse(server.base_url, server.model_name(), nonce=103)
-        assert res.statuses()[0] == 400
-        assert res.statuses()[1] != 200  # the reuse request does not get an embedding
-        assert _wait_exit(server, 60) is not None, "server still running after the trigger"
-        assert not server.health()[0]
-        seen = _log_signatures(server)
-        assert {"cache_drift", "detokenizer_assert"} <= seen, seen
-        assert SIGS.classify_crash(SIGS.scan(server.log_path.read_text())) == "detokenizer_assert"
+    def test_repro_exits_0_when_the_server_survives(self, fixed_server):
+        r = _repro_cli("--url", fixed_server.base_url)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "survived (with a retryable cache miss)" in r.stdout and "503" in r.stdout
 
 
-def test_report_version_with_cache_off_survives(tmp_path):
-    with vllm_server(REPORT_VERSION, ["--mm-processor-cache-gb", "0"], tmp_path / "server.log") as server:
-        res = repro.poison_then_reuse(server.base_url, server.model_name(), nonce=104)
-        assert res.statuses() == [400, 200]
-        assert res.steps[1].dim == MODEL_DIM
-        assert server.health() == (True, 200, None)
-        assert not {"cache_drift", "detokenizer_assert"} & _log_signatures(server)
+def test_report_version_dies_on_poison_then_reuse_and_repro_exits_1(tmp_path):
+    """`mmchaos repro --engine 0.30.0`: the report's trigger on a server it launches."""
+    require_engine_and_model(REPORT_VERSION)
+    log = tmp_path / "server.log"
+    r = _repro_cli("--engine", REPORT_VERSION, "--log", str(log))
+    assert r.returncode == 1, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("poison    400") and not lines[1].startswith("reuse     200")
+    assert "server DOWN" in r.stdout and "crashed: detokenizer_assert" in r.stdout
+    seen = {m.signature.name for m in SIGS.scan(log.read_text(errors="replace"))}
+    assert {"cache_drift", "detokenizer_assert"} <= seen, seen
+
+
+def test_report_version_with_cache_off_survives(workaround_server):
+    server = workaround_server
+    res = repro.poison_then_reuse(server.base_url, server.model_name(), nonce=104)
+    assert res.statuses() == [400, 200]
+    assert res.steps[1].dim == MODEL_DIM
+    assert server.health() == (True, 200, None)
+    assert not {"cache_drift", "detokenizer_assert"} & _log_signatures(server)
+
+
+def test_repro_cannot_run_without_a_server():
+    r = _repro_cli("--engine", "9.9.9")
+    assert r.returncode == 2 and "vLLM 9.9.9 is not installed" in r.stderr
 
 
 def test_provisioning_again_is_a_fast_noop():

@@ -152,7 +152,8 @@ def assert_counts_match(trial: Path) -> pd.DataFrame:
     m = manifest(trial)
     rows = read_table(trial, "requests").to_pandas()
     assert m["locust_requests"] is not None, "Locust's own count (locust.json) is missing"
-    assert len(rows) == m["requests"] == m["locust_requests"] > 0
+    assert len(rows) == m["requests"] > 0 and m["requests"] - m["cut"] == m["locust_requests"]
+    assert m["cut"] == (rows["outcome"] == schema.CUT).sum()
     return rows
 
 
@@ -433,8 +434,8 @@ def test_killed_worker_keeps_its_rows_and_the_run_goes_on(tmp_path, reaper):
     reported = {int(k): v for k, v in json.loads(counts.read_text()).items()}
     locust_total = sum(e["num_requests"] for e in json.loads((out / "locust.json").read_text()))
     assert locust_total == sum(reported.values())  # the master's count is the sum of what workers reported
-    # the survivor: every request it made is one row
-    assert len(by_pid[survivor.pid]) == reported[survivor.pid] > 0
+    # the survivor: every request it made is one row (and those cut by the end of the run, which Locust does not count)
+    assert len(by_pid[survivor.pid][lambda d: d["outcome"] != schema.CUT]) == reported[survivor.pid] > 0
     # the run went on without the victim
     assert by_pid[survivor.pid]["t_start"].max() > t_kill + 2
     # the victim: its rows up to its death are kept (flushed each second), nothing after it

@@ -21,7 +21,7 @@ from mmchaos.signatures import Signatures
 from locust_run import ROOT, rows
 from mmchaos.locustfiles import panel_tables
 from mmchaos.locustfiles.panel import Panel
-from mmchaos.locustfiles.panel_outcomes import CATEGORIES, Outcomes, category
+from mmchaos.locustfiles.panel_outcomes import CATEGORIES, Attempt, Outcomes, category, classify_request
 from mmchaos.locustfiles.web_form import apply_mangled_form_fields
 from mmchaos.locustfiles.watchers import parse_metrics
 from mmchaos import schema
@@ -59,9 +59,10 @@ class LocustUI:
         r.raise_for_status()
         return r.json()
 
-    def output(self) -> str:
-        self._out.flush()
-        return self.out_file.read_text()[-3000:]
+    def output(self, tail: int = 3000) -> str:
+        if not self._out.closed:
+            self._out.flush()
+        return self.out_file.read_text()[-tail:]
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -119,7 +120,11 @@ def test_panel_counts_match_the_recorded_rows(standin, tmp_path):
         # the rows of the tabs, as Locust's UI receives them with its stats
         stats = requests.get(ui.url + "/stats/requests", timeout=5).json()
         tabs = {t["key"]: t["data"] for t in stats["extended_stats"]}
-        assert set(tabs) == {panel_tables.TAB_EVENTS, panel_tables.TAB_OUTCOMES, panel_tables.TAB_SERVER}
+        assert set(tabs) == {panel_tables.TAB_VERDICT, panel_tables.TAB_EVENTS, panel_tables.TAB_OUTCOMES,
+                             panel_tables.TAB_SERVER}
+        verdict = {r["item"]: r for r in tabs[panel_tables.TAB_VERDICT]}
+        assert verdict["verdict"]["state"] == st["verdict"]["title"]
+        assert verdict["gate max-crashes"]["state"] == "passed"
         table = {r["kind"]: r for r in tabs[panel_tables.TAB_OUTCOMES]}
         assert table["all"]["total"] == len(df)
         for kind, c in counts_from_rows(df).items():
@@ -225,31 +230,44 @@ def _resp(status: int, text: str):
     return SimpleNamespace(status_code=status, text=text, error=None)
 
 
+def _request(p: Panel, response, context, t: float) -> None:
+    p.on_attempt(classify_request(p.sigs, response, context, None, t))
+
+
 def test_503_cache_miss_answers_are_drift_events():
     p = _panel()
     body = '{"error": {"message": "Multi-modal processor cache miss. <b>retry</b>", "code": 503}}'
-    p.on_request(response=_resp(503, body), context={"kind": "valid_image"}, exception=None, start_time=100.0)
-    p.on_request(response=_resp(503, '{"error": {"message": "overloaded"}}'), context={"kind": "text"},
-                 exception=None, start_time=101.0)
-    p.on_request(response=_resp(200, "{}"), context={"kind": "text"}, exception=None, start_time=102.0)
+    _request(p, _resp(503, body), {"kind": "valid_image", "final": False}, 100.0)
+    _request(p, _resp(503, '{"error": {"message": "overloaded"}}'), {"kind": "text"}, 101.0)
+    _request(p, _resp(200, "{}"), {"kind": "text"}, 102.0)
     st = p.state()
     assert st["outcomes"]["kinds"]["valid_image"]["503"] == 1 and st["outcomes"]["kinds"]["text"]["503"] == 1
     assert st["outcomes"]["kinds"]["text"]["ok"] == 1 and st["outcomes"]["drift_503"] == 1
     (drift,) = [e for e in st["events"] if e["event"] == "drift"]
     assert drift["signature"] == "cache_miss_503" and "<b>retry</b>" in drift["detail"]  # raw: the UI escapes
     assert st["outcomes"]["last_error"]["valid_image"] == "Multi-modal processor cache miss. <b>retry</b>"
+    # the verdict so far: the text request's 503 was its last attempt, the cache miss was to be retried
+    assert st["verdict"]["level"] == "fails"
+    checks = {c["check"]: c["state"] for c in st["verdict"]["checks"]}
+    assert checks["normal_ok"] == "failed" and checks["no_drift"] == "failed"
 
 
 def test_worker_reports_merge_and_keep_their_run():
     w = Outcomes()
-    w.add("abort", "aborted", 1.0, "client gave up", None)
-    w.add("valid_image", "503", 2.0, "Multi-modal processor cache miss.", "cache_miss_503")
+    w.add(Attempt("abort", None, None, schema.ABORTED, None, True, "client gave up", 1.0, None))
+    w.add(Attempt("valid_image", None, 503, schema.HTTP_ERROR, None, False, "Multi-modal processor cache miss.", 2.0,
+                  "cache_miss_503"))
+    w.add(Attempt("valid_image", None, 200, schema.OK, None, True, None, 2.6, None))
     p = _panel()
     p.on_worker_report("w1", w.to_report())
     p.on_worker_report("w2", w.to_report())
     st = p.state()
-    assert st["outcomes"]["total"]["total"] == 4 and st["outcomes"]["kinds"]["abort"]["aborted"] == 2
+    assert st["outcomes"]["total"]["total"] == 6 and st["outcomes"]["kinds"]["abort"]["aborted"] == 2
     assert st["workers_reporting"] == 2 and st["outcomes"]["drift_503"] == 2
+    counts = p.counts()
+    assert counts.attempts == 6 and counts.valid_groups == 2 and counts.valid_uncured == 0
+    assert counts.server_attempts == 2 and counts.drift_answers == 2 and counts.poison_sent == 2
+    assert st["verdict"]["level"] == "retryable"
 
 
 def test_health_transitions_make_crash_recovery_and_hang_events():
@@ -313,7 +331,7 @@ def test_mm_cache_hit_rate_from_the_scraped_counters():
     assert mm["cumulative"] == pytest.approx(200 / 300)
     assert mm["run"] == pytest.approx(150 / 200)
     assert mm["recent"] == pytest.approx((200 - 80) / (300 - 150))  # since the last scrape >= 10 s before
-    rows_ = {r["item"]: r["value"] for r in panel_tables.tables(p)[2]["data"]}
+    rows_ = {r["item"]: r["value"] for r in panel_tables.tables(p, p.state())[3]["data"]}
     assert rows_["mm-cache hit rate, this run"] == "75.0%"
 
 

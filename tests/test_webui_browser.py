@@ -102,9 +102,22 @@ def test_engine_crash_appears_on_the_panel(tmp_path):
                 open_tab(page, "mmchaos: server")
                 page.locator("td", has_text="health now").wait_for()
                 page.screenshot(path=str(OUTPUT / f"webui-panel-server-vllm-{REPORT_VERSION}.png"), full_page=True)
+                open_tab(page, "mmchaos: verdict")
+                page.locator("tbody tr").filter(has_text="verdict").filter(has_text="fails").first.wait_for()
+                page.screenshot(path=str(OUTPUT / f"webui-panel-verdict-vllm-{REPORT_VERSION}.png"), full_page=True)
+                # the timeline page, linked from the panel: health band, the crash and drift marks
+                page.goto(ui.url + "/mmchaos/timeline")
+                page.locator("#verdict[data-level=fails]").wait_for()
+                page.locator("svg line.crash").first.wait_for(state="attached")  # a vertical line: no width
+                page.locator("svg text.crash-label", has_text="detokenizer_assert").first.wait_for()
+                assert page.locator("svg rect.health[data-state=ok]").count() >= 1
+                assert page.locator("svg path.drift").count() >= 1
+                page.screenshot(path=str(OUTPUT / f"webui-timeline-vllm-{REPORT_VERSION}.png"), full_page=True)
             st = ui.state()
         finally:
             ui.stop()
+    # Locust's exit code follows the gates: the crash fails --max-crashes 0
+    assert ui.proc.returncode == 1 and "gate failed: crashes 1 > --max-crashes 0" in ui.output(tail=10**7)
     assert "health" in crash_text and "after ok" in crash_text, crash_text
     crash = [e for e in st["events"] if e["event"] == "crash"]
     assert crash and crash[-1]["signature"] == "detokenizer_assert", st["events"][:10]
@@ -112,6 +125,7 @@ def test_engine_crash_appears_on_the_panel(tmp_path):
     assert st["options"]["weight_tokenize"] == 0 and "tokenize" not in st["outcomes"]["kinds"]
     assert st["outcomes"]["kinds"]["valid_image"]["ok"] > 0  # it served before it died
     assert st["health"]["state"] != "ok" and st["health"]["last_ok"] < crash[-1]["t"]
+    assert st["verdict"]["level"] == "fails"
     assert shot.stat().st_size > 10_000
 
 

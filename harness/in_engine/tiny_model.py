@@ -431,6 +431,10 @@ def verify(tmp, ids):
 # ----------------------------------------------------------------------------- main
 
 
+def step(n: int, what: str) -> None:
+    print(f"step {n}/5: {what}", flush=True)  # the caller shows lines starting with "step "
+
+
 def main(argv):
     if len(argv) != 2 or argv[1].startswith("-"):
         die("usage: tiny_model.py OUTDIR")
@@ -445,11 +449,16 @@ def main(argv):
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     try:
+        step(1, "tokenizer (byte-level BPE + the Qwen special tokens)")
         ids, n_tok, n_merges = build_tokenizer(tmp)
+        step(2, "processor configs")
         write_processor_configs(tmp)
         dump_json(os.path.join(tmp, "config.json"), model_config(ids))
+        step(3, "weights (seeded, bf16)")
         n_params = build_weights(tmp)
+        step(4, "checking it loads and embeds an image")
         n_img = verify(tmp, ids)
+        step(5, "writing")
         files = sorted(os.listdir(tmp))
         if any(not os.path.isfile(os.path.join(tmp, f)) for f in files):
             raise RuntimeError(f"unexpected entries in {tmp}: {files}")

@@ -1,0 +1,225 @@
+"""Our client behaves like the clients users run, and says who caused each failure (issue 11, on the stand-in):
+connections the server closed are not our failures, retries are the OpenAI SDK's, requests cut by the end of a
+run are rows but no failures, and the run's exit code follows its gates."""
+
+from __future__ import annotations
+
+import json
+import math
+from types import SimpleNamespace
+
+import pytest
+import requests as http
+from geventhttpclient.client import HTTPClient
+from geventhttpclient.response import HTTPConnectionClosed
+
+from conftest import standin_server
+from locust_run import locust, locust_request_count, locust_rows, only, rows
+from mmchaos import retry_policy, schema
+from mmchaos.locustfiles import gates
+from mmchaos.locustfiles.connections import ReconnectingClient
+from mmchaos.payloads import bodies
+from mmchaos.payloads.generated import generate_pool
+from mmchaos.verdict_rule import CLEAN, FAILS, NOT_EXERCISED, RETRYABLE, Counts, attempt_counts, judge
+
+FILE_URL_CASE = ["--malformed-cases", "image_file_url_not_allowed"]  # the stand-in answers 500 and closes
+POISON_CASE = ["--malformed-cases", "dimensions_unsupported"]  # the stand-in answers 400 (the report's trigger)
+
+
+# --- connections ------------------------------------------------------------------------------------------------
+
+
+def _bodies():
+    image = generate_pool(1, seed=3, preset="small")[0]
+    ok = bodies.image_request("m", image, "x").payload()
+    file_url = json.dumps({"model": "m", "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "file:///etc/hostname"}}]}]}).encode()
+    return ok, file_url
+
+
+@pytest.mark.parametrize("client_class", [HTTPClient, ReconnectingClient])
+def test_a_connection_closed_after_a_500_is_not_a_failure_of_ours(standin, client_class):
+    """The stand-in answers a file:// image with 500 and closes the connection without saying so (as vLLM does);
+    the next request, sent at once, goes out on that connection before the close is seen."""
+    ok, file_url = _bodies()
+    client = client_class.from_url(standin.base_url, concurrency=1)
+    headers = {"Content-Type": "application/json"}
+    try:
+        first = client.request("POST", "/v1/embeddings", body=file_url, headers=headers)
+        assert first.status_code == 500 and b"local files" in first.read()  # read: the connection goes back to the pool
+        if client_class is HTTPClient:  # the plain client: the request is lost on the dead connection
+            with pytest.raises(HTTPConnectionClosed):
+                client.request("POST", "/v1/embeddings", body=ok, headers=headers).read()
+            return
+        r = client.request("POST", "/v1/embeddings", body=ok, headers=headers)
+        assert r.status_code == 200 and client.reconnects == 1  # re-sent once, on a fresh connection
+    finally:
+        client.close()
+
+
+def test_a_500_then_valid_requests_on_the_same_user_give_no_connection_error(standin, tmp_path):
+    # no retries: the next request follows the 500 at once (a retry would wait 0.5 s and find the close)
+    r = locust("locustfiles/embeddings.py", standin.base_url, tmp_path, *only(valid_image=1, malformed_pre=1),
+               *FILE_URL_CASE, "--retry-policy", "none", users=2, seconds=4)
+    df = locust_rows(rows(tmp_path))
+    assert r.returncode == 0, r.stdout[-2000:]
+    pre = df[df["kind"] == "malformed_pre"]
+    assert len(pre) > 10 and (pre["status"] == 500).all() and (pre["cause"] == schema.CLIENT).all()
+    assert (df["outcome"] != schema.CONNECTION_ERROR).all(), df[df["outcome"] == schema.CONNECTION_ERROR]
+    assert df["reconnects"].sum() > 0  # the race happened, and was handled
+    assert (df.loc[df["kind"] == "valid_image", "outcome"] == schema.OK).all()
+    assert len(locust_rows(df)) == locust_request_count(tmp_path)
+
+
+# --- retries ----------------------------------------------------------------------------------------------------
+
+
+def test_openai_retry_rule():
+    assert retry_policy.should_retry("openai", 0, 503, schema.HTTP_ERROR)
+    assert retry_policy.should_retry("openai", 1, None, schema.CONNECTION_ERROR)
+    assert retry_policy.should_retry("openai", 0, None, schema.TIMEOUT)
+    assert not retry_policy.should_retry("openai", 2, 503, schema.HTTP_ERROR)  # 2 retries at most
+    assert not retry_policy.should_retry("openai", 0, 400, schema.HTTP_ERROR)
+    assert not retry_policy.should_retry("openai", 0, None, schema.ABORTED)
+    assert all(retry_policy.should_retry("openai", 0, s, schema.HTTP_ERROR) for s in (408, 409, 429, 500, 502))
+    assert not retry_policy.should_retry("none", 0, 503, schema.HTTP_ERROR)
+    assert not retry_policy.should_retry("openai", 0, 500, schema.HTTP_ERROR, {"x-should-retry": "false"})
+    assert retry_policy.should_retry("openai", 0, 400, schema.HTTP_ERROR, {"x-should-retry": "true"})
+    assert not retry_policy.should_retry("openai", 0, 503, schema.HTTP_ERROR, {"retry-after": "121"})
+    # 0.5 s doubling to 8 s, minus up to 25 % jitter; the server's Retry-After within (0, 120] s wins
+    assert retry_policy.delay(0, 0.0) == 0.5 and retry_policy.delay(1, 0.0) == 1.0 and retry_policy.delay(5, 0) == 8.0
+    assert math.isclose(retry_policy.delay(0, 0.999), 0.5 * (1 - 0.25 * 0.999))
+    assert retry_policy.delay(0, 0.5, {"retry-after-ms": "1500"}) == 1.5
+    assert retry_policy.delay(0, 0.5, {"retry-after": "3"}) == 3.0
+
+
+@pytest.mark.parametrize("policy", ["openai", "none"])
+def test_a_cache_miss_is_retried_as_the_openai_sdk_does(tmp_path, policy):
+    """The stand-in plays vLLM 0.32: a poisoned image is answered once with the retryable 503."""
+    with standin_server(tmp_path / "s.log", "--miss-after-poison") as s:
+        r = locust("locustfiles/embeddings.py", s.base_url, tmp_path, *only(valid_image=3, malformed_post=1),
+                   *POISON_CASE, "--pool-size", "2", "--fresh-fraction", "0", "--retry-policy", policy,
+                   users=2, seconds=4)
+    df = locust_rows(rows(tmp_path))
+    misses = df[df["status"] == 503]
+    assert len(misses) > 3, r.stdout[-2000:]
+    assert (misses["cause"] == schema.SERVER).all()
+    by_group = df.groupby("request_group")
+    if policy == "none":
+        assert (df["attempt"] == 1).all() and df["final"].all()
+        assert r.returncode == 1 and "gate failed: valid requests failed by the server" in r.stdout
+        return
+    assert not misses["final"].any()  # each was followed by a retry
+    retried = df[df["request_group"].isin(misses["request_group"])]
+    last = retried.loc[retried.groupby("request_group")["attempt"].idxmax()]
+    ended = last[last["final"]]  # the others: the run ended during their backoff
+    assert len(ended) > 3 and (ended["status"] == 200).all() and (ended["attempt"] == 2).all()
+    assert (by_group["seq"].count() <= 3).all()
+    gaps = retried.sort_values("attempt").groupby("request_group")["t_start"].diff().dropna()
+    assert (gaps >= 0.375).all() and (gaps < 2).all()  # 0.5 s minus up to 25 % jitter, plus the request
+    assert r.returncode == 0, r.stdout[-2000:]  # every valid request succeeded in the end
+
+
+# --- requests cut by the end of the run -------------------------------------------------------------------------
+
+
+def test_requests_cut_by_the_end_of_the_run_are_rows_but_no_failures(tmp_path):
+    with standin_server(tmp_path / "s.log", "--delay-ms", "1500") as s:
+        r = locust("locustfiles/embeddings.py", s.base_url, tmp_path, *only(text=1), users=3, seconds=2)
+    df = rows(tmp_path)
+    cut = df[df["outcome"] == schema.CUT]
+    assert len(cut) >= 1, r.stdout[-2000:]
+    assert (cut["cause"] == schema.HARNESS).all() and cut["status"].isna().all()
+    assert len(df) - len(cut) == locust_request_count(tmp_path)  # not Locust requests
+    assert r.returncode == 0, r.stdout[-2000:]  # a healthy server: nothing failed
+
+
+# --- gates and exit codes ---------------------------------------------------------------------------------------
+
+
+def test_the_readme_headless_run_against_a_healthy_server_exits_0(standin, tmp_path):
+    r = locust("locustfiles/embeddings.py", standin.base_url, tmp_path, users=4, seconds=4)
+    assert r.returncode == 0, r.stdout[-2000:]
+    assert "gate failed" not in r.stdout
+
+
+def test_a_crash_fails_the_run_and_says_which_gate(tmp_path):
+    with standin_server(tmp_path / "s.log", "--die-after", "60") as s:
+        r = locust("locustfiles/embeddings.py", s.base_url, tmp_path, users=3, seconds=4)
+    assert r.returncode == 1, r.stdout[-2000:]
+    assert "gate failed: crashes 1 > --max-crashes 0" in r.stdout
+
+
+def test_a_p95_gate(standin, tmp_path):
+    r = locust("locustfiles/embeddings.py", standin.base_url, tmp_path, *only(text=1), "--max-p95-ms", "0.001",
+               users=2, seconds=2)
+    assert r.returncode == 1 and "gate failed: p95 latency of valid requests" in r.stdout, r.stdout[-2000:]
+    r = locust("locustfiles/embeddings.py", standin.base_url, tmp_path / "b", *only(text=1), "--max-p95-ms", "60000",
+               users=2, seconds=2)
+    assert r.returncode == 0, r.stdout[-2000:]
+
+
+def test_gates_evaluate():
+    o = SimpleNamespace(max_crashes=0, max_server_error_ratio=0.01, max_p95_ms=0.0)
+    c = Counts(valid_groups=200, valid_uncured=1)
+    g = gates.evaluate(o, c, crashes=0, p95_ms=120.0)
+    assert [x.state for x in g] == [gates.PASSED, gates.PASSED] and gates.exit_code(g) == 0  # p95: no gate
+    g = gates.evaluate(o, Counts(valid_groups=100, valid_uncured=2), crashes=1, p95_ms=None)
+    assert [x.state for x in g] == [gates.FAILED, gates.FAILED] and gates.exit_code(g) == 1
+    assert g[1].text == "valid requests failed by the server after retries 2.00% > --max-server-error-ratio 1.00%"
+    g = gates.evaluate(SimpleNamespace(max_crashes=0, max_server_error_ratio=1.0, max_p95_ms=500.0), Counts(),
+                       crashes=None, p95_ms=None)
+    assert [x.state for x in g] == [gates.NOT_CHECKED, gates.NOT_CHECKED] and gates.exit_code(g) == 0
+
+
+# --- the verdict rule -------------------------------------------------------------------------------------------
+
+
+def test_the_three_levels():
+    up = Counts(health_polls=100)
+    valid_ok = attempt_counts("valid_image", None, 200, schema.OK, None, True, False, n=50)
+    poison = attempt_counts("malformed_post", None, 400, schema.HTTP_ERROR, 400, True, False, n=5)
+    assert judge(up + valid_ok + poison).level == CLEAN
+    miss = attempt_counts("valid_image", None, 503, schema.HTTP_ERROR, None, False, True, n=3)
+    assert judge(up + valid_ok + poison + miss).level == RETRYABLE  # cured: the retries succeeded
+    uncured = attempt_counts("valid_image", None, 503, schema.HTTP_ERROR, None, True, True)
+    assert judge(up + valid_ok + poison + uncured).level == FAILS
+    assert judge(up + valid_ok + poison + Counts(crashes=1)).level == FAILS
+    cut = attempt_counts("valid_image", None, None, schema.CUT, None, True, False, n=9)
+    assert cut == Counts()  # in no count
+    aborts_only = judge(up + valid_ok + attempt_counts("abort", None, None, schema.ABORTED, None, True, False))
+    assert aborts_only.level == CLEAN and aborts_only.checks["fails_alone"][0] == NOT_EXERCISED
+    nothing_poisons = judge(up + valid_ok)
+    assert nothing_poisons.checks["no_drift"][0] == NOT_EXERCISED and nothing_poisons.level == CLEAN
+
+
+@pytest.mark.parametrize("args,level", [
+    ([], CLEAN),
+    (["--miss-after-poison"], RETRYABLE),
+    (["--die-after", "80"], FAILS),
+])
+def test_the_live_verdict_on_the_web_ui_state(tmp_path, args, level):
+    from test_webui import LocustUI, run_finished_and_flushed, wait_for
+
+    with standin_server(tmp_path / "s.log", *args) as s:
+        ui = LocustUI(tmp_path, "--host", s.base_url, "--autostart", "-u", "3", "-r", "3", "-t", "4s", "--autoquit",
+                      "60", "--results-dir", str(tmp_path), "--image-preset", "small", "--pool-size", "2",
+                      "--fresh-fraction", "0", *only(valid_image=3, malformed_post=1), *POISON_CASE).wait_up()
+        try:
+            st, _ = wait_for(lambda: run_finished_and_flushed(ui, tmp_path), 60, "the run to end")
+            page = http.get(ui.url + "/mmchaos/timeline", timeout=5)
+        finally:
+            ui.stop()
+    assert st["verdict"]["level"] == level, st["verdict"]
+    assert {g["option"] for g in st["gates"]} == {"max_crashes", "max_server_error_ratio"}
+    assert page.status_code == 200 and "<svg" in page.text
+
+
+def test_a_bad_request_left_unanswered_is_a_timeout_of_the_server(tmp_path):
+    """Locust's catch_response replaces a failed request's error by the failure text: the row must still say
+    what happened on the wire."""
+    with standin_server(tmp_path / "s.log", "--delay-ms", "1500") as s:
+        locust("locustfiles/embeddings.py", s.base_url, tmp_path, *only(malformed_post=1), *POISON_CASE,
+               "--request-timeout", "0.5", "--retry-policy", "none", users=2, seconds=3)
+    df = locust_rows(rows(tmp_path))
+    assert len(df) >= 4 and (df["outcome"] == schema.TIMEOUT).all() and (df["cause"] == schema.SERVER).all()
