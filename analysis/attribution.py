@@ -1,7 +1,7 @@
 """What was sent just before each drift event or crash — so the report can say what triggers it.
 
 For a drift / cache-miss log line that names our request (X-Request-Id; ``image_hash`` in results.py) we
-look for requests that carried the same image (``image_hashes``) in the window before it: the poisoners. vLLM's
+look for requests that carried one of its images (``image_hashes``) in the window before it: the poisoners. vLLM's
 own mm_hash hashes the decoded image, in another hash space, so where the line names no request of ours we fall
 back to every request with images in the window, and say so (column ``match``). Crashes carry no mm_hash:
 their window runs from ``window_s`` before the last healthy moment to the detection.
@@ -112,12 +112,17 @@ class _ImageIndex:
         out_e, out_r = [], []
         if has_hash.any() and len(self.img):
             parent, uniques, by_hash = self.hashes()
-            ev_codes = uniques.get_indexer(events["mm_hash"].astype(object).to_numpy())
-            sel = np.flatnonzero(has_hash & (ev_codes >= 0))
-            e, p = by_hash.join(ev_key[sel] * max(len(uniques), 1) + ev_codes[sel], lo[sel], hi[sel])
-            out_e.append(sel[e])
-            out_r.append(parent[p])
-            matched[sel[e]] = True
+            # every image of the request the line names: a poisoned second image counts as much as the first
+            named = np.flatnonzero(has_hash)
+            images = [str(h).split(",") for h in events["mm_hash"].to_numpy()[named]]
+            ev_of = np.repeat(named, [len(x) for x in images])
+            codes = uniques.get_indexer([x.strip() for xs in images for x in xs])
+            ev_of, codes = ev_of[codes >= 0], codes[codes >= 0]
+            e, p = by_hash.join(ev_key[ev_of] * max(len(uniques), 1) + codes, lo[ev_of], hi[ev_of])
+            found = np.unique(np.stack([ev_of[e], parent[p]]), axis=1)  # a request with two of its images: once
+            out_e.append(found[0])
+            out_r.append(found[1])
+            matched[found[0]] = True
         rest = np.flatnonzero(~matched)
         e, p = self.by_trial().join(ev_key[rest], lo[rest], hi[rest])
         out_e.append(rest[e])
@@ -233,10 +238,10 @@ def _background(events: pd.DataFrame, index: _ImageIndex) -> tuple[pd.Series, pd
         same = (grp["match"] == SAME_IMAGE).mean() >= 0.5
         modes[(str(cfg), etype)] = SAME_IMAGE if same else WINDOW
         t = index.t[pick]
-        first_hash = index.img["image_hashes"].to_numpy()[pick].astype(str)
+        hashes = index.img["image_hashes"].to_numpy()[pick].astype(str)
         pseudo = pd.DataFrame({
             "config": str(cfg), "trial": index.img["trial"].to_numpy()[pick], "lo": t - width, "hi": t,
-            "mm_hash": [h.split(",")[0].strip() for h in first_hash] if same else None,
+            "mm_hash": hashes if same else None,
         })
         e, r, _ = index.pairs(pseudo)
         seen = pd.DataFrame({"e": e, "kind": index.kind[r], "case": index.case[r]}).drop_duplicates()

@@ -57,8 +57,9 @@ class CampaignResults:
     ``requests``, ``health``, ``metrics``, ``log_events``, ``crashes``: the schema.py tables, plus
     ``campaign``, ``config`` (categorical in ``configs`` order), ``trial`` and ``t_rel``.
     ``trials``: one row per trial folder: campaign, config, trial, trial_dir, status, engine, target, flags
-    (space-joined), env and workload (JSON text), users, shape, seed, t_start, t_end (the load window when the
-    runner recorded it, else the whole trial), duration_s, git_rev,
+    (space-joined), env, workload and sweep (JSON text; sweep: knob -> value of the trial's sweep point, {}
+    outside sweeps), users, shape, seed, t_start, t_end (the load window when the runner recorded it, else the
+    whole trial), duration_s, git_rev,
     machine, has_manifest, missing (files a finished trial would have), path, n_requests.
     """
 
@@ -103,9 +104,10 @@ def load_results(campaign_dir: str | Path) -> CampaignResults:
     trials = _trials_table(name, found, notes)
     tables, rows_trial = {}, {}  # rows_trial[table][i]: which trials row table row i belongs to
     for table_name in S.TABLES:
-        files = _files_for(table_name, found)
+        files = _files_for(table_name, found, notes)
         tables[table_name], rows_trial[table_name] = _load_table(table_name, files, campaign_dir, trials, notes)
-    tables["log_events"]["image_hash"] = _image_of_request(tables["log_events"], tables["requests"])
+    tables["log_events"]["image_hash"] = _images_of_request(tables["log_events"], tables["requests"])
+    _check_crash_counts(trials, rows_trial["crashes"], notes)
     _fill_times_from_data(trials, tables, rows_trial)
     starts = trials["t_start"].to_numpy()
     for table_name, df in tables.items():
@@ -177,6 +179,7 @@ def _trials_table(name: str, found: list[tuple[str, str, Path]], notes: list[str
                 "flags": " ".join(str(f) for f in (manifest.get("flags") or [])),
                 "env": json.dumps(manifest.get("env") or {}, sort_keys=True),
                 "workload": json.dumps(workload, sort_keys=True),
+                "sweep": json.dumps(manifest.get("sweep") or {}, sort_keys=True),  # knob -> value of a sweep point
                 "users": workload.get("users"),
                 "shape": workload.get("shape"),
                 "seed": workload.get("seed"),
@@ -187,6 +190,7 @@ def _trials_table(name: str, found: list[tuple[str, str, Path]], notes: list[str
                 "machine": manifest.get("machine") if isinstance(manifest.get("machine"), (str, type(None)))
                 else json.dumps(manifest.get("machine"), sort_keys=True),
                 "has_manifest": bool(manifest),
+                "manifest_crashes": manifest.get("crashes"),
                 "missing": ", ".join(missing),
                 "path": str(path),
             }
@@ -247,8 +251,17 @@ def _fill_times_from_data(trials: pd.DataFrame, tables: dict[str, pd.DataFrame],
 # --- tables -------------------------------------------------------------------------------------------
 
 
-def _files_for(table_name: str, found: list[tuple[str, str, Path]]) -> list[Path]:
-    return [f for _, _, p in found for f in part_files(table_dir(p, table_name))]
+def _files_for(table_name: str, found: list[tuple[str, str, Path]], notes: list[str]) -> list[Path]:
+    return [f for _, _, p in found for f in part_files(table_dir(p, table_name), notes)]
+
+
+def _check_crash_counts(trials: pd.DataFrame, crash_rows: np.ndarray, notes: list[str]) -> None:
+    """A trial whose crashes table holds fewer crashes than its manifest counted lost some: say so."""
+    held = np.bincount(crash_rows, minlength=len(trials))
+    for i, said in enumerate(trials["manifest_crashes"]):
+        if pd.notna(said) and int(said) != held[i]:
+            notes.append(f"{trials['config'].iat[i]}/{trials['trial_dir'].iat[i]}: the manifest says {int(said)} "
+                         f"crash(es) but its crashes table holds {held[i]}; the counts here use the table")
 
 
 def _load_table(
@@ -319,15 +332,14 @@ def _to_frame(
     return pd.concat([ids, df], axis=1), row_trial
 
 
-def _image_of_request(events: pd.DataFrame, requests: pd.DataFrame) -> pd.Series:
-    """For log lines that name one of our requests (X-Request-Id), the first image that request carried, as a
-    hash in the requests table's space (vLLM's own mm_hash is not). Null where unknown."""
+def _images_of_request(events: pd.DataFrame, requests: pd.DataFrame) -> pd.Series:
+    """For log lines that name one of our requests (X-Request-Id), the images that request carried (comma-joined
+    hashes in the requests table's space; vLLM's own mm_hash is not). Null where unknown."""
     ids = events["request_id"].dropna()
     if ids.empty:
         return pd.Series(None, index=events.index, dtype=object)
     named = requests.loc[requests["request_id"].isin(set(ids)), ["request_id", "image_hashes"]].dropna()
-    first = dict(zip(named["request_id"], named["image_hashes"].astype(str).str.split(",").str[0]))
-    return events["request_id"].map(first).astype(object)
+    return events["request_id"].map(dict(zip(named["request_id"], named["image_hashes"].astype(str)))).astype(object)
 
 
 def read_server_log(trial_path: str | Path, tail_lines: int = 40) -> list[str]:

@@ -6,12 +6,15 @@ are rejected with the file, the line and a hint.
 
 from __future__ import annotations
 
-import difflib
 import re
 import tomllib
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
+
+from mmchaos import options, paths
+from mmchaos.options import SHAPES, OptionError, did_you_mean
 
 from . import engines
 
@@ -32,7 +35,7 @@ CAMPAIGN_KEYS = {
     "seed": (int, 1),
 }
 WORKLOAD_KEYS = {
-    "locustfile": (str, "locustfiles/embeddings.py"),
+    "locustfile": (str, ""),  # empty: mmchaos's realistic mix
     "users": (int, 8),
     "spawn_rate": ((int, float), 8),
     "duration": ((int, float), 30),
@@ -105,11 +108,6 @@ def _line_of(text: str, key: str, section: str | None = None, nth: int = 0) -> i
     return start + 1
 
 
-def _hint(word: str, choices) -> str:
-    close = difflib.get_close_matches(word, list(choices), n=1)
-    return f"did you mean '{close[0]}'?" if close else f"known: {', '.join(sorted(choices))}"
-
-
 class _Checker:
     def __init__(self, path: Path, text: str):
         self.path, self.text = path, text
@@ -122,7 +120,7 @@ class _Checker:
         spec = SECTIONS[section]
         for key in raw:
             if key not in spec:
-                raise self.fail(f"unknown key '{key}' in [{section}]; {_hint(key, spec)}", key, section, nth)
+                raise self.fail(f"unknown key '{key}' in [{section}]; {did_you_mean(key, spec)}", key, section, nth)
         out = {}
         for key, (types, default) in spec.items():
             if key not in raw:
@@ -151,7 +149,7 @@ def load(path: str | Path, check_flags: bool = True) -> CampaignPlan:
     ck = _Checker(path, text)
     for top in data:
         if top not in SECTIONS:
-            raise ck.fail(f"unknown section [{top}]; {_hint(top, SECTIONS)}", section=top)
+            raise ck.fail(f"unknown section [{top}]; {did_you_mean(top, SECTIONS)}", section=top)
     if "campaign" not in data:
         raise ck.fail("missing the [campaign] section (with at least name = \"...\")")
     c = ck.section(data["campaign"], "campaign")
@@ -164,7 +162,7 @@ def load(path: str | Path, check_flags: bool = True) -> CampaignPlan:
     if not NAME_RE.match(c["name"]):
         raise ck.fail(f"campaign name '{c['name']}' must be letters, digits, . _ - @", "name", "campaign")
     if c["target"] not in TARGETS:
-        raise ck.fail(f"target '{c['target']}' unknown; {_hint(c['target'], TARGETS)}", "target", "campaign")
+        raise ck.fail(f"target '{c['target']}' unknown; {did_you_mean(c['target'], TARGETS)}", "target", "campaign")
     if c["target"] == "command" and not c["command"]:
         raise ck.fail("target = \"command\" needs command = \"... {port} ...\"", "target", "campaign")
     if c["target"] == "attach" and not c["url"]:
@@ -172,13 +170,11 @@ def load(path: str | Path, check_flags: bool = True) -> CampaignPlan:
     if c["trials"] < 1:
         raise ck.fail("trials must be at least 1", "trials", "campaign")
     if crash["policy"] not in POLICIES:
-        raise ck.fail(f"crash policy '{crash['policy']}' unknown; {_hint(crash['policy'], POLICIES)}", "policy",
+        raise ck.fail(f"crash policy '{crash['policy']}' unknown; {did_you_mean(crash['policy'], POLICIES)}", "policy",
                       "crash")
-    if w["duration"] <= 0 or w["users"] < 1:
-        raise ck.fail("duration and users must be positive", "duration", "workload")
-    if not (path.parent / w["locustfile"]).is_file() and not Path(w["locustfile"]).is_file():
-        raise ck.fail(f"locustfile {w['locustfile']} not found", "locustfile", "workload")
-    _check_image_dir(w, path, ck)
+    _check_url(c["url"], ck)
+    _check_workload(w, path, ck)
+    _check_crash(crash, ck)
 
     configs: list[Config] = []
     for i, raw in enumerate(raw_configs):
@@ -217,20 +213,77 @@ def load(path: str | Path, check_flags: bool = True) -> CampaignPlan:
     return camp
 
 
-def _check_image_dir(w: dict, path: Path, ck: _Checker) -> None:
-    """A user image folder is read now, not by Locust minutes later: missing folders and unreadable images are
-    errors of the file. Relative paths are relative to the campaign file (else to the current folder) and are
-    made absolute, since Locust runs elsewhere."""
-    raw = w["options"].get("image_dir")
-    if not raw:
+def _check_url(url: str, ck: _Checker) -> None:
+    if not url:
         return
-    if not isinstance(raw, str):
-        raise ck.fail(f"'image_dir' must be str, not {type(raw).__name__}", "image_dir", "workload.options")
-    folder = Path(raw).expanduser()
-    if not folder.is_absolute() and (path.parent / folder).exists():
-        folder = path.parent / folder
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018  (raises on a port outside 0-65535)
+    except ValueError as e:
+        raise ck.fail(f"url {url!r}: {e}; ports are 1-65535", "url", "campaign") from e
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.port == 0:
+        raise ck.fail(f"url {url!r} must be http(s)://host[:port] with a port in 1-65535", "url", "campaign")
+
+
+def _relative_to_file(raw: str, path: Path) -> Path:
+    """A path in a campaign file: relative ones are relative to the file, like an include (absolute afterwards:
+    Locust runs elsewhere)."""
+    p = Path(raw).expanduser()
+    return (p if p.is_absolute() else path.parent / p).resolve()
+
+
+def _check_workload(w: dict, path: Path, ck: _Checker) -> None:
+    """Everything campaign run would find wrong in [workload] before (or instead of) Locust finding it minutes
+    later: names and values of every option and weight, shape, times and rates, the files it names."""
+    if w["duration"] < 1:
+        raise ck.fail(f"duration must be at least 1 s, not {w['duration']}", "duration", "workload")
+    if w["users"] < 1:
+        raise ck.fail(f"users must be at least 1, not {w['users']}", "users", "workload")
+    if w["spawn_rate"] <= 0:
+        raise ck.fail(f"spawn_rate must be positive (users started per second), not {w['spawn_rate']}",
+                      "spawn_rate", "workload")
+    if w["max_requests"] < 0:
+        raise ck.fail("max_requests must be 0 (no limit) or more", "max_requests", "workload")
+    if w["shape"] not in SHAPES:
+        raise ck.fail(f"shape '{w['shape']}' unknown; {did_you_mean(w['shape'], SHAPES)}", "shape", "workload")
+    locustfile = _relative_to_file(w["locustfile"], path) if w["locustfile"] else paths.locustfile()
+    if not locustfile.is_file():
+        raise ck.fail(f"locustfile {w['locustfile']} not found (relative to {path.parent})", "locustfile", "workload")
+    w["locustfile"] = str(locustfile)
+    try:
+        options.to_argv(w["mix"], w["options"])
+    except OptionError as e:
+        raise ck.fail(str(e), e.key, e.section) from e
+    opts = w["options"] = dict(w["options"])
+    if opts.get("cases_file") or opts.get("malformed_cases"):
+        _check_cases(opts, path, ck)
+    if opts.get("image_dir"):
+        opts["image_dir"] = _check_image_dir(opts["image_dir"], path, ck)
+
+
+def _check_cases(opts: dict, path: Path, ck: _Checker) -> None:
+    """The case file loads (it is made absolute) and every case named in malformed_cases exists."""
+    from mmchaos.payloads.catalogue import CaseFileError, load_cases
+
+    files = [_relative_to_file(opts["cases_file"], path)] if opts.get("cases_file") else []
+    try:
+        cases = load_cases(*files)
+    except (OSError, CaseFileError) as e:
+        raise ck.fail(f"cases_file: {str(e).splitlines()[0]}", "cases_file", "workload.options") from e
+    if files:
+        opts["cases_file"] = str(files[0])
+    for name in (n.strip() for n in opts.get("malformed_cases", "").split(",")):
+        if name and name not in cases:
+            raise ck.fail(f"malformed_cases: unknown case {name!r}; {did_you_mean(name, cases)}",
+                          "malformed_cases", "workload.options")
+
+
+def _check_image_dir(raw: str, path: Path, ck: _Checker) -> str:
+    """A user image folder is read now, not by Locust minutes later: missing folders and unreadable images are
+    errors of the file."""
     from mmchaos.payloads.user_images import load_image_dir
 
+    folder = _relative_to_file(raw, path)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # skipped non-images and duplicates are fine here
@@ -239,7 +292,16 @@ def _check_image_dir(w: dict, path: Path, ck: _Checker) -> None:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ck.fail(f"image_dir: {msg}; point image_dir at a folder of readable images, or remove it to use "
                       "generated ones", "image_dir", "workload.options") from e
-    w["options"] = {**w["options"], "image_dir": str(folder.resolve())}
+    return str(folder)
+
+
+def _check_crash(crash: dict, ck: _Checker) -> None:
+    if crash["hang_after"] <= 0:
+        raise ck.fail("hang_after must be positive (seconds)", "hang_after", "crash")
+    if crash["startup_timeout"] < 1:
+        raise ck.fail("startup_timeout must be at least 1 s", "startup_timeout", "crash")
+    if crash["max_restarts"] < 0:
+        raise ck.fail("max_restarts must be 0 or more", "max_restarts", "crash")
 
 
 def check_engine_flags(camp: CampaignPlan, ck: _Checker | None = None) -> None:
@@ -255,4 +317,4 @@ def check_engine_flags(camp: CampaignPlan, ck: _Checker | None = None) -> None:
                 if opt not in known:
                     line = _line_of(ck.text, "flags", "config", cfg.index) if ck else 1
                     raise CampaignError(f"{camp.path}:{line}: config '{cfg.name}': vLLM {cfg.engine} has no flag "
-                                        f"{opt}; {_hint(opt, known)}")
+                                        f"{opt}; {did_you_mean(opt, known)}")

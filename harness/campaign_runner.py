@@ -24,7 +24,9 @@ import pyarrow.parquet as pq
 
 from mmchaos import options as locust_options
 from mmchaos import paths, schema
-from mmchaos.files import write_json_atomic
+from mmchaos.auth import API_KEY_ENV
+from mmchaos.files import write_files_atomic, write_json_atomic
+from mmchaos.redact import Redactor
 from mmchaos.outcomes import unexpected
 from mmchaos.signatures import Signatures
 from mmchaos.tables import PART_GLOB, PartWriter, compact, read_table, table_dir
@@ -86,17 +88,15 @@ def make_target(camp: CampaignPlan, cfg: Config) -> Target:
         return Target(mode="engine", engine=cfg.engine, model=camp.model or None, flags=list(cfg.flags),
                       env=dict(cfg.env))
     if camp.target == "command":
-        return Target(mode="command", command=camp.command, url=camp.url or None, flags=list(cfg.flags),
-                      env=dict(cfg.env))
+        return Target(mode="command", command=camp.command, url=camp.url or None, model=camp.model or None,
+                      flags=list(cfg.flags), env=dict(cfg.env))
     return Target(mode="attach", url=camp.url)
 
 
 def locust_argv(camp: CampaignPlan, cfg: Config, trial: int, folder: Path, base_url: str, model: str,
                 run_id: str) -> list[str]:
     w = camp.workload
-    locustfile = camp.path.parent / w["locustfile"]
-    if not locustfile.is_file():
-        locustfile = Path(w["locustfile"])
+    locustfile = w["locustfile"]  # made absolute by the plan
     argv = [
         sys.executable, "-m", "locust", "-f", str(locustfile), "--headless", "--only-summary",
         "-u", str(w["users"]), "-r", str(w["spawn_rate"]), "-t", f"{int(w['duration'])}s",
@@ -119,6 +119,11 @@ class CampaignRunner:
         self.sigs = signatures or Signatures.load()
         self.results: list[TrialResult] = []
         self._stop_requested = False
+        # every secret of every configuration: what we write must not carry any of them
+        self.redactor = Redactor.from_environment([s for cfg in camp.configs for s in make_target(camp, cfg).secrets()])
+
+    def _write(self, path: Path, data: dict) -> None:
+        write_json_atomic(path, self.redactor.data(data))
 
     def _report(self, **state) -> None:
         """Progress, and the safe point where a Ctrl-C takes effect (between observations, never in the middle
@@ -134,23 +139,7 @@ class CampaignRunner:
         self._stop_requested = True
 
     def preflight(self) -> None:
-        """What can be checked before anything runs or is written: an attached server answers, the results
-        folder is writable. Raises ServerError (one line). ``run`` calls it; call it earlier to fail sooner."""
-        if self.camp.target == "attach":
-            server = Server(Target(mode="attach", url=self.camp.url), os.devnull)
-            ok, status, err = server.health(timeout=5)
-            if not ok:
-                raise ServerError(f"{server.base_url}/health did not answer 200 ({status or err}): start the server "
-                                  f"or fix url in {self.camp.path}")
-        camp_dir = self.root / self.camp.name
-        try:
-            camp_dir.mkdir(parents=True, exist_ok=True)
-            probe = camp_dir / f".write-test-{os.getpid()}"
-            probe.touch()
-            probe.unlink()
-        except OSError as e:
-            raise ServerError(f"results folder {camp_dir} is not writable ({e.strerror}): pick another with "
-                              "--results or fix its permissions") from e
+        preflight(self.camp, self.root)
 
     def run(self) -> list[TrialResult]:
         main = threading.current_thread() is threading.main_thread()
@@ -164,7 +153,8 @@ class CampaignRunner:
     def _run(self) -> list[TrialResult]:
         self.preflight()
         camp_dir = self.root / self.camp.name
-        write_json_atomic(camp_dir / schema.CAMPAIGN_MANIFEST, {
+        camp_dir.mkdir(parents=True, exist_ok=True)
+        self._write(camp_dir / schema.CAMPAIGN_MANIFEST, {
             "name": self.camp.name, "description": self.camp.description, "file": str(self.camp.path),
             "configs": [c.name for c in self.camp.configs], "trials": self.camp.trials,
             "workload": self.camp.workload, "crash": self.camp.crash, "target": self.camp.target,
@@ -189,30 +179,29 @@ class CampaignRunner:
             engine_info = engines.require(cfg.engine).manifest().get("packages")
         return {
             "campaign": self.camp.name, "config": cfg.name, "trial": trial, "run_id": run_id,
-            "engine": cfg.engine, "engine_packages": engine_info, "flags": list(cfg.flags), "env": dict(cfg.env),
-            "target": target.mode, "target_detail": target.describe(),
+            "engine": cfg.engine, "engine_packages": engine_info, "flags": self.redactor.argv(cfg.flags),
+            "env": self.redactor.env(cfg.env), "target": target.mode, "target_detail": target.describe(self.redactor),
             "workload": {**self.camp.workload, "mix": locust_options.effective_mix(self.camp.workload["mix"])},
             "seed": self.camp.seed + trial, "crash_policy": self.camp.crash, "git_rev": provenance.git_revision(),
             "machine": provenance.machine(), "tools": provenance.tool_versions(), **extra,
         }
 
-    @staticmethod
-    def _record_pgid(manifest: dict, folder: Path, key: str, pgid: int) -> None:
+    def _record_pgid(self, manifest: dict, folder: Path, key: str, pgid: int) -> None:
         """Record a process group we started as soon as it exists: whoever finds the trial folder (a user after
         mmchaos itself was killed, a test) knows which processes were ours without looking them up by name."""
         manifest[key] = [*manifest.get(key, []), pgid]
-        write_json_atomic(folder / schema.MANIFEST, manifest)
+        self._write(folder / schema.MANIFEST, manifest)
 
     def run_trial(self, cfg: Config, trial: int, folder: Path) -> TrialResult:
         folder.mkdir(parents=True)
         run_id = uuid.uuid4().hex[:12]
         target = make_target(self.camp, cfg)
         manifest = self._manifest(cfg, trial, target, run_id, status=RUNNING, t_start=time.time(), t_end=None)
-        write_json_atomic(folder / schema.MANIFEST, manifest)
+        self._write(folder / schema.MANIFEST, manifest)
         result = TrialResult(cfg.name, trial, RUNNING)
         counter = RowCounter(folder)
         crash_cfg = self.camp.crash
-        server = Server(target, folder / schema.SERVER_LOG)
+        server = Server(target, folder / schema.SERVER_LOG, redactor=self.redactor)
         locust = None
         watch = None
         t_load = None
@@ -231,9 +220,10 @@ class CampaignRunner:
             watch = crash_watch.CrashWatch(server, folder, self.sigs, hang_after=crash_cfg["hang_after"])
             watch.healthy_at(server.healthy_at)
             argv = locust_argv(self.camp, cfg, trial, folder, server.base_url, model, run_id)
+            env = {**os.environ, **({API_KEY_ENV: server.api_key} if server.api_key else {})}  # the server's own key
             with open(folder / schema.LOCUST_LOG, "ab") as llog:
                 locust = subprocess.Popen(argv, stdout=llog, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          start_new_session=True, cwd=paths.PROJECT_ROOT)
+                                          start_new_session=True, cwd=paths.PROJECT_ROOT, env=env)
             self._record_pgid(manifest, folder, "locust_pgids", locust.pid)
             t_load = time.time()
             manifest["t_load_start"] = t_load
@@ -255,7 +245,11 @@ class CampaignRunner:
                 time.sleep(TICK)  # observation period
             result.status = COMPLETED
             ran = time.time() - t_load
-            if locust.poll() is not None and not result.crashes and not self.camp.workload["max_requests"] \
+            counter.update()
+            if locust.poll() not in (None, 0) and not counter.requests and not result.crashes:
+                # Locust could not start (a bad option, a locustfile that does not load): its own reason
+                result.status, result.error = FAILED, f"Locust could not run: {locust_reason(folder)}"
+            elif locust.poll() is not None and not result.crashes and not self.camp.workload["max_requests"] \
                     and ran < self.camp.workload["duration"]:
                 # Locust ended before its run time (-t counts from after its start-up): stopped (SIGINT) or
                 # gave up; a re-run must not skip this trial as completed
@@ -285,7 +279,7 @@ class CampaignRunner:
         port = server.port
         server.stop()
         self._report(config=cfg.name, trial=trial, phase="restarting server")
-        new = Server(target, folder / schema.SERVER_LOG, port=port)
+        new = Server(target, folder / schema.SERVER_LOG, port=port, redactor=self.redactor)
         try:
             new.start()
             new.wait_healthy(self.camp.crash["startup_timeout"],
@@ -316,10 +310,50 @@ class CampaignRunner:
             compact(table_dir(folder, name))  # one file per table: loading many trials stays fast
         result.requests, result.errors = len(requests), int(unexpected(requests).sum())
         # every request sent is a row; Locust counts all but those cut by the end of the run
+        for name in (schema.LOCUST_LOG, "locust.json"):  # Locust's own files: server text can be anywhere in them
+            redact_file(folder / name, self.redactor)
         manifest.update(status=result.status, t_end=time.time(), locust_exit_code=locust_code,
                         requests=result.requests, cut=int((requests["outcome"] == schema.CUT).sum()),
                         locust_requests=locust_count(folder), crashes=len(result.crashes), error=result.error)
-        write_json_atomic(folder / schema.MANIFEST, manifest)
+        self._write(folder / schema.MANIFEST, manifest)
+
+
+def preflight(camp: CampaignPlan, results_root: Path) -> None:
+    """What can be checked before anything runs, writing nothing: an attached server answers, the results folder
+    can be written. Raises ServerError (one line). `campaign check` and `campaign run` both call it."""
+    if camp.target == "attach":
+        server = Server(Target(mode="attach", url=camp.url), os.devnull)
+        ok, status, err = server.health(timeout=5)
+        if not ok:
+            raise ServerError(f"{server.base_url}/health did not answer 200 ({status or err}): start the server "
+                              f"or fix url in {camp.path}")
+    camp_dir = results_root / camp.name
+    existing = next(p for p in (camp_dir, *camp_dir.parents) if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        why = "Not a directory" if not existing.is_dir() else "Permission denied"
+        raise ServerError(f"results folder {camp_dir} is not writable ({why}): pick another with --results or fix "
+                          "its permissions")
+
+
+def redact_file(path: Path, redactor: Redactor) -> None:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return
+    clean = redactor.text(text)
+    if clean != text:
+        write_files_atomic(path.parent, {path.name: clean.encode()})
+
+
+def locust_reason(folder: Path) -> str:
+    """Locust's own one-line reason for stopping (the last line of its log that says error), else its last line."""
+    try:
+        lines = [ln.strip() for ln in (folder / schema.LOCUST_LOG).read_text(errors="replace").splitlines()
+                 if ln.strip()]
+    except OSError:
+        return "no locust.log"
+    errors = [ln for ln in lines if "error" in ln.lower()]
+    return (errors or lines or ["no output"])[-1][:300]
 
 
 def locust_count(folder: Path) -> int | None:

@@ -14,6 +14,7 @@ from rich.markup import escape
 from mmchaos import options as locust_options
 from mmchaos import paths
 from mmchaos.auth import ApiKeyError
+from mmchaos.redact import RedactingStream, Redactor, flag_values, split_command
 from mmchaos.signatures import SignatureError, Signatures
 from mmchaos.verdict_rule import LEVELS
 
@@ -160,13 +161,14 @@ def cmd_campaign(a) -> int:
     from .progress import CampaignProgress
 
     camp = campaign_plan.load(a.file)
+    _also_redact(s for cfg in camp.configs for s in campaign_runner.make_target(camp, cfg).secrets())
+    results = Path(a.results) if a.results else None
+    # the same checks for both, before anything starts or is written: attach URL, results folder
+    campaign_runner.preflight(camp, results or paths.results_dir())
     if a.action == "check":
         print(f"{camp.path}: ok — {len(camp.configs)} configurations × {camp.trials} trials")
         return 0
-    locust_options.to_argv(camp.workload["mix"], camp.workload["options"])  # fail before starting anything
-    results = Path(a.results) if a.results else None
     runner = campaign_runner.CampaignRunner(camp, results, force=a.force)
-    runner.preflight()  # attach URL, results folder: a one-line error before the live display starts
     with CampaignProgress(camp, console) as progress:
         runner.progress = progress.update
         try:
@@ -216,9 +218,20 @@ def cmd_report(a) -> int:
     return code
 
 
+def _port(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port (1-65535)")
+    return int(text)
+
+
+def _printable(text: str) -> str:
+    """An error stays one line: control characters from the user's input are shown escaped, not acted on."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, not usage + error
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+        self.exit(2, f"{self.prog}: error: {_printable(message)} (see --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -248,7 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("--model", help="model dir for --engine (default: the tiny model)")
         s.add_argument("--command", help="launch this server command instead ({port} and {host} substituted)")
         s.add_argument("--url", help="base URL: of --command's server, or of a running server to attach to")
-        s.add_argument("--port", type=int, help="port to launch on (default: a free one)")
+        s.add_argument("--port", type=_port, help="port to launch on, 1-65535 (default: a free one)")
         s.add_argument("--log", help="server log file")
         s.add_argument("--timeout", type=float, default=300, help="seconds to wait for /health (default 300)")
         if name == "repro":
@@ -261,8 +274,9 @@ def build_parser() -> argparse.ArgumentParser:
     cr.add_argument("file")
     cr.add_argument("--force", action="store_true", help="re-run finished trials too")
     cr.add_argument("--results", help=f"results root (default: {paths.results_dir()})")
-    cc = csub.add_parser("check", help="validate the file without running anything")
+    cc = csub.add_parser("check", help="validate the file as run would, without running or writing anything")
     cc.add_argument("file")
+    cc.add_argument("--results", help=f"results root to check (default: {paths.results_dir()})")
 
     r = sub.add_parser("report", help="write the report of a campaign (Markdown + one HTML file)")
     r.add_argument("results_dir", help="a campaign folder: results/<campaign>")
@@ -278,8 +292,32 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _redact_terminal(argv: list[str]) -> tuple:
+    """From here on, nothing written to the terminal carries a secret: this process's (MMCHAOS_API_KEY, ...) and
+    those on its command line (--api-key, inside --command too). Returns the streams to put back."""
+    extra = [v for arg in argv for v in flag_values(split_command(arg))] + flag_values(argv)
+    redactor = Redactor.from_environment(extra)
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = RedactingStream(sys.stdout, redactor), RedactingStream(sys.stderr, redactor)
+    return saved
+
+
+def _also_redact(values) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, RedactingStream):
+            stream.redactor = stream.redactor.with_values(values)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    saved = _redact_terminal(argv)
+    try:
+        return _main(argv)
+    finally:
+        sys.stdout, sys.stderr = saved
+
+
+def _main(argv: list[str]) -> int:
     own, passthrough = _split_passthrough(argv)
     a = build_parser().parse_args(own)
     try:
@@ -299,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_report(a)
     except (UsageError, engines.EngineError, ServerError, SignatureError, model_build.ModelError,
             CampaignError, locust_options.OptionError, ApiKeyError) as e:
-        console.print(f"[red]mmchaos: {escape(str(e))}[/red]")
+        console.print(f"[red]mmchaos: {escape(_printable(str(e)))}[/red]")
         return 2
     except KeyboardInterrupt:
         console.print("interrupted")

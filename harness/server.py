@@ -7,10 +7,12 @@ we recorded at launch) and removes the folder, so nothing it spawned is left beh
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +22,8 @@ from urllib.parse import urlsplit
 import requests
 
 from mmchaos import paths
-from mmchaos.auth import API_KEY_ENV, auth_headers
+from mmchaos.auth import API_KEY_ENV, api_key, auth_headers
+from mmchaos.redact import Redactor, flag_values, secrets_of, split_command
 
 from . import engines
 from .processes import LOOPBACK, free_port, group_members, port_in_use, stop_group
@@ -46,11 +49,19 @@ def tensor_parallel_size(flags: list[str]) -> int:
     return 1
 
 
+PLACEHOLDER = re.compile(r"\{(host|port|model)\}")  # the only ones: JSON flags keep every other brace
+
+
+def fill_placeholders(command: str, **values: object) -> str:
+    """``{host}``, ``{port}`` and ``{model}`` filled in; every other brace passes through unchanged."""
+    return PLACEHOLDER.sub(lambda m: str(values.get(m.group(1)) or ""), command)
+
+
 @dataclass
 class Target:
     """What to load: ``engine`` (we launch vLLM VERSION on the tiny model), ``command`` (we launch the user's
-    command, ``{host}``/``{port}`` substituted, ``flags`` appended) or ``attach`` (a server someone else runs,
-    at ``url``)."""
+    command, ``{host}``/``{port}``/``{model}`` filled in, ``flags`` appended) or ``attach`` (a server someone else
+    runs, at ``url``)."""
 
     mode: str = "engine"
     engine: str | None = None
@@ -60,24 +71,47 @@ class Target:
     command: str | None = None
     url: str | None = None
 
-    def describe(self) -> dict:
-        """For manifests. Never includes the API key."""
+    def secrets(self) -> set[str]:
+        return secrets_of(self.flags, self.env, self.command)
+
+    def client_key(self) -> str | None:
+        """The key a client must send: the server's own (its last --api-key, else VLLM_API_KEY, as vLLM takes
+        them), else MMCHAOS_API_KEY(_FILE)."""
+        argv = [*split_command(self.command), *self.flags]
+        if flag_values(argv):
+            return _last_api_key(argv)
+        return self.env.get("VLLM_API_KEY") or os.environ.get("VLLM_API_KEY") or api_key()
+
+    def describe(self, redactor: Redactor) -> dict:
+        """For manifests: every secret masked."""
         return {
             "mode": self.mode,
             "engine": self.engine,
             "model": self.model,
-            "flags": list(self.flags),
-            "env": dict(self.env),
-            "command": self.command,
-            "url": self.url,
+            "flags": redactor.argv(self.flags),
+            "env": redactor.env(self.env),
+            "command": redactor.text(shlex.join(redactor.argv(split_command(self.command)))) if self.command else None,
+            "url": redactor.text(self.url) if self.url else None,
         }
 
 
+def _last_api_key(argv: list[str]) -> str | None:
+    """argparse keeps the last --api-key given: its first value is a key the server accepts."""
+    last = max(i for i, a in enumerate(argv) if a == "--api-key" or a.startswith("--api-key="))
+    values = flag_values(argv[last:])
+    return values[0] if values else None
+
+
 class Server:
-    def __init__(self, target: Target, log_path: Path | str, port: int | None = None, host: str = LOOPBACK):
+    def __init__(self, target: Target, log_path: Path | str, port: int | None = None, host: str = LOOPBACK,
+                 redactor: Redactor | None = None):
         if target.mode not in ("engine", "command", "attach"):
             raise ServerError(f"unknown target mode '{target.mode}' (engine, command or attach)")
         self.target = target
+        # the server's own output goes to its log through this: vLLM prints its arguments, keys included
+        self.redactor = (redactor or Redactor.from_environment()).with_values(target.secrets())
+        self.api_key = target.client_key()
+        self._copier: threading.Thread | None = None
         self.log_path = Path(log_path)
         self.host = host
         self.port = port
@@ -105,7 +139,9 @@ class Server:
         env["TMPDIR"] = self._tmpdir
         if t.mode == "command":
             # a configuration's flags go after the user's command, as with the embedded engine
-            argv = shlex.split(t.command.format(host=self.host, port=self.port)) + list(t.flags)
+            command = fill_placeholders(t.command, host=self.host, port=self.port,
+                                        model=t.model or paths.default_model_dir())
+            argv = split_command(command) + list(t.flags)
             env.update(t.env)
             return argv, env
         e = engines.require(t.engine)
@@ -159,15 +195,19 @@ class Server:
         else:
             self.base_url = f"http://{self.host}:{self.port}"
         self._tmpdir = tempfile.mkdtemp(prefix="mmchaos-server-")
-        argv, env = self._argv_env()
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log_file = open(self.log_path, "ab", buffering=0)
-        self._log_file.write(f"# mmchaos: {shlex.join(argv)}\n".encode())
+        try:
+            argv, env = self._argv_env()
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._log_file = open(self.log_path, "ab", buffering=0)
+        except BaseException:  # an engine or model missing, a log we cannot write: leave nothing behind
+            self._cleanup_files()
+            raise
+        self._log_file.write(f"# mmchaos: {shlex.join(self.redactor.argv(argv))}\n".encode())
         try:
             self.proc = subprocess.Popen(
                 argv,
                 stdin=subprocess.DEVNULL,
-                stdout=self._log_file,
+                stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,  # own process group: we stop the whole group, nothing else
@@ -175,9 +215,21 @@ class Server:
         except FileNotFoundError as e:
             self._cleanup_files()
             raise ServerError(f"cannot run '{argv[0]}': not found") from e
+        self._copier = threading.Thread(target=self._copy_log, args=(self.proc.stdout, self._log_file),
+                                        name="mmchaos-server-log", daemon=True)
+        self._copier.start()
         self.pgid = self.proc.pid
         self.started_at = time.time()
         return self
+
+    def _copy_log(self, pipe, log) -> None:
+        """The server's output, line by line and redacted, into its log as it comes (crash detection reads it)."""
+        with pipe:
+            for line in iter(pipe.readline, b""):
+                try:
+                    log.write(self.redactor.text(line.decode(errors="replace")).encode())
+                except ValueError:  # the log was closed: the server was stopped and left something behind
+                    return
 
     # -- state -----------------------------------------------------------------------------------------------
     def exit_code(self) -> int | None:
@@ -186,7 +238,7 @@ class Server:
 
     def health(self, timeout: float = 2.0) -> tuple[bool, int | None, str | None]:
         try:
-            r = requests.get(self.base_url + "/health", timeout=timeout, headers=auth_headers())
+            r = requests.get(self.base_url + "/health", timeout=timeout, headers=auth_headers(self.api_key))
             return r.status_code == 200, r.status_code, None if r.status_code == 200 else r.text[:200]
         except requests.RequestException as e:
             return False, None, type(e).__name__
@@ -226,7 +278,7 @@ class Server:
             return "(no log)"
 
     def model_name(self, timeout: float = 5.0) -> str:
-        r = requests.get(self.base_url + "/v1/models", timeout=timeout, headers=auth_headers())
+        r = requests.get(self.base_url + "/v1/models", timeout=timeout, headers=auth_headers(self.api_key))
         r.raise_for_status()
         return r.json()["data"][0]["id"]
 
@@ -244,6 +296,9 @@ class Server:
         self._cleanup_files()
 
     def _cleanup_files(self) -> None:
+        if self._copier is not None:
+            self._copier.join(timeout=5)  # the group is gone: its output pipe is at its end
+            self._copier = None
         if self._log_file:
             self._log_file.close()
             self._log_file = None

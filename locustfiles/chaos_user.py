@@ -88,12 +88,13 @@ class ChaosUser(FastHttpUser):
                 resp.failure(f"HTTP {status}")
         return status, resp, retry
 
-    def _abort(self, payload: bytes, headers: dict, name: str, ctx: dict, path: str, t0: float):
+    def _abort(self, payload: bytes, headers: dict, name: str, ctx: dict, path: str, t0: float, retries: int):
         """Send on a connection of its own and hang up after --abort-after-ms: the server sees the client
-        disconnect mid-request, as when a caller times out. A server that answers first is recorded as such."""
+        disconnect mid-request, as when a caller times out. A server that answers first is recorded as such,
+        and a retryable answer is retried as any other (the caller's timeout is per attempt, as the SDK's)."""
         p0 = time.perf_counter()
         conn = self._conn_class(self._netloc, timeout=self.abort_after)
-        resp = SimpleNamespace(status_code=0, text="", error=None)
+        resp = SimpleNamespace(status_code=0, text="", error=None, headers={})
         body = b""
         try:
             with gevent.Timeout(self.abort_after):  # a hard deadline: socket timeouts are per operation
@@ -101,6 +102,7 @@ class ChaosUser(FastHttpUser):
                 answer = conn.getresponse()
                 body = answer.read()
                 resp.status_code, resp.text = answer.status, body.decode(errors="replace")
+                resp.headers = answer.headers
         except (gevent.Timeout, TimeoutError):
             # the abort is what was asked for: recorded as aborted, not a failure in Locust's stats
             resp.error = TimeoutError(f"client gave up after {self.abort_after * 1000:.0f} ms")
@@ -109,11 +111,15 @@ class ChaosUser(FastHttpUser):
         finally:
             conn.close()
         failed = resp.error is not None and not isinstance(resp.error, TimeoutError)
+        status = resp.status_code or None
+        # only an answer is retried: the hang-up itself is what was asked for
+        retry = self._decide_retry(status, outcome_of(status, None, False), resp, retries) if status else None
+        ctx["final"] = retry is None
         self.environment.events.request.fire(
             request_type="POST", name=name, response_time=(time.perf_counter() - p0) * 1000,
             response_length=len(body), response=resp, context=ctx, exception=resp.error if failed else None,
             start_time=t0, url=path)
-        return resp.status_code or None, resp, None  # a caller that gave up does not retry
+        return status, resp, retry
 
     def send(self, req: BuiltRequest, *, abort: bool = False, **ctx_extra) -> tuple[int | None, object]:
         """POST ``req`` as the client would, retries included; returns the last attempt's (status or None,
@@ -135,7 +141,7 @@ class ChaosUser(FastHttpUser):
             t0 = time.time()
             try:
                 if abort:
-                    status, resp, retry = self._abort(payload, headers, name, ctx, req.path, t0)
+                    status, resp, retry = self._abort(payload, headers, name, ctx, req.path, t0, retries)
                 else:
                     status, resp, retry = self._post(payload, headers, name, ctx, req, retries)
             except GreenletExit:

@@ -56,7 +56,7 @@ def valid_p95_ms(stats) -> float | None:
     return merged.get_response_time_percentile(0.95) if merged.num_requests else None
 
 
-def init(environment, cut_hook) -> None:
+def init(environment, cut_hook, redactor) -> None:
     """At Locust's init: the owner makes the panel, a worker counts for its reports."""
     runner = environment.runner
     if isinstance(runner, WorkerRunner):
@@ -70,7 +70,7 @@ def init(environment, cut_hook) -> None:
         source = "the workers' stats reports to the master (every 3 s)"
     else:
         source = "request events in this Locust process"
-    panel = Live.panel = Panel(signatures(), source)
+    panel = Live.panel = Panel(signatures(), source, redactor)
     panel.p95_ms = lambda: valid_p95_ms(environment.stats)
     if isinstance(runner, MasterRunner):
         def on_worker_report(client_id, data, **_):

@@ -39,9 +39,10 @@ def clock(t: float | None) -> str:
 
 
 class Panel:
-    def __init__(self, sigs: Signatures, counts_source: str):
+    def __init__(self, sigs: Signatures, counts_source: str, redact=lambda text: text):
         self.sigs = sigs
         self.counts_source = counts_source
+        self.redact = redact  # what the state shows of server text: never a secret
         self.p95_ms = lambda: None  # the p95 latency of valid requests, from Locust's stats (set by the wiring)
         self.reset(None)
 
@@ -81,7 +82,8 @@ class Panel:
 
     # events
     def _event(self, t: float, event: str, signature: str, source: str, detail: str) -> dict:
-        e = {"t": t, "event": event, "signature": signature, "source": source, "detail": clean(detail, 500)}
+        e = {"t": t, "event": event, "signature": signature, "source": source,
+             "detail": clean(self.redact(detail), 500)}
         self.events.append(e)
         key = (event, signature)
         self.event_counts[key] = self.event_counts.get(key, 0) + 1
@@ -245,7 +247,8 @@ class Panel:
             "counts_source": self.counts_source,
             "workers_reporting": len(self.workers),
             "outcomes": {"categories": list(CATEGORIES), "kinds": kinds, "total": total,
-                         "last_error": dict(self.outcomes.last_error), "drift_503": self.outcomes.drift_total},
+                         "last_error": {k: self.redact(v) for k, v in self.outcomes.last_error.items()},
+                         "drift_503": self.outcomes.drift_total},
             "health": {"watching": self.watching, "state": self.health_state, "since": self.health_since,
                        "last_ok": self.last_ok, "polls": self.polls, "polls_ok": self.polls_ok,
                        "segments": list(self.segments)[-SHOWN_SEGMENTS:]},

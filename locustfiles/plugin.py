@@ -24,7 +24,8 @@ from locust.exception import StopUser
 from locust.runners import STATE_INIT, MasterRunner, WorkerRunner
 
 from mmchaos import options, paths
-from mmchaos.auth import auth_headers
+from mmchaos.auth import api_key, auth_headers
+from mmchaos.redact import Redactor
 
 from . import gates, live, webui
 from .recorder import Recorder
@@ -45,6 +46,7 @@ class Session:
     user_ids = itertools.count()
     # requests cut by the end of the run: (context, start_time, response_time); they are no Locust request
     cut_hook = EventHook()
+    redactor = Redactor()  # this process's secrets (its MMCHAOS_API_KEY), masked in rows and the web UI
 
 
 def register() -> None:
@@ -94,7 +96,8 @@ def _init(environment, **_):
     # Locust installs its SIGTERM handler only after a headless shape test has finished, so until then SIGTERM
     # kills the process with rows unflushed. End the shape instead: Locust then quits its usual way.
     gevent.signal_handler(signal.SIGTERM, lambda: _end_shape_on_sigterm(environment))
-    live.init(environment, Session.cut_hook)
+    Session.redactor = Redactor.from_environment([api_key() or ""])
+    live.init(environment, Session.cut_hook, Session.redactor)
     o = opts(environment)
     if o is None:
         return
@@ -140,7 +143,8 @@ def _test_start(environment, **_):
                                         health_interval=o.health_interval,
                                         metrics_interval=o.metrics_interval).start()
     if not isinstance(runner, MasterRunner):
-        Session.recorder = Recorder(environment, o.results_dir, o.run_id, o.config_name, o.trial, Session.cut_hook)
+        Session.recorder = Recorder(environment, o.results_dir, o.run_id, o.config_name, o.trial, Session.cut_hook,
+                                    Session.redactor)
     live.test_start(environment, Session.watchers)
 
 

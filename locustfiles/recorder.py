@@ -17,7 +17,8 @@ from mmchaos.tables import PartWriter, process_tag, table_dir
 class Recorder:
     """Attach to a Locust environment; writes ``<out_dir>/requests/part-*.parquet``."""
 
-    def __init__(self, environment, out_dir, run_id: str, config: str, trial: int, cut_hook, interval: float = 1.0):
+    def __init__(self, environment, out_dir, run_id: str, config: str, trial: int, cut_hook, redactor,
+                 interval: float = 1.0):
         self.writer = PartWriter(table_dir(out_dir, "requests"), schema.REQUESTS)
         self.run_id, self.config, self.trial = run_id, config, trial
         self.worker = process_tag()
@@ -27,6 +28,7 @@ class Recorder:
         self.environment = environment
         environment.events.request.add_listener(self.on_request)
         self.cut_hook = cut_hook
+        self.redact = redactor  # server text can quote a key (vLLM echoes its arguments): none reaches a row
         cut_hook.add_listener(self.on_cut)
         self._loop = gevent.spawn(self._flush_loop)
 
@@ -65,7 +67,7 @@ class Recorder:
                 "latency_ms": response_time,
                 "status": status,
                 "outcome": outcome,
-                "error": error,
+                "error": self.redact(error) if error else None,
                 "cause": cause_of(status, outcome, expected),
                 "attempt": ctx.get("attempt", 1),
                 "request_group": ctx.get("request_group") or ctx.get("request_id"),

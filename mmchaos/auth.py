@@ -26,6 +26,7 @@ def api_key() -> str | None:
     return None
 
 
-def auth_headers() -> dict[str, str]:
-    key = api_key()
+def auth_headers(key: str | None = None) -> dict[str, str]:
+    """The bearer header for ``key`` (default: this process's MMCHAOS_API_KEY), none without a key."""
+    key = key or api_key()
     return {"Authorization": f"Bearer {key}"} if key else {}

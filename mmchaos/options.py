@@ -3,6 +3,7 @@ in the web UI's start form and work headless), and mapped from a campaign file's
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 
 # Qwen3-VL-Embedding's default instruction, sent as the system message of image conversations.
@@ -124,7 +125,9 @@ def register(parser) -> None:
 
 
 class OptionError(ValueError):
-    pass
+    def __init__(self, message: str, section: str = "", key: str = ""):
+        super().__init__(message)
+        self.section, self.key = section, key  # where in a campaign file: [workload.mix] or [workload.options]
 
 
 def to_argv(mix: dict, options: dict) -> list[str]:
@@ -132,25 +135,32 @@ def to_argv(mix: dict, options: dict) -> list[str]:
     argv = []
     for kind, weight in mix.items():
         if kind not in WEIGHTS:
-            raise OptionError(f"unknown kind '{kind}' in [workload.mix]; kinds: {', '.join(WEIGHTS)}")
+            raise OptionError(f"unknown kind '{kind}' in [workload.mix]; {did_you_mean(kind, WEIGHTS)}", "workload.mix", kind)
         why = BY_NAME[f"weight_{kind}"].problem(weight)
         if why:
-            raise OptionError(f"[workload.mix] {kind} {why}")
+            raise OptionError(f"[workload.mix] {kind} {why}", "workload.mix", kind)
         argv += [BY_NAME[f"weight_{kind}"].flag, str(weight)]
     for name, value in options.items():
         o = BY_NAME.get(name)
         if o is None or name in HARNESS_OWNED or name.startswith("weight_"):
-            raise OptionError(f"unknown option '{name}' in [workload.options]; options: "
-                              + ", ".join(n for n in BY_NAME if n not in HARNESS_OWNED and not n.startswith("weight_")))
+            settable = [n for n in BY_NAME if n not in HARNESS_OWNED and not n.startswith("weight_")]
+            raise OptionError(f"unknown option '{name}' in [workload.options]; {did_you_mean(name, settable)}",
+                              "workload.options", name)
         why = o.problem(value)
         if why:
-            raise OptionError(f"[workload.options] {name} {why}")
+            raise OptionError(f"[workload.options] {name} {why}", "workload.options", name)
         if o.type is bool:
             if value:
                 argv.append(o.flag)
         else:
             argv += [o.flag, str(value)]
     return argv
+
+
+def did_you_mean(word: str, choices) -> str:
+    """The hint of a one-line error about an unknown name."""
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f"did you mean '{close[0]}'?" if close else f"known: {', '.join(choices)}"
 
 
 def effective_mix(mix: dict) -> dict:

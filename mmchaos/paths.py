@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -28,3 +29,9 @@ def vllm_cache_root() -> Path:
 
 def results_dir() -> Path:
     return Path(os.environ.get("MMCHAOS_RESULTS") or PROJECT_ROOT / "results").resolve()
+
+
+def locustfile(name: str = "embeddings.py") -> Path:
+    """One of mmchaos's own locustfiles, wherever the package is installed (found, not imported: importing a
+    locustfile imports Locust, which monkey-patches the process)."""
+    return Path(importlib.util.find_spec("mmchaos.locustfiles").submodule_search_locations[0]) / name

@@ -71,9 +71,11 @@ COMPACT = "compact.parquet"
 _SOURCES = b"mmchaos_sources"  # compact.parquet's metadata: the part names it holds
 
 
-def part_files(folder: Path | str) -> list[Path]:
+def part_files(folder: Path | str, notes: list[str] | None = None) -> list[Path]:
     """The files that hold a table's rows, each row in exactly one of them, whatever moment a compaction
-    was interrupted at: the compacted file, plus the parts it does not already hold."""
+    was interrupted at: the compacted file, plus the parts it does not already hold. A compacted file that cannot
+    be read, or does not say which parts it holds, is left out (said in ``notes``): its rows cannot be counted
+    once and only once."""
     folder = Path(folder)
     if not folder.is_dir():
         return []
@@ -81,7 +83,12 @@ def part_files(folder: Path | str) -> list[Path]:
     compact = folder / COMPACT
     if not compact.is_file():
         return parts
-    held = set(json.loads(pq.read_schema(compact).metadata[_SOURCES]))
+    try:
+        held = set(json.loads(pq.read_schema(compact).metadata[_SOURCES]))
+    except (pa.ArrowException, OSError, KeyError, TypeError, ValueError) as e:
+        if notes is not None:
+            notes.append(f"skipped unreadable {compact} ({(str(e).splitlines() or [type(e).__name__])[0][:120]})")
+        return parts
     return [compact] + [p for p in parts if p.name not in held]
 
 
@@ -91,12 +98,12 @@ def compact(folder: Path | str) -> int:
     folder = Path(folder)
     files = part_files(folder)
     parts = [f for f in files if f.name != COMPACT]
-    if len(files) < 2:
-        return 0
+    if len(files) < 2 or ((folder / COMPACT).is_file() and files[0].name != COMPACT):
+        return 0  # nothing to merge, or a compacted file we cannot read: never write over it
     table = pa.concat_tables(pq.read_table(f) for f in files)
     held = set()
-    if (folder / COMPACT).is_file():
-        held = set(json.loads(pq.read_schema(folder / COMPACT).metadata[_SOURCES]))
+    if files[0].name == COMPACT:
+        held = set(json.loads(pq.read_schema(files[0]).metadata[_SOURCES]))
     meta = {**(table.schema.metadata or {}), _SOURCES: json.dumps(sorted(held | {p.name for p in parts}))}
     tmp = folder / f".{COMPACT}.tmp"
     pq.write_table(table.replace_schema_metadata(meta), tmp)

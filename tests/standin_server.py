@@ -97,6 +97,8 @@ class Handler(BaseHTTPRequestHandler):
             return None
         if "dimensions" in body:
             msg = self.opts.error_text or "Model does not support matryoshka representation"
+            if self.opts.echo_key:
+                msg += f" (request {self.path} with key {self.opts.api_key})"
             if self.opts.error_text:
                 print(f"ERROR [serving.py:1] request failed: {msg}", flush=True)  # servers log what they answer
             if self.opts.miss_after_poison:
@@ -148,12 +150,15 @@ def main() -> None:
     p.add_argument("--error-text", default="", help="message of 400 answers (to test escaping)")
     p.add_argument("--close-delay-ms", type=float, default=50, help="after a 500, close the connection this late")
     p.add_argument("--miss-after-poison", action="store_true", help="answer a poisoned image once with a 503 miss")
+    p.add_argument("--limit-mm-per-prompt", type=json.loads, default={}, help="JSON, as vLLM's (checked, unused)")
+    p.add_argument("--echo-key", action="store_true", help="quote the API key in 400 answers (a careless server)")
     opts = p.parse_args()
     Handler.opts = opts
     srv = ThreadingHTTPServer((opts.host, opts.port), Handler)
     srv.daemon_threads = True
     # like vLLM (uvicorn), shut down on SIGTERM through a handler: a stopped (SIGSTOPped) process does not run it
     signal.signal(signal.SIGTERM, _on_sigterm)
+    print(f"standin non-default args: {vars(opts)}", flush=True)  # as vLLM prints its own, keys included
     print(f"standin listening on {opts.host}:{opts.port}", flush=True)
     try:
         srv.serve_forever()

@@ -403,3 +403,18 @@ def test_default_baseline_is_the_shipped_server_that_kept_serving(hand):
     # were "fixed" also run without extra flags, it would be the baseline: it did not crash
     c.trials.loc[c.trials["config"] == "fixed", "flags"] = ""
     assert stats.default_baseline(c) == "fixed"
+
+
+def test_a_drift_line_matches_every_image_of_the_request_it_names(tmp_path):
+    """The poisoned image is the second of a multi-image request: the poisoner is still found by that image."""
+    camp = tmp_path / "multi"
+    write_trial(camp, "a", 0, manifest={}, health=health([1, 2]), requests=[
+        req(1, "malformed_post", S.HTTP_ERROR, 400, "h1", "dimensions", 400),
+        req(2, "valid_image", hashes="h7"),
+        req(3, "multi_image", hashes="h9,h1", request_id="mmc-r-0-0-3"),
+    ], log_events=[{"t": T0 + 3.1, "signature": "cache_drift", "fatal": False, "mm_hash": "ab" * 8,
+                    "request_id": "mmc-r-0-0-3", "line": "drift embd-mmc-r-0-0-3"}])
+    events, _ = attribute(load_results(camp))
+    [ev] = events.to_dict("records")
+    assert ev["match"] == SAME_IMAGE and ev["requests"] == 2  # the poisoner (h1) and the request itself
+    assert "malformed_post/dimensions ×1" in ev["sent"] and "valid_image" not in ev["sent"]

@@ -95,15 +95,18 @@ def test_openai_retry_rule():
 
 @pytest.mark.parametrize("policy", ["openai", "none"])
 def test_a_cache_miss_is_retried_as_the_openai_sdk_does(tmp_path, policy):
-    """The stand-in plays vLLM 0.32: a poisoned image is answered once with the retryable 503."""
+    """The stand-in plays vLLM 0.32: a poisoned image is answered once with the retryable 503. An abort the server
+    answers before the client hangs up is retried like any other request (the SDK's timeout is per attempt). One
+    user, so that no second poisoning of the same image overtakes a retry."""
     with standin_server(tmp_path / "s.log", "--miss-after-poison") as s:
-        r = locust("locustfiles/embeddings.py", s.base_url, tmp_path, *only(valid_image=3, malformed_post=1),
+        r = locust("locustfiles/embeddings.py", s.base_url, tmp_path,
+                   *only(valid_image=3, malformed_post=1, abort=1),
                    *POISON_CASE, "--pool-size", "2", "--fresh-fraction", "0", "--retry-policy", policy,
-                   users=2, seconds=4)
+                   users=1, seconds=4)
     df = locust_rows(rows(tmp_path))
     misses = df[df["status"] == 503]
     assert len(misses) > 3, r.stdout[-2000:]
-    assert (misses["cause"] == schema.SERVER).all()
+    assert (misses["cause"] == schema.SERVER).all() and (misses["kind"] == "abort").any()
     by_group = df.groupby("request_group")
     if policy == "none":
         assert (df["attempt"] == 1).all() and df["final"].all()
@@ -202,7 +205,8 @@ def test_the_live_verdict_on_the_web_ui_state(tmp_path, args, level):
     from test_webui import LocustUI, run_finished_and_flushed, wait_for
 
     with standin_server(tmp_path / "s.log", *args) as s:
-        ui = LocustUI(tmp_path, "--host", s.base_url, "--autostart", "-u", "3", "-r", "3", "-t", "4s", "--autoquit",
+        # one user: no second poisoning of an image overtakes a retry (see test_a_cache_miss_is_retried_...)
+        ui = LocustUI(tmp_path, "--host", s.base_url, "--autostart", "-u", "1", "-r", "1", "-t", "4s", "--autoquit",
                       "60", "--results-dir", str(tmp_path), "--image-preset", "small", "--pool-size", "2",
                       "--fresh-fraction", "0", *only(valid_image=3, malformed_post=1), *POISON_CASE).wait_up()
         try:

@@ -68,7 +68,7 @@ def test_refused_connections_are_rows(tmp_path):
                "--max-requests", "200", users=2, seconds=3)
     df = rows(tmp_path)
     assert len(locust_rows(df)) == locust_request_count(tmp_path) > 0, r.stdout[-1500:]
-    assert (df["outcome"] == schema.CONNECTION_ERROR).all()
+    assert (locust_rows(df)["outcome"] == schema.CONNECTION_ERROR).all()
     assert len(df) <= 200  # the request budget bounds the loop
 
 
