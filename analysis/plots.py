@@ -50,12 +50,13 @@ def to_png(fig, tight: bool = True) -> bytes:
 
 
 def crash_rates(crash: pd.DataFrame, configs: list[str]) -> bytes:
-    """Crash rate per 1,000 requests and per hour with their exact intervals, one row per config."""
+    """Crash rate per 1,000 answered requests and per hour of uptime with their exact intervals, one row per
+    config (refusals and down time while a server restarts are no exposure)."""
     col = colors(configs)
     fig, axes = plt.subplots(1, 2, figsize=(10, 0.5 * len(crash) + 1.6), sharey=True)
     y = np.arange(len(crash))[::-1]
-    for ax, (key, title) in zip(axes, (("per_1k_requests", "crashes per 1,000 requests"),
-                                       ("per_hour", "crashes per hour of load"))):
+    for ax, (key, title) in zip(axes, (("per_1k_answered", "crashes per 1,000 answered requests"),
+                                       ("per_hour_up", "crashes per hour of uptime"))):
         est, lo, hi = crash[key].to_numpy(float), crash[key + "_lo"].to_numpy(float), crash[key + "_hi"].to_numpy(float)
         for yi, cfg, e, a, b in zip(y, crash["config"].astype(str), est, lo, hi):
             ax.errorbar(e, yi, xerr=[[e - a], [b - e]], fmt="o", color=col[cfg], capsize=4)

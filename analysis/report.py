@@ -18,8 +18,10 @@ import pandas as pd
 
 from mmchaos.files import write_files_atomic
 
-from . import sections_incidents, sections_performance, sections_run, sections_verdict, stats
+from . import hazard, prediction, sections_hazard, sections_incidents, sections_performance, sections_run
+from . import sections_verdict, stats
 from .attribution import DEFAULT_WINDOW_S, attribute
+from .exposure import exposure
 from .document import Doc
 from .results import CampaignResults, LoadError, combine, find_trials, load_results
 from .survival import first_crash_durations, kaplan_meier
@@ -57,12 +59,15 @@ def write_report(
     compare_with: str | Path | None = None,
     window_s: float = DEFAULT_WINDOW_S,
     progress: Callable[[str], None] | None = None,
+    traffic: dict | None = None,
 ) -> ReportResult:
     """Load ``campaign_dir`` (and ``compare_with``), compute everything, write the report; return the paths.
 
     ``baseline`` names the configuration the workaround cost is measured against (default: the one
     without extra flags). With ``compare_with``, configurations are named ``<campaign>/<config>`` and a
-    side-by-side section pairs the configurations the two campaigns share.
+    side-by-side section pairs the configurations the two campaigns share. ``traffic``: a user's traffic, the
+    keyword arguments of analysis.prediction.predict after the fit (rps, post_render_share, disconnect_share,
+    reuse, knobs): the crash-hazard section then gives the mean time between crashes at it.
     """
     say = progress or (lambda _msg: None)
     timings: dict[str, float] = {}
@@ -75,6 +80,11 @@ def write_report(
         t0 = now
 
     _precheck(campaign_dir, compare_with, baseline)  # bad input fails here, before any progress line
+    if traffic:
+        try:
+            prediction.check_traffic(**traffic)
+        except (TypeError, ValueError) as e:
+            raise ReportError(f"traffic to predict at: {e}") from e
     say(f"loading {campaign_dir}")
     try:
         main_c = load_results(campaign_dir)
@@ -87,7 +97,8 @@ def write_report(
     lap("load")
     base = _resolve_baseline(c, baseline, compared=compare_with is not None)
     say(f"computing statistics for {len(c.configs)} configuration(s), {len(c.requests):,} requests")
-    doc, verdict = build(c, base, window_s, compared=compare_with is not None, timings=timings, lap=lap, say=say)
+    doc, verdict = build(c, base, window_s, compared=compare_with is not None, timings=timings, lap=lap, say=say,
+                         traffic=traffic)
     markdown, html_text = doc.to_markdown(), doc.to_html()
     lap("render")
     out = Path(out_dir) if out_dir is not None else Path(campaign_dir) / DEFAULT_OUT
@@ -135,10 +146,15 @@ def _resolve_baseline(c: CampaignResults, baseline: str | None, compared: bool) 
 
 
 def build(c: CampaignResults, baseline: str, window_s: float = DEFAULT_WINDOW_S, compared: bool = False,
-          timings=None, lap=lambda _n: None, say=lambda _m: None) -> tuple[Doc, pd.DataFrame]:
+          timings=None, lap=lambda _n: None, say=lambda _m: None, traffic: dict | None = None
+          ) -> tuple[Doc, pd.DataFrame]:
     """Compute every table and figure and lay them out; returns the document and the verdicts."""
-    from . import plots  # matplotlib is slow to import: only when a report is really built
-    crash = stats.crash_stats(c)
+    from . import plots, plots_hazard  # matplotlib is slow to import: only when a report is really built
+    exp = exposure(c)
+    crash = stats.crash_stats(c, exp=exp)
+    fits = hazard.fit_exposure(exp, [str(x) for x in c.configs])
+    held = prediction.held_out_table(exp, fits)
+    predicted = prediction.predict(fits, **traffic) if traffic else None
     drift = stats.drift_stats(c)
     retried = stats.retry_success(c)
     groups = stats._ok_latency_groups(c)
@@ -155,6 +171,7 @@ def build(c: CampaignResults, baseline: str, window_s: float = DEFAULT_WINDOW_S,
     say("drawing plots")
     figs = {
         "crash_rates": plots.crash_rates(crash, c.configs),
+        "hazard": plots_hazard.hazard_curves(fits),
         "survival": plots.survival(curves, durations, c.configs),
         "latency": plots.latency_ecdf(stats.latency_quantile_grid(c), c.configs),
         "throughput": plots.throughput_over_time(stats.throughput_over_time(c), c.configs),
@@ -170,6 +187,7 @@ def build(c: CampaignResults, baseline: str, window_s: float = DEFAULT_WINDOW_S,
     if compared:
         sections_run.side_by_side(doc, c, verdict, crash, lat, tput)
     sections_incidents.crashes(doc, c, crash, figs["crash_rates"])
+    sections_hazard.hazard_section(doc, c, fits, figs["hazard"], held, predicted)
     sections_incidents.survival(doc, durations, curves, figs["survival"], c.configs)
     sections_incidents.attribution(doc, events, attribution, window_s)
     sections_incidents.drift(doc, drift)

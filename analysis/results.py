@@ -3,8 +3,8 @@
 Everything in ``analysis`` reads results through :func:`load_results`; nothing else opens the files. (What a
 campaign is to run is harness.campaign_plan.CampaignPlan; what it wrote is a :class:`CampaignResults`.)
 Every table gets ``campaign``, ``config`` and ``trial`` columns taken from the folder layout (the
-folders are the truth: a writer that got a column wrong cannot mislabel a trial), and a ``t_rel``
-column: seconds since the trial started.
+folders are the truth: a writer that got a column wrong cannot mislabel a trial), ``sweep`` (the trial's sweep
+point from its manifest, as in the trials table), and a ``t_rel`` column: seconds since the trial started.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def load_results(campaign_dir: str | Path) -> CampaignResults:
     notes: list[str] = []
     trials = _trials_table(name, found, notes)
     tables, rows_trial = {}, {}  # rows_trial[table][i]: which trials row table row i belongs to
-    for table_name in S.TABLES:
+    for table_name in S.REPORT_TABLES:
         files = _files_for(table_name, found, notes)
         tables[table_name], rows_trial[table_name] = _load_table(table_name, files, campaign_dir, trials, notes)
     tables["log_events"]["image_hash"] = _images_of_request(tables["log_events"], tables["requests"])
@@ -131,7 +131,7 @@ def combine(campaigns: list[CampaignResults]) -> CampaignResults:
         names.append(n)
     configs = [f"{n}/{cfg}" for n, c in zip(names, campaigns) for cfg in c.configs]
     out = {}
-    for table_name in ("trials", *S.TABLES):
+    for table_name in ("trials", *S.REPORT_TABLES):
         parts = []
         for n, c in zip(names, campaigns):
             df = c.table(table_name).copy()
@@ -164,6 +164,10 @@ def _trials_table(name: str, found: list[tuple[str, str, Path]], notes: list[str
                 notes.append(f"{config}/{trial_name}: unreadable {S.MANIFEST} ({e}); using what the tables say")
         if manifest.get("config") not in (None, config):
             notes.append(f"{config}/{trial_name}: manifest says config {manifest['config']!r}; using the folder name")
+        if manifest.get("workers_lost"):  # Locust workers that died mid-trial: less load from then on
+            lost = [str(w) for w in manifest["workers_lost"]]
+            notes.append(f"{config}/{trial_name}: {len(lost)} Locust worker(s) lost mid-trial ({', '.join(lost)}); "
+                         "their rows up to their last flush are kept")
         workload = manifest.get("workload") or {}
         missing = [m for m in (S.MANIFEST, S.SERVER_LOG) if not (path / m).exists()]
         missing += [d for t, d in S.TABLE_DIRS.items() if t in _ALWAYS_WRITTEN and not part_files(path / d)]
@@ -329,6 +333,8 @@ def _to_frame(
             "trial": trials["trial"].to_numpy()[row_trial].astype(np.int32),
         }
     )
+    sweep_codes, sweep_names = pd.factorize(trials["sweep"])
+    ids["sweep"] = pd.Categorical.from_codes(sweep_codes[row_trial], sweep_names)  # each row's sweep point
     return pd.concat([ids, df], axis=1), row_trial
 
 

@@ -17,24 +17,30 @@ MAX_EVENT_ROWS = 60
 def crashes(doc: Doc, c: CampaignResults, crash: pd.DataFrame, fig: bytes) -> None:
     doc.h(2, "Crashes")
     doc.p("A crash is a server death detected by the harness (process exit, failed health checks or a hang). "
-          "Rates count every crash (a trial can restart the server and crash again); the share of trials counts "
-          "trials with at least one crash. Requests include every request sent, also those refused while down.")
+          "Rates count every crash (a trial can restart the server and crash again) over the exposure the server "
+          "really had: hours of uptime (the load time while it was up: from a crash's detection to its next "
+          "healthy /health is down time) and the requests it answered (not those refused while it was down or "
+          "restarting). Requests: every request sent. The share of trials counts trials with at least one crash.")
     doc.table(pd.DataFrame({
         "configuration": crash["config"].astype(str),
         "trials": crash["trials"].map(integer),
-        "hours": crash["hours"].map(num),
+        "hours of load": crash["hours"].map(num),
+        "hours up": crash["uptime_hours"].map(num),
         "requests": crash["requests"].map(integer),
+        "answered": crash["answered"].map(integer),
         "crashes": crash["crashes"].map(integer),
-        "per 1,000 requests": ci_col(crash, "per_1k_requests"),
-        "per hour": ci_col(crash, "per_hour"),
+        "per 1,000 answered": ci_col(crash, "per_1k_answered"),
+        "per hour of uptime": ci_col(crash, "per_hour_up"),
         "trials crashed": [f"{int(k)}/{int(n)}" for k, n in crash[["trials_crashed", "trials"]].to_numpy()],
         "share of trials crashed": ci_col(crash, "share_crashed", fmt=pct_ci),
     }), caption="Crash rates with 95 % intervals")
     doc.image("crash_rates.png", fig, "crash rates per configuration with intervals")
     sig = stats.crash_signatures(c)
     if len(sig):
-        doc.table(sig.rename(columns={"config": "configuration", "trials": "in trials"}),
-                  caption="Crashes by signature and how they were detected")
+        doc.table(sig.rename(columns={"config": "configuration", "chain": "chain of signatures",
+                                      "trials": "in trials"}),
+                  caption="Crashes by their chain of log signatures, root first (a drift warning, then the "
+                          "assertion it led to), and how they were detected")
     logs = stats.log_signatures(c)
     if len(logs):
         logs = logs.assign(example=logs["example"].astype(str).str.slice(0, 240),

@@ -42,9 +42,19 @@ def what_was_run(doc: Doc, c: CampaignResults) -> None:
     machines = sorted({str(m) for m in c.trials["machine"].dropna()})
     if machines:
         doc.p("Machine: " + "; ".join(machines))
-    mix = {json.dumps(json.loads(w).get("mix"), sort_keys=True) for w in c.trials["workload"]}
-    if len(mix) == 1 and next(iter(mix)) != "null":
-        doc.p("Request mix (weights): " + ", ".join(f"{k} {v}" for k, v in json.loads(next(iter(mix))).items()))
+    swept: dict[str, set] = {}
+    for point in c.trials["sweep"].map(json.loads):
+        for k, v in point.items():
+            swept.setdefault(k, set()).add(v)
+    if swept:
+        doc.p("Sweep: " + "; ".join(f"{k} over {', '.join(map(str, sorted(v)))}" for k, v in swept.items())
+              + " (every combination; the columns above show a configuration's first trial, the Trials section "
+                "each trial's point in its folder name).")
+    mix = {json.dumps({k: v for k, v in (json.loads(w).get("mix") or {}).items() if k not in swept}, sort_keys=True)
+           for w in c.trials["workload"]}
+    if len(mix) == 1 and next(iter(mix)) != "{}":
+        doc.p("Request mix (weights" + (", swept kinds aside" if swept else "") + "): "
+              + ", ".join(f"{k} {v}" for k, v in json.loads(next(iter(mix))).items()))
 
 
 def side_by_side(doc, c, verdict, crash, lat, tput) -> None:

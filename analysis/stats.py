@@ -14,6 +14,7 @@ from mmchaos.schema import MALFORMED_KINDS, VALID_KINDS
 from mmchaos.signatures import Signatures
 
 from . import intervals as I
+from .exposure import exposure as trial_uptime_exposure
 from .results import CampaignResults
 
 ALL_VALID = "all valid kinds"  # pooled row in latency / cost tables
@@ -67,15 +68,23 @@ def retry_success(c: CampaignResults) -> pd.DataFrame:
     return out.reset_index()
 
 
-def crash_stats(c: CampaignResults, confidence: float = I.CONFIDENCE) -> pd.DataFrame:
-    """Per config: crashes, crash rate per 1,000 requests and per hour (exact Poisson), share of trials
-    that crashed at least once (Wilson)."""
-    exp = trial_exposure(c)
+def crash_stats(c: CampaignResults, confidence: float = I.CONFIDENCE, exp: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per config: crashes, crash rate per 1,000 requests and per hour of load, and (what a crash-prone
+    configuration under the restart policy needs: its refusals while it restarts are no exposure) per hour of
+    uptime and per 1,000 answered requests (exact Poisson); share of trials that crashed at least once (Wilson).
+    ``exp``: analysis.exposure.exposure(c), when computed already."""
+    exp_t = trial_exposure(c)
+    e = exp if exp is not None else trial_uptime_exposure(c)
+    up = e.assign(config=e["config"].astype(str)).groupby("config")[["uptime_s", "answered"]].sum()
+    up = up.reindex([str(x) for x in exp_t.index], fill_value=0)
     crashes = c.crashes.groupby("config", observed=False).size()
     crashed_trials = c.crashes.drop_duplicates(KEY).groupby("config", observed=False).size()
-    out = exp.assign(crashes=crashes.reindex(exp.index, fill_value=0),
-                     trials_crashed=crashed_trials.reindex(exp.index, fill_value=0))
-    for col, exposure, scale in (("per_1k_requests", out["requests"], 1000.0), ("per_hour", out["hours"], 1.0)):
+    out = exp_t.assign(crashes=crashes.reindex(exp_t.index, fill_value=0),
+                       trials_crashed=crashed_trials.reindex(exp_t.index, fill_value=0),
+                       uptime_hours=up["uptime_s"].to_numpy() / 3600.0, answered=up["answered"].to_numpy())
+    for col, exposure, scale in (("per_1k_requests", out["requests"], 1000.0), ("per_hour", out["hours"], 1.0),
+                                 ("per_hour_up", out["uptime_hours"], 1.0),
+                                 ("per_1k_answered", out["answered"], 1000.0)):
         est, lo, hi = I.poisson_rate_ci(out["crashes"], exposure, scale, confidence)
         out[col], out[col + "_lo"], out[col + "_hi"] = est, lo, hi
     w = [I.wilson_ci(k, n, confidence) for k, n in zip(out["trials_crashed"], out["trials"])]
@@ -135,13 +144,17 @@ def malformed_cases(c: CampaignResults) -> pd.DataFrame:
 
 
 def crash_signatures(c: CampaignResults) -> pd.DataFrame:
-    """Crashes by config × signature × reason, with the trials they hit."""
+    """Crashes by config × chain × reason, with the trials they hit. The chain names a crash by the log
+    signatures that led to it, root first (mmchaos.signatures: Signatures.chain); a crash recorded before chains
+    were (no chain column) is named by its signature alone."""
     cr = c.crashes
     if not len(cr):
-        return pd.DataFrame(columns=["config", "signature", "reason", "crashes", "trials"])
-    cr = cr.assign(signature=cr["signature"].astype(str).replace("nan", "(unclassified)"),
+        return pd.DataFrame(columns=["config", "chain", "reason", "crashes", "trials"])
+    sig = cr["signature"].astype(object).where(cr["signature"].notna(), "(unclassified)").astype(str)
+    chain = cr["chain"].astype(object) if "chain" in cr else pd.Series(None, index=cr.index, dtype=object)
+    cr = cr.assign(chain=chain.where(chain.notna() & chain.astype(str).ne(""), sig).astype(str),
                    reason=cr["reason"].astype(str))
-    g = cr.groupby(["config", "signature", "reason"], observed=True)
+    g = cr.groupby(["config", "chain", "reason"], observed=True)
     return pd.DataFrame({"crashes": g.size(), "trials": g["trial"].agg(_join_unique)}).reset_index()
 
 

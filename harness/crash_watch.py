@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from mmchaos import schema
 from mmchaos.health_rule import HANG, HANG_AFTER, OK, HealthRule, health_state
 from mmchaos.logtail import LogTail
-from mmchaos.signatures import Match, Signatures
+from mmchaos.signatures import CHAIN_LOOKBACK_S, Match, Signatures
 from mmchaos.tables import PartWriter, table_dir
 
 from .server import Server
@@ -32,6 +32,7 @@ class Crash:
     exit_code: int | None
     restart: int
     in_flight: int | None = None
+    chain: str | None = None  # the signatures that led to it, root first (Signatures.chain)
 
     def row(self) -> dict:
         return dict(self.__dict__)
@@ -49,7 +50,13 @@ class CrashWatch:
         self.restart = 0
         self._tail = LogTail(server.log_path)
         self._matches: list[Match] = []  # since the current server started
+        self._read_at: list[float] = []  # when each of them was read
         self.rule = HealthRule(hang_after)
+
+    @property
+    def matches(self) -> list[Match]:
+        """The classified log lines of the current server, in order."""
+        return list(self._matches)
 
     @property
     def last_healthy(self) -> float | None:
@@ -66,7 +73,7 @@ class CrashWatch:
         self._tail.skip_to_end()
         self.server = server
         self.restart += 1
-        self._matches = []
+        self._matches, self._read_at = [], []
         self.rule = HealthRule(self.hang_after)
 
     def _read_log(self) -> None:
@@ -75,6 +82,7 @@ class CrashWatch:
             m = self.sigs.match(line)
             if m:
                 self._matches.append(m)
+                self._read_at.append(now)
                 self.events.add({"t": now, "signature": m.signature.name, "fatal": m.signature.fatal,
                                  "mm_hash": m.mm_hash, "request_id": m.request_id, "line": m.line})
 
@@ -97,7 +105,9 @@ class CrashWatch:
                 time.sleep(0.05)  # polling for the exit
             reason = PROCESS_EXIT if code is not None else reason
         signature = HANG if reason == HANG else self.sigs.classify_crash(self._matches)
-        crash = Crash(t_detected, self.last_healthy, reason, signature, code, self.restart)
+        since = min(self.last_healthy or t_detected, t_detected) - CHAIN_LOOKBACK_S
+        chain = self.sigs.chain([m for m, t in zip(self._matches, self._read_at) if t >= since], signature)
+        crash = Crash(t_detected, self.last_healthy, reason, signature, code, self.restart, chain=chain)
         self.crashes.append(crash)
         return crash
 

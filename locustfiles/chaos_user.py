@@ -25,7 +25,7 @@ from locust import FastHttpUser
 from mmchaos import retry_policy
 from mmchaos.auth import auth_headers
 from mmchaos.outcomes import as_built, outcome_of
-from mmchaos.payloads.bodies import BuiltRequest
+from mmchaos.payloads.bodies import BuiltRequest, fill_template
 
 from . import connections, plugin
 
@@ -88,16 +88,17 @@ class ChaosUser(FastHttpUser):
                 resp.failure(f"HTTP {status}")
         return status, resp, retry
 
-    def _abort(self, payload: bytes, headers: dict, name: str, ctx: dict, path: str, t0: float, retries: int):
+    def _abort(self, payload: bytes, headers: dict, name: str, ctx: dict, path: str, t0: float, retries: int,
+               after: float):
         """Send on a connection of its own and hang up after --abort-after-ms: the server sees the client
         disconnect mid-request, as when a caller times out. A server that answers first is recorded as such,
         and a retryable answer is retried as any other (the caller's timeout is per attempt, as the SDK's)."""
         p0 = time.perf_counter()
-        conn = self._conn_class(self._netloc, timeout=self.abort_after)
+        conn = self._conn_class(self._netloc, timeout=after)
         resp = SimpleNamespace(status_code=0, text="", error=None, headers={})
         body = b""
         try:
-            with gevent.Timeout(self.abort_after):  # a hard deadline: socket timeouts are per operation
+            with gevent.Timeout(after):  # a hard deadline: socket timeouts are per operation
                 conn.request("POST", self._base_path + path, body=payload, headers=headers)
                 answer = conn.getresponse()
                 body = answer.read()
@@ -105,7 +106,7 @@ class ChaosUser(FastHttpUser):
                 resp.headers = answer.headers
         except (gevent.Timeout, TimeoutError):
             # the abort is what was asked for: recorded as aborted, not a failure in Locust's stats
-            resp.error = TimeoutError(f"client gave up after {self.abort_after * 1000:.0f} ms")
+            resp.error = TimeoutError(f"client gave up after {after * 1000:.0f} ms")
         except (OSError, http.client.HTTPException) as e:
             resp.error = e
         finally:
@@ -121,11 +122,15 @@ class ChaosUser(FastHttpUser):
             start_time=t0, url=path)
         return status, resp, retry
 
-    def send(self, req: BuiltRequest, *, abort: bool = False, **ctx_extra) -> tuple[int | None, object]:
+    def send(self, req: BuiltRequest, *, abort: bool = False, abort_after_ms: float | None = None,
+             **ctx_extra) -> tuple[int | None, object]:
         """POST ``req`` as the client would, retries included; returns the last attempt's (status or None,
         response). Locust's stats count an attempt as a success when it got what it was built to get (a
-        malformed case's expected status, an abort's disconnect)."""
-        payload = req.payload()
+        malformed case's expected status, an abort's disconnect). An abort hangs up after ``abort_after_ms``
+        (default ``--abort-after-ms``). With ``--trace``, each attempt is traced as it goes out."""
+        template, urls = req.template()
+        payload = fill_template(template, urls)
+        after = self.abort_after if abort_after_ms is None else abort_after_ms / 1000
         kind = req.meta.kind
         name = f"{req.path} [{kind}]" if req.meta.case is None else f"{req.path} [{kind}/{req.meta.case}]"
         group, retries = None, 0
@@ -139,9 +144,10 @@ class ChaosUser(FastHttpUser):
                    "request_group": group, "final": True, "reconnects": 0, **ctx_extra}
             headers = {**self.headers, "X-Request-Id": request_id}
             t0 = time.time()
+            plugin.trace(ctx, template, urls, after * 1000 if abort else None)
             try:
                 if abort:
-                    status, resp, retry = self._abort(payload, headers, name, ctx, req.path, t0, retries)
+                    status, resp, retry = self._abort(payload, headers, name, ctx, req.path, t0, retries, after)
                 else:
                     status, resp, retry = self._post(payload, headers, name, ctx, req, retries)
             except GreenletExit:

@@ -5,6 +5,8 @@ locustfile of the same process, does nothing.
 
 Roles: the process that owns the test (master or standalone) resolves the run's ids, results folder and model,
 runs the watchers and judges the gates; the processes that send requests (workers or standalone) record them.
+Where a table's rows go is decided once, in :func:`table_writer`: a worker ships them to its master
+(shipping.py), whatever machine it runs on; the master and a standalone Locust write them into the run's folder.
 """
 
 from __future__ import annotations
@@ -17,18 +19,21 @@ import uuid
 from pathlib import Path
 
 import gevent
+import gevent.util
 import requests
 from locust import events
 from locust.event import EventHook
 from locust.exception import StopUser
 from locust.runners import STATE_INIT, MasterRunner, WorkerRunner
 
-from mmchaos import options, paths
+from mmchaos import options, paths, schema
 from mmchaos.auth import api_key, auth_headers
 from mmchaos.redact import Redactor
+from mmchaos.tables import PartWriter, table_dir
 
-from . import gates, live, webui
+from . import gates, live, shipping, webui
 from .recorder import Recorder
+from .tracing import Tracer
 from .watchers import Watchers
 
 log = logging.getLogger("mmchaos")
@@ -39,7 +44,11 @@ class Session:
 
     registered = False
     recorder: Recorder | None = None
+    tracer: Tracer | None = None
     watchers: Watchers | None = None
+    outbox: shipping.Outbox | None = None  # a worker's parts on their way to the master
+    inbox: shipping.Inbox | None = None  # a master's end of them
+    main = None  # the greenlet of Locust's main()
     auto_results_dir = False
     auto_run_id = False
     sent = 0  # requests started by this process in this run (the --max-requests budget)
@@ -69,8 +78,23 @@ def cut(environment, context: dict, start_time: float, response_time: float) -> 
     Session.cut_hook.fire(context=context, start_time=start_time, response_time=response_time)
 
 
+def trace(context: dict, template: bytes, urls, abort_after_ms: float | None) -> None:
+    """Keep what a request attempt sends, as it goes out (when this run keeps a trace)."""
+    if Session.tracer is not None:
+        Session.tracer.record(context, template, urls, abort_after_ms)
+
+
 def opts(environment):
     return environment.parsed_options
+
+
+def table_writer(environment, table: str) -> PartWriter:
+    """The writer of ``table`` (a name of mmchaos.schema.TABLES) for this process's current run: on a Locust
+    worker its parts go to the master over Locust's messages, elsewhere into the run's results folder."""
+    o = opts(environment)
+    if Session.outbox is not None:
+        return PartWriter(None, schema.TABLES[table], sink=Session.outbox.sink(o.run_id, o.results_dir, table))
+    return PartWriter(table_dir(o.results_dir, table), schema.TABLES[table])
 
 
 def next_user_id() -> int:
@@ -96,11 +120,22 @@ def _init(environment, **_):
     # Locust installs its SIGTERM handler only after a headless shape test has finished, so until then SIGTERM
     # kills the process with rows unflushed. End the shape instead: Locust then quits its usual way.
     gevent.signal_handler(signal.SIGTERM, lambda: _end_shape_on_sigterm(environment))
+    # what every greenlet is waiting on, for a run that stalls (the campaign runner asks before it stops one)
+    gevent.signal_handler(signal.SIGUSR2, lambda: log.error("mmchaos: greenlets on SIGUSR2:\n%s",
+                                                            "\n".join(gevent.util.format_run_info())))
+    Session.main = gevent.getcurrent()  # Locust's main(), which a headless master's wait for workers blocks
     Session.redactor = Redactor.from_environment([api_key() or ""])
     live.init(environment, Session.cut_hook, Session.redactor)
+    runner = environment.runner
+    if isinstance(runner, WorkerRunner):
+        Session.outbox = shipping.Outbox(environment)
+    elif isinstance(runner, MasterRunner):
+        Session.inbox = shipping.Inbox(environment)
     o = opts(environment)
     if o is None:
         return
+    if Session.inbox is not None and o.run_id and o.results_dir:
+        Session.inbox.open_run(o.run_id, o.results_dir)  # a master started again for a run takes its parts
     Session.auto_results_dir = not o.results_dir
     Session.auto_run_id = not o.run_id
 
@@ -112,7 +147,12 @@ def _end_shape_on_sigterm(environment) -> None:
     if runner.shape_greenlet is not None:
         runner.shape_greenlet.kill(block=False)  # main() joins it, then quits the runner and shuts down
     elif runner.state == STATE_INIT:
-        runner.quit()  # the shape has not started yet
+        runner.quit()  # the shape has not started yet (and the workers connected so far are told to quit)
+        if isinstance(runner, MasterRunner) and opts(environment).headless and Session.main is not None:
+            # a headless master waits for its workers in main(), deaf to SIGTERM: end that wait (nothing started,
+            # no row to keep)
+            log.error("mmchaos: stopped while waiting for the workers to connect")
+            Session.main.throw(SystemExit(2))
 
 
 def resolve_model(host: str) -> str:
@@ -138,17 +178,25 @@ def _test_start(environment, **_):
             except (requests.RequestException, KeyError, IndexError, ValueError) as e:
                 log.error("cannot read the model name from %s/v1/models (%s): pass --model", environment.host, e)
         Path(o.results_dir).mkdir(parents=True, exist_ok=True)
+        if Session.inbox is not None:
+            Session.inbox.open_run(o.run_id, o.results_dir)
         if not o.no_watch and environment.host:
-            Session.watchers = Watchers(environment.host, o.results_dir, headers=auth_headers(),
+            Session.watchers = Watchers(environment.host, lambda table: table_writer(environment, table),
+                                        headers=auth_headers(),
                                         health_interval=o.health_interval,
                                         metrics_interval=o.metrics_interval).start()
     if not isinstance(runner, MasterRunner):
-        Session.recorder = Recorder(environment, o.results_dir, o.run_id, o.config_name, o.trial, Session.cut_hook,
-                                    Session.redactor)
+        Session.recorder = Recorder(environment, table_writer(environment, "requests"), o.run_id, o.config_name,
+                                    o.trial, Session.cut_hook, Session.redactor)
+        if not o.no_trace:
+            Session.tracer = Tracer(table_writer(environment, "trace"), table_writer(environment, "trace_images"))
     live.test_start(environment, Session.watchers)
 
 
 def _stop_all():
+    if Session.tracer:
+        Session.tracer.close()
+        Session.tracer = None
     if Session.recorder:
         Session.recorder.close()
         Session.recorder = None
@@ -159,12 +207,17 @@ def _stop_all():
 
 def _test_stop(environment, **_):
     _stop_all()
+    if Session.outbox is not None:
+        Session.outbox.run_ended()
     live.test_stop()
 
 
 def _quitting(environment, **_):
     """Locust decides its exit code right after this: the gates decide it (a code set already, 2 when the run
     could not run, stands)."""
+    if Session.inbox is not None:
+        # the workers' last parts and stats reports come after Locust stopped reading them: read them first
+        Session.inbox.drain(timeout=(environment.stop_timeout or 0) + shipping.DRAIN_S)
     live.quitting()
     panel = live.Live.panel
     if panel is None or isinstance(environment.runner, WorkerRunner) or opts(environment) is None:
@@ -186,3 +239,5 @@ def _quit(exit_code, **_):
     # the last event of a Locust process, after its runner has stopped every user; not `quitting`, which
     # Locust fires before it stops the users (rows of requests still in flight would be lost)
     _stop_all()
+    if Session.outbox is not None:
+        Session.outbox.finish()

@@ -2,7 +2,8 @@
 
 It listens to Locust's request event (fired once per request by FastHttpSession, success or failure), so it
 counts what Locust counts, plus the requests cut by the end of the run (the plugin's cut hook: they are no Locust
-request). Rows are flushed to Parquet parts every second (mmchaos.tables.PartWriter).
+request). Rows are flushed to Parquet parts every second (mmchaos.tables.PartWriter), into the results folder or,
+on a Locust worker, to the master (the plugin's table_writer decides).
 """
 
 from __future__ import annotations
@@ -11,15 +12,15 @@ import gevent
 
 from mmchaos import schema
 from mmchaos.outcomes import cause_of, error_text, outcome_of, status_of
-from mmchaos.tables import PartWriter, process_tag, table_dir
+from mmchaos.tables import PartWriter, process_tag
 
 
 class Recorder:
-    """Attach to a Locust environment; writes ``<out_dir>/requests/part-*.parquet``."""
+    """Attach to a Locust environment; writes the REQUESTS rows through ``writer``."""
 
-    def __init__(self, environment, out_dir, run_id: str, config: str, trial: int, cut_hook, redactor,
+    def __init__(self, environment, writer: PartWriter, run_id: str, config: str, trial: int, cut_hook, redactor,
                  interval: float = 1.0):
-        self.writer = PartWriter(table_dir(out_dir, "requests"), schema.REQUESTS)
+        self.writer = writer
         self.run_id, self.config, self.trial = run_id, config, trial
         self.worker = process_tag()
         self.interval = interval

@@ -56,20 +56,12 @@ class Traffic:
             self.pool = shared_pool(**kw)
         self.reuse = ReuseModel(len(self.pool), o.zipf, o.fresh_fraction)
         cases = catalogue.load_cases(*([o.cases_file] if o.cases_file else []))
-        usable = cases.usable(o.max_model_len)
-        if o.malformed_cases:
-            names = [n.strip() for n in o.malformed_cases.split(",") if n.strip()]
-            unknown = [n for n in names if n not in cases]
-            if unknown:
-                raise TrafficConfigError(f"unknown malformed case(s) {unknown}; known: {', '.join(cases)}")
-            usable = [c for c in usable if c.name in names]
-        self.cases = {
-            "malformed_pre": [c for c in usable if not c.poisons],
-            "malformed_post": [c for c in usable if c.poisons and c.carries_image],
-        }
-        for kind in self.cases:
-            if self.p[KINDS.index(kind)] > 0 and not self.cases[kind]:
-                raise TrafficConfigError(f"{kind} has weight but no malformed case of that stage is selected")
+        names = [n.strip() for n in o.malformed_cases.split(",") if n.strip()]
+        weighted = [k for k in ("malformed_pre", "malformed_post") if self.p[KINDS.index(k)] > 0]
+        try:
+            self.cases = cases.by_kind(o.max_model_len, names, weighted)
+        except ValueError as e:
+            raise TrafficConfigError(str(e)) from e
         self.instruction = o.instruction or None
 
 

@@ -9,14 +9,14 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 
 import gevent
 from geventhttpclient import HTTPClient
 from geventhttpclient.url import URL
 from prometheus_client.parser import text_string_to_metric_families
 
-from mmchaos import schema
-from mmchaos.tables import PartWriter, table_dir
+from mmchaos.tables import PartWriter
 
 log = logging.getLogger("mmchaos")
 # Samples worth a timeline: vLLM's own (names vary by version, so by prefix) and the HTTP server's counters.
@@ -35,14 +35,13 @@ def parse_metrics(text: str, t: float) -> list[dict]:
 
 
 class Watchers:
-    def __init__(self, base_url: str, out_dir, headers: dict | None = None, health_interval: float = 0.25,
-                 metrics_interval: float = 1.0, max_seconds: float = 24 * 3600):
+    def __init__(self, base_url: str, writer_for: Callable[[str], PartWriter], headers: dict | None = None,
+                 health_interval: float = 0.25, metrics_interval: float = 1.0, max_seconds: float = 24 * 3600):
         url = URL(base_url)
         # a client of their own, so polls never queue behind load requests
         self.client = HTTPClient.from_url(url, concurrency=2, connection_timeout=1.0, network_timeout=2.0)
         self.headers = headers or {}
-        self.health = PartWriter(table_dir(out_dir, "health"), schema.HEALTH)
-        self.metrics = PartWriter(table_dir(out_dir, "metrics"), schema.METRICS)
+        self.health, self.metrics = writer_for("health"), writer_for("metrics")
         self.health_interval, self.metrics_interval = health_interval, metrics_interval
         self.deadline = time.time() + max_seconds
         self.observers: list = []  # live states shown each row as it is written: .on_health(row), .on_metric(row)

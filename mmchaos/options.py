@@ -101,6 +101,7 @@ OPTIONS = [
     Option("health_interval", float, 0.25, "seconds between /health polls", minimum=0.01),
     Option("metrics_interval", float, 1.0, "seconds between /metrics scrapes", minimum=0.01),
     Option("no_watch", bool, False, "do not poll /health and /metrics"),
+    Option("no_trace", bool, False, "do not keep the trace (what each request sent, to replay or minimize it)"),
     Option("server_log", str, "", "the server's log file: the web UI's mmchaos panel tails it and names crashes "
            "and drift by the log signatures (empty: none)"),
     # gates: the run's exit code (0 all hold, 1 one failed, 2 it could not run); a campaign asks its report instead

@@ -11,8 +11,11 @@ written incrementally (see tables.py) so a crash of anything loses at most a sec
     metrics/part-*.parquet      Prometheus samples (METRICS)
     log_events/part-*.parquet   classified server-log lines (LOG_EVENTS)
     crashes/part-*.parquet      crash events (CRASHES)
+    trace/part-*.parquet        what each request sent, to send it again (TRACE)
+    trace_images/part-*.parquet the trace's images, each once (TRACE_IMAGES)
     server.log                  the server's combined stdout/stderr
     manifest.json               what was run (versions, flags, workload, seeds, git revision, machine)
+    workers.json                with Locust workers: each one's parts, and those lost mid-run (WORKERS)
 """
 
 from __future__ import annotations
@@ -124,6 +127,44 @@ CRASHES = pa.schema(
         ("exit_code", pa.int32()),
         ("in_flight", pa.int32()),  # requests sent and not yet answered at detection
         ("restart", pa.int32()),  # 0 for the first server of a trial, 1 after the first restart, ...
+        ("chain", pa.string()),  # the log signatures that led to it, root first (Signatures.chain)
+    ]
+)
+
+# The trace: exactly what each request attempt sent, so that it can be sent again byte for byte (replay, minimize).
+# Only what REQUESTS does not hold (when it was sent, its kind and case are there, joined by worker, user_id and
+# seq): the body, with each image data URL swapped for a slot (payloads.bodies.body_template), its images, stored
+# once each in TRACE_IMAGES by the hash REQUESTS uses, and an abort's delay. The connection it went out on
+# follows: one per user (worker, user_id), and one per abort.
+TRACE = pa.schema(
+    [
+        ("worker", pa.string()),
+        ("user_id", pa.int32()),
+        ("seq", pa.int64()),
+        ("abort_after_ms", pa.float64()),  # the client hung up after this long; null: it waited for the answer
+        ("body", pa.binary()),  # the body with a slot for each image URL
+        ("images", pa.string()),  # the slots' images, comma-separated hashes of TRACE_IMAGES
+    ]
+)
+
+# an encoded file (the user's images); a generated pool image, by its spec; a fresh variant of an image, by its base
+# and stamp; a malformed case's URL made from an image, by how it differs from it; any other URL, verbatim. Recipes
+# are checked by hash when the image is made again.
+IMAGE_FORMS = ("image", "generated", "fresh", "derived", "url")
+TRACE_IMAGES = pa.schema(
+    [
+        ("hash", pa.string()),  # sha256[:16] of the file, as REQUESTS.image_hashes; derived, url: of the URL text
+        ("form", pa.string()),  # IMAGE_FORMS
+        ("mime", pa.string()),
+        ("format", pa.string()),
+        ("width", pa.int32()),
+        ("height", pa.int32()),
+        ("mode", pa.string()),
+        ("quality", pa.int16()),
+        ("data", pa.binary()),  # image: the encoded file; url: the URL's text; derived: what differs; else null
+        ("spec", pa.string()),  # generated: the ImageSpec; derived: prefix, suffix and encoding; JSON
+        ("base", pa.string()),  # fresh, derived: the hash of the image it is made from
+        ("token", pa.binary()),  # fresh: the stamp's token (short: "<worker>-<user>-<n>")
     ]
 )
 
@@ -133,19 +174,40 @@ TABLES = {
     "metrics": METRICS,
     "log_events": LOG_EVENTS,
     "crashes": CRASHES,
+    "trace": TRACE,
+    "trace_images": TRACE_IMAGES,
 }
+TRACE_TABLES = ("trace", "trace_images")  # read by replay and minimize, not by the report (bodies and images)
+REPORT_TABLES = tuple(t for t in TABLES if t not in TRACE_TABLES)
 # Names inside a trial folder: each table's folder of parts, the server log, the manifest.
 TABLE_DIRS = {name: name for name in TABLES}
 REQUESTS_DIR = TABLE_DIRS["requests"]
 SERVER_LOG = "server.log"
 LOCUST_LOG = "locust.log"
 MANIFEST = "manifest.json"
+WORKERS = "workers.json"  # a Locust master's ledger: each worker of the run, and those lost mid-run
 CAMPAIGN_MANIFEST = "campaign.json"
 
 
-def trial_folder(trial: int) -> str:
-    """The folder of trial ``trial`` inside its configuration's folder."""
-    return f"t{trial:03d}"
+def trial_folder(trial: int, point: dict | None = None) -> str:
+    """The folder of a trial inside its configuration's folder: ``t003``; in a sweep, the point's knobs and the
+    repeat at that point, ``malformed_post=5_users=8_t001`` (``trial`` is then the repeat). Stable while the
+    sweep's values change, so a re-run with more values resumes the points already run."""
+    return "_".join([*(f"{k}={sweep_value(v)}" for k, v in (point or {}).items()), f"t{trial:03d}"])
+
+
+def sweep_value(v) -> str:
+    """A sweep knob's value as folder names and labels show it: 5, 0.25, openai."""
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, float):
+        return str(int(v)) if v.is_integer() else repr(v)  # 5.0 and 5 are one point; 0.1 stays exact
+    return str(v)
+
+
+def sweep_label(point: dict) -> str:
+    """A sweep point for people: ``malformed_post=5, users=8`` (empty outside sweeps)."""
+    return ", ".join(f"{k}={sweep_value(v)}" for k, v in point.items())
 
 
 def table_from_rows(rows: list[dict], schema: pa.Schema) -> pa.Table:

@@ -11,6 +11,10 @@ from pathlib import Path
 
 DEFAULT_FILE = Path(__file__).with_name("signatures.toml")
 UNKNOWN = "unknown"
+CHAIN_SEP = " → "  # between the links of a crash's chain: cache_drift → detokenizer_assert
+# Log lines read this long before the server was last seen healthy belong to its past, not to its crash's chain
+# (a server that answered drift with 503s for an hour and then ran out of memory died of the memory).
+CHAIN_LOOKBACK_S = 5.0
 _KEYS = {"name", "pattern", "fatal", "drift", "rank", "description"}
 
 
@@ -101,3 +105,33 @@ class Signatures:
         """The name of the most specific fatal signature among ``matches``, else 'unknown'."""
         fatal = [m.signature for m in matches if m.signature.fatal]
         return min(fatal, key=lambda s: s.rank).name if fatal else UNKNOWN
+
+    def chain(self, items, crash: str | None = None) -> str:
+        """A crash named by its chain: the signatures of the lines that led to it, in the order they were first
+        logged, root first, ending in the crash's own signature: ``cache_drift → detokenizer_assert`` (the drift
+        warning, then the assertion it led to) is another mechanism than ``expected_cached_item`` (the engine
+        asserting on the miss itself), though both can end in the same assertion.
+
+        ``items``: Matches or signature names, in log order, of the dying server's lines (the harness passes
+        those from CHAIN_LOOKBACK_S before it was last healthy). ``crash``: its signature (default: the most
+        specific fatal one among them; ``hang`` or ``unknown`` end the chain when no line named the death).
+        Fatal lines less specific (by rank) than the crash's signature that are no drift only restate the same
+        death from further out (``output_handler_failed`` heads the assertion's traceback, ``engine_dead``
+        follows it), so they are left out: one mechanism gets one chain, whichever of them a death happened to
+        print. Drift lines are causes and always stay."""
+        by_name = {s.name: s for s in self.signatures}
+        sigs = [by_name[n] for n in (i.signature.name if isinstance(i, Match) else str(i) for i in items)
+                if n in by_name]
+        if crash is None:
+            fatal = [s for s in sigs if s.fatal]
+            crash = min(fatal, key=lambda s: s.rank).name if fatal else UNKNOWN
+        own = by_name[crash].rank if crash in by_name else float("inf")
+        links: list[str] = []
+        for s in sigs:
+            if s.name not in links and not (s.fatal and not s.drift and s.name != crash and s.rank > own):
+                links.append(s.name)
+            if s.name == crash:
+                break  # what the dying server logged after its death is not a cause
+        if crash not in links:
+            links.append(crash)
+        return CHAIN_SEP.join(links)

@@ -2,16 +2,19 @@
 
 A writer appends rows in memory and flushes them as a new part every ``interval`` seconds, each written to a
 temp name and renamed, so whatever dies (server, Locust, a worker) leaves only complete, readable parts and
-loses at most one interval of rows.
+loses at most one interval of rows. A part's name is unique to its writer and never reused, so a part written
+twice (a Locust worker's part sent again to its master, locustfiles/shipping.py) is still one part.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import socket
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -28,11 +31,19 @@ def process_tag() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-class PartWriter:
-    """Append rows (dicts) and flush them as parquet parts under ``folder``. Thread- and greenlet-safe."""
+COMPRESSION = "zstd"  # a third smaller than Parquet's default (snappy) on rows and traces, as fast to read
 
-    def __init__(self, folder: Path | str, table_schema: pa.Schema, tag: str | None = None):
-        self.folder = Path(folder)
+
+class PartWriter:
+    """Append rows (dicts) and flush them as parquet parts under ``folder``, or hand each part (name, bytes, row
+    count) to ``sink`` instead: a Locust worker ships them to its master. Thread- and greenlet-safe."""
+
+    def __init__(self, folder: Path | str | None, table_schema: pa.Schema, tag: str | None = None,
+                 sink: Callable[[str, bytes, int], None] | None = None):
+        self.folder = Path(folder) if folder is not None else None
+        if sink is None and self.folder is None:
+            raise ValueError("a PartWriter needs a folder or a sink")
+        self.sink = sink or (lambda name, data, rows: put_part(self.folder, name, data))
         self.schema = table_schema
         # a token per writer: two writers of one process (two runs from the web UI) never reuse a part name
         self.tag = f"{tag or process_tag()}-{secrets.token_hex(3)}"
@@ -52,12 +63,9 @@ class PartWriter:
                 rows, self._rows = self._rows, []
             if not rows:
                 return 0
-            self.folder.mkdir(parents=True, exist_ok=True)
             name = f"part-{self.tag}-{self._n:06d}.parquet"
             self._n += 1
-            tmp = self.folder / f".{name}.tmp"
-            pq.write_table(schema.table_from_rows(rows, self.schema), tmp)
-            os.replace(tmp, self.folder / name)
+            self.sink(name, encode_part(schema.table_from_rows(rows, self.schema)), len(rows))
             self.rows_written += len(rows)
             return len(rows)
 
@@ -67,8 +75,51 @@ class PartWriter:
 
 
 PART_GLOB = "part-*.parquet"  # temp files start with "." and never match
+PART_NAME = re.compile(r"part-[A-Za-z0-9_.-]{1,160}\.parquet")  # what a writer names a part (no path in it)
 COMPACT = "compact.parquet"
 _SOURCES = b"mmchaos_sources"  # compact.parquet's metadata: the part names it holds
+
+
+def encode_part(table: pa.Table) -> bytes:
+    """A part as the bytes of its Parquet file (what is written, or shipped)."""
+    out = pa.BufferOutputStream()
+    pq.write_table(table, out, compression=COMPRESSION)
+    return out.getvalue().to_pybytes()
+
+
+def part_problem(data: bytes, table_schema: pa.Schema) -> str | None:
+    """Why ``data`` is not a part of a table of ``table_schema`` (its columns), or None."""
+    try:
+        names = pq.read_schema(pa.BufferReader(data)).names
+    except (pa.ArrowException, OSError, ValueError) as e:
+        return f"not a Parquet file ({(str(e).splitlines() or [type(e).__name__])[0][:120]})"
+    return None if names == table_schema.names else f"columns {names[:5]}... are not the table's"
+
+
+def put_part(folder: Path | str, name: str, data: bytes) -> bool:
+    """Write a part's bytes under ``name``, once: False when the folder holds that part already, as a file or
+    inside its compacted file (a part sent again must not add its rows twice). The name must be a part's name."""
+    if not PART_NAME.fullmatch(name):
+        raise ValueError(f"not a part name: {name!r}")
+    folder = Path(folder)
+    if (folder / name).exists() or name in _compacted(folder):
+        return False
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{name}.{secrets.token_hex(3)}.tmp"
+    tmp.write_bytes(data)
+    os.replace(tmp, folder / name)
+    return True
+
+
+def _compacted(folder: Path) -> set[str]:
+    """The part names the folder's compacted file holds (none when there is none, or it cannot be read)."""
+    compact_file = folder / COMPACT
+    if not compact_file.is_file():
+        return set()
+    try:
+        return set(json.loads(pq.read_schema(compact_file).metadata[_SOURCES]))
+    except (pa.ArrowException, OSError, KeyError, TypeError, ValueError):
+        return set()
 
 
 def part_files(folder: Path | str, notes: list[str] | None = None) -> list[Path]:
@@ -106,7 +157,7 @@ def compact(folder: Path | str) -> int:
         held = set(json.loads(pq.read_schema(files[0]).metadata[_SOURCES]))
     meta = {**(table.schema.metadata or {}), _SOURCES: json.dumps(sorted(held | {p.name for p in parts}))}
     tmp = folder / f".{COMPACT}.tmp"
-    pq.write_table(table.replace_schema_metadata(meta), tmp)
+    pq.write_table(table.replace_schema_metadata(meta), tmp, compression=COMPRESSION)
     os.replace(tmp, folder / COMPACT)
     for p in parts:
         p.unlink()

@@ -73,6 +73,10 @@ class BuiltRequest(NamedTuple):
         """The body as sent: compact JSON."""
         return encode_body(self.body)
 
+    def template(self) -> tuple[bytes, list[DataURL]]:
+        """The body as sent, split into its image URLs and the rest (:func:`body_template`)."""
+        return body_template(self.body)
+
     def context(self, **extra: Any) -> dict[str, Any]:
         """Locust request context for the recorder: the meta columns, ``request_bytes``, and ``extra``."""
         return {**self.meta.columns(), "request_bytes": len(self.payload()), **extra}
@@ -92,13 +96,26 @@ def encode_body(body: Mapping[str, Any]) -> bytes:
     Image data URLs (:class:`.pool.DataURL`, ~99 % of a body's bytes) need no escaping: they are
     swapped for a placeholder, the small rest is serialised, and the URLs are copied in as bytes -- instead of
     JSON scanning ~100 kB of base64 per request."""
-    urls: list[str] = []
+    return fill_template(*body_template(body))
+
+
+def body_template(body: Mapping[str, Any]) -> tuple[bytes, list[DataURL]]:
+    """The body as sent, split: the JSON with each :class:`.pool.DataURL` replaced by :data:`URL_SLOT`, and the
+    URLs in order. ``fill_template`` joins them again, byte for byte (a trace keeps the two apart)."""
+    urls: list[DataURL] = []
     skeleton = _swap_urls(body, urls)
     if not urls:
-        return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-    parts = json.dumps(skeleton, separators=(",", ":"), ensure_ascii=False).encode("utf-8").split(_URL_SLOT)
-    if len(parts) != len(urls) + 1:  # the placeholder text also occurs in the request itself: do it plainly
-        return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8"), []
+    template = json.dumps(skeleton, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    if template.count(URL_SLOT) != len(urls):  # the placeholder text also occurs in the request itself
+        return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8"), []
+    return template, urls
+
+
+def fill_template(template: bytes, urls: Sequence[str]) -> bytes:
+    if not urls:
+        return template
+    parts = template.split(URL_SLOT)
     out = [parts[0]]
     for url, part in zip(urls, parts[1:]):
         out.append(url.encode("ascii"))
@@ -107,11 +124,11 @@ def encode_body(body: Mapping[str, Any]) -> bytes:
 
 
 _URL_SLOT_TEXT = "\x01mmchaos-data-url\x01"
-_URL_SLOT = json.dumps(_URL_SLOT_TEXT, ensure_ascii=False)[1:-1].encode("utf-8")  # as it appears when serialised
+URL_SLOT = json.dumps(_URL_SLOT_TEXT, ensure_ascii=False)[1:-1].encode("utf-8")  # as it appears when serialised
 
 
 def _swap_urls(node: Any, urls: list[str]) -> Any:
-    if type(node) is DataURL:
+    if isinstance(node, DataURL):
         urls.append(node)
         return _URL_SLOT_TEXT
     if type(node) is dict:

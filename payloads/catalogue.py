@@ -89,6 +89,23 @@ class Catalogue(Mapping[str, MalformedCase]):
         """The cases that can be built without / with a known max_model_len."""
         return [c for c in self._cases.values() if max_model_len is not None or not c.needs_max_model_len]
 
+    def by_kind(self, max_model_len: int | None, names: Sequence[str] = (),
+                weighted: Sequence[str] = ()) -> dict[str, list[MalformedCase]]:
+        """The cases each malformed kind of the mix draws from (``names``: only those), checked: an unknown name,
+        or a kind in ``weighted`` left with no case, is a ValueError."""
+        unknown = [n for n in names if n not in self._cases]
+        if unknown:
+            raise ValueError(f"unknown malformed case(s) {unknown}; known: {', '.join(self._cases)}")
+        usable = [c for c in self.usable(max_model_len) if not names or c.name in names]
+        out = {"malformed_pre": [c for c in usable if not c.poisons],
+               "malformed_post": [c for c in usable if c.poisons and c.carries_image]}
+        for kind in weighted:
+            if kind in out and not out[kind]:
+                stage = "after" if kind == "malformed_post" else "before"
+                raise ValueError(f"{kind} has weight but none of the selected malformed cases fails {stage} "
+                                 f"rendering: select one, or set its weight to 0")
+        return out
+
 
 def _fail(origin: str, case: str | None, msg: str) -> CaseFileError:
     where = f"{origin}: case {case!r}" if case else origin

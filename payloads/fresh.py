@@ -395,6 +395,11 @@ def set_offload(run) -> None:
     _offload = run
 
 
+def stamp_digest(token: bytes) -> bytes:
+    """The stamp's 128 bits come from this digest of the token."""
+    return hashlib.sha256(token).digest()
+
+
 def fresh_image(base: PoolImage, token: str | bytes | None = None) -> PoolImage:
     """``base`` with a unique 16x8-cell black/white stamp (128 bits of sha256(token)) in its top-left corner,
     re-encoded in the same format. Different tokens give different pixels, so the server sees a new item
@@ -404,7 +409,8 @@ def fresh_image(base: PoolImage, token: str | bytes | None = None) -> PoolImage:
     (PNG, JPEG: a fraction of a millisecond instead of 5-50 ms)."""
     if token is None:
         token = uuid.uuid4().bytes
-    digest = hashlib.sha256(token.encode() if isinstance(token, str) else token).digest()
+    token = token.encode() if isinstance(token, str) else token
+    digest = stamp_digest(token)
     data, fmt, mode = fresh_data(base, digest)
     return PoolImage(
         id=f"{base.id}~{digest.hex()[:12]}",
@@ -415,4 +421,5 @@ def fresh_image(base: PoolImage, token: str | bytes | None = None) -> PoolImage:
         hash=content_hash(data),
         mode=mode,
         quality=base.quality,
+        recipe=(base.data_url, token),
     )

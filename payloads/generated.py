@@ -34,6 +34,7 @@ def _pool_image(spec: ImageSpec, data: bytes) -> PoolImage:
         hash=content_hash(data),
         mode="RGBA" if spec.alpha else "RGB",
         quality=spec.quality,
+        spec=spec,
     )
 
 
@@ -43,8 +44,26 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)  # readers in other processes never see a half-written file
 
 
+def image_data(spec: ImageSpec, folder: Path | None = None) -> tuple[bytes, bool]:
+    """The encoded file of ``spec`` (from the disk cache ``folder`` when there), and whether it was cached."""
+    path = folder / f"{spec.cache_key()}.{EXTENSIONS[spec.format]}" if folder is not None else None
+    if path is not None and path.is_file():
+        return path.read_bytes(), True
+    data = encode(render(spec), spec.format, spec.quality, spec.progressive)
+    if path is not None:
+        _write_atomic(path, data)
+    return data, False
+
+
 def default_cache_dir() -> Path:
     return paths.home() / "payload-cache"
+
+
+def cache_folder(cache_dir: str | Path | None = None) -> Path:
+    """Where encoded files of this generator version are cached (made if missing)."""
+    folder = (Path(cache_dir) if cache_dir is not None else default_cache_dir()) / GENERATOR_VERSION
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 def generate_pool(
@@ -73,20 +92,11 @@ def generate_pool(
     if lo < 16:
         raise ValueError(f"min_side must be >= 16, got {lo}")
     specs = [image_spec(seed, i, min_side=lo, max_side=hi, formats=formats) for i in range(n)]
-    folder = None
-    if use_cache:
-        folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-        folder = folder / GENERATOR_VERSION
-        folder.mkdir(parents=True, exist_ok=True)
+    folder = cache_folder(cache_dir) if use_cache else None
 
     def build(spec: ImageSpec) -> tuple[PoolImage, bool]:
-        path = folder / f"{spec.cache_key()}.{EXTENSIONS[spec.format]}" if folder is not None else None
-        if path is not None and path.is_file():
-            return _pool_image(spec, path.read_bytes()), True
-        data = encode(render(spec), spec.format, spec.quality, spec.progressive)
-        if path is not None:
-            _write_atomic(path, data)
-        return _pool_image(spec, data), False
+        data, hit = image_data(spec, folder)
+        return _pool_image(spec, data), hit
 
     workers = workers or min(4, os.cpu_count() or 1)
     if workers > 1 and n > 1:

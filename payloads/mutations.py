@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import base64
 import copy
-import functools
 import struct
-import urllib.parse
 import zlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .pool import DataURL, PoolImage
+from .pool import DataURL, PoolImage, derived_url, percent_encoded
 
 
 @dataclass(frozen=True)
@@ -78,7 +76,8 @@ def _mut_truncated_image(body: dict, ctx: MutationContext) -> dict:
     if not 0.0 < frac < 1.0:
         raise ValueError(f"keep_fraction must be in (0, 1), got {frac}")
     data = ctx.image.data[: max(1, int(len(ctx.image.data) * frac))]
-    return _set_first_image_url(body, DataURL(f"data:{ctx.image.mime};base64,{base64.b64encode(data).decode()}"))
+    return _set_first_image_url(body, derived_url(f"data:{ctx.image.mime};base64,{base64.b64encode(data).decode()}",
+                                                  ctx.image))
 
 
 def _mut_unsupported_format(body: dict, ctx: MutationContext) -> dict:
@@ -100,14 +99,8 @@ def _mut_unsupported_format(body: dict, ctx: MutationContext) -> dict:
 
 
 def _mut_data_url_not_base64(body: dict, ctx: MutationContext) -> dict:
-    return _set_first_image_url(body, DataURL(f"data:{ctx.image.mime},{_percent_encoded(ctx.image.data)}"))
-
-
-@functools.lru_cache(maxsize=64)
-def _percent_encoded(data: bytes) -> str:
-    # quote_from_bytes works byte by byte in Python (~5 ms for 100 kB); pool images come back again and again.
-    # Its output is letters, digits, "_.-~/" and %XX: nothing JSON escapes (hence DataURL above)
-    return urllib.parse.quote_from_bytes(data)
+    return _set_first_image_url(body, derived_url(f"data:{ctx.image.mime},{percent_encoded(ctx.image.data)}",
+                                                  ctx.image, "percent"))
 
 
 def png_header_only(width: int, height: int) -> bytes:
@@ -147,7 +140,7 @@ def _mut_text_over(body: dict, ctx: MutationContext) -> dict:
 def _bad_base64_url(image: PoolImage) -> str:
     head, _, b64 = image.data_url.partition(",")
     mid = len(b64) // 2
-    return DataURL(f"{head},{b64[:mid]}!*@~{b64[mid:]}")  # "!*@~": outside base64, nothing JSON escapes
+    return derived_url(f"{head},{b64[:mid]}!*@~{b64[mid:]}", image)  # "!*@~": outside base64, nothing JSON escapes
 
 
 def _mut_extra_bad_image(body: dict, ctx: MutationContext) -> dict:

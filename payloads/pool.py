@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
+import urllib.parse
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +43,59 @@ class DataURL(str):
         return self
 
 
+class ImageURL(DataURL):
+    """The data URL of a pool image, or of a fresh variant of one, that also says which image it is (``ref``): a
+    trace stores each image once, and a fresh one as the recipe that makes it again, instead of the URL per
+    request. (A str subclass cannot have ``__slots__``; the one attribute is set by :attr:`PoolImage.data_url`.)"""
+
+    ref: ImageRef
+
+
+class DerivedURL(DataURL):
+    """A URL made from an image's bytes by a malformed case (truncated, broken base64, percent-encoded): a trace
+    keeps only how it differs from ``source`` (the image's URL) written in ``encoding``."""
+
+    source: ImageURL
+    encoding: str  # "base64" (the source URL as sent) or "percent" (percent_encoded of the image's bytes)
+
+
+def derived_url(text: str, image: PoolImage, encoding: str = "base64") -> DerivedURL:
+    url = DerivedURL(text)
+    url.source, url.encoding = image.data_url, encoding
+    return url
+
+
+@functools.lru_cache(maxsize=64)
+def percent_encoded(data: bytes) -> str:
+    # quote_from_bytes works byte by byte in Python (~5 ms for 100 kB); pool images come back again and again.
+    # Its output is letters, digits, "_.-~/" and %XX: nothing JSON escapes (a DataURL may hold it)
+    return urllib.parse.quote_from_bytes(data)
+
+
+def url_text(url: ImageURL, encoding: str, data: bytes | None = None) -> str:
+    """An image's URL written in ``encoding``: what a DerivedURL of it is derived from."""
+    if encoding == "base64":
+        return str(url)
+    head = url.partition(";")[0]  # "data:<mime>"
+    return f"{head},{percent_encoded(data if data is not None else base64.b64decode(url.partition(',')[2]))}"
+
+
+@dataclass(frozen=True)
+class ImageRef:
+    """What a trace needs to know of an image beyond its URL: no pixels, so it costs nothing to keep."""
+
+    hash: str
+    mime: str
+    format: str
+    width: int
+    height: int
+    mode: str
+    quality: int | None
+    base: ImageURL | None = None  # a fresh image: the pool image it was made from...
+    token: bytes | None = None  # ...and the stamp's token (see fresh.fresh_image)
+    spec: object = None  # a generated image: its ImageSpec (it is made again from it)
+
+
 @dataclass(frozen=True)
 class PoolImage:
     id: str  # unique in its pool; never contains a comma (ids are comma-joined in the requests table)
@@ -51,6 +106,9 @@ class PoolImage:
     hash: str = ""  # sha256(data) hex [:16]
     mode: str = "RGB"
     quality: int | None = None  # encoder quality when known (generated jpeg / webp), reused by fresh_image
+    # a fresh image: (the data URL of the image it was made from, the stamp's token); see fresh.fresh_image
+    recipe: tuple[ImageURL, bytes] | None = field(default=None, repr=False, compare=False)
+    spec: object = field(default=None, repr=False, compare=False)  # a generated image: its image_spec.ImageSpec
 
     @property
     def mime(self) -> str:
@@ -64,7 +122,11 @@ class PoolImage:
     def data_url(self) -> DataURL:
         # computed once per image and kept (a third more memory than the encoded file): a load test sends each
         # pool image again and again, and base64 of a big image costs ~1 ms
-        return DataURL(f"data:{self.mime};base64,{base64.b64encode(self.data).decode('ascii')}")
+        url = ImageURL(f"data:{self.mime};base64,{base64.b64encode(self.data).decode('ascii')}")
+        base, token = self.recipe or (None, None)
+        url.ref = ImageRef(self.hash, self.mime, self.format, self.width, self.height, self.mode, self.quality,
+                           base, token, self.spec)
+        return url
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 import sys
 from pathlib import Path
 
@@ -15,6 +16,17 @@ from mmchaos import paths
 TESTS = Path(__file__).resolve().parent
 REPORT_VERSION = "0.30.0"  # the version of the original report
 FIXED_VERSION = "0.32.0"  # cache miss made retryable
+
+
+def pytest_collection_modifyitems(items):
+    # `make test` runs two pytest workers (pytest-xdist, --dist loadgroup): the engine tests all on one, in file
+    # order, so one vLLM server is loaded at a time and the session's shared servers start once; the other worker
+    # takes the fast tests meanwhile (much of their time is waiting on Locust runs and stand-in servers). A second
+    # engine lane was tried: on 2 cores it slowed both lanes so much that the demo's trials sent too few requests
+    # to exercise what the ground-truth tests check.
+    for item in items:
+        if item.get_closest_marker("engine"):
+            item.add_marker(pytest.mark.xdist_group("engine"))
 
 
 def require_engine_and_model(version: str) -> None:
@@ -57,6 +69,26 @@ def workaround_server(tmp_path_factory):
     with vllm_server(REPORT_VERSION, ["--mm-processor-cache-gb", "0"],
                      tmp_path_factory.mktemp("workaround") / "server.log") as s:
         yield s
+
+
+@pytest.fixture(scope="session")
+def demo_campaign(tmp_path_factory):
+    """campaigns/demo.toml itself, one trial per configuration, against the real engines: the ground truth of the
+    verdicts (test_ground_truth_engine.py) and the crash the minimizer starts from (test_minimize_engine.py).
+    Returns (campaign folder, {config: TrialResult})."""
+    from mmchaos.harness import campaign_plan, campaign_runner
+
+    for version in (REPORT_VERSION, FIXED_VERSION):
+        require_engine_and_model(version)
+    root = tmp_path_factory.mktemp("demo")
+    text = (TESTS.parent / "campaigns" / "demo.toml").read_text()
+    text = re.sub(r"(?m)^trials = \d+", "trials = 1", text)
+    text = text.replace('locustfile = "../locustfiles/embeddings.py"',
+                        f'locustfile = "{TESTS.parent}/locustfiles/embeddings.py"')
+    f = root / "demo.toml"
+    f.write_text(text)
+    results = campaign_runner.CampaignRunner(campaign_plan.load(f), root / "results").run()
+    return root / "results" / "demo", {r.config: r for r in results}
 
 
 @contextlib.contextmanager

@@ -8,12 +8,15 @@ POSTs without that bearer token get 401. It handles SIGTERM (graceful shutdown) 
 Like vLLM, it answers an image given as a ``file://`` URL with 500 and then closes the connection without a
 ``Connection: close`` header (after ``--close-delay-ms``, so a client that reuses the connection at once has sent
 its next request into it). ``--miss-after-poison`` plays vLLM 0.32: an image whose request failed with 400 is
-answered once with the retryable 503 cache miss the next time it comes.
+answered once with the retryable 503 cache miss the next time it comes; ``--crash-after-poison`` plays vLLM 0.30: it
+dies (with 0.30's log lines) when that image comes again. ``--body-log FILE`` appends each POST's X-Request-Id and
+the sha256 of its body, as received.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import signal
@@ -63,6 +66,9 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self):
         n = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(n)
+        if self.opts.body_log:
+            with self.lock, open(self.opts.body_log, "a") as f:
+                f.write(f"{self.headers.get('X-Request-Id')} {hashlib.sha256(raw).hexdigest()}\n")
         if self.opts.api_key and self.headers.get("Authorization") != f"Bearer {self.opts.api_key}":
             return self._send(401, {"error": {"message": "Unauthorized", "code": 401}})
         try:
@@ -80,7 +86,9 @@ class Handler(BaseHTTPRequestHandler):
             count = Handler.count
             Handler.first = getattr(Handler, "first", None) or time.monotonic()
         late = self.opts.die_after_s and time.monotonic() - Handler.first > self.opts.die_after_s
-        if (self.opts.die_after and count > self.opts.die_after) or late:
+        poisoned = self.opts.crash_after_poison and Handler.poisoned & set(_image_urls(body) if isinstance(body, dict)
+                                                                         else [])
+        if (self.opts.die_after and count > self.opts.die_after) or late or poisoned:
             print("WARNING [core.py:1868] Multi-modal cache miss for request embd-x (mm_hashes=['ab12cd34ef']): "
                   "P0/P1 cache drift; returning a retryable response so the items are resent with data.", flush=True)
             print("    assert req_state.detokenizer is not None\nAssertionError", flush=True)
@@ -101,7 +109,7 @@ class Handler(BaseHTTPRequestHandler):
                 msg += f" (request {self.path} with key {self.opts.api_key})"
             if self.opts.error_text:
                 print(f"ERROR [serving.py:1] request failed: {msg}", flush=True)  # servers log what they answer
-            if self.opts.miss_after_poison:
+            if self.opts.miss_after_poison or self.opts.crash_after_poison:
                 with self.lock:
                     Handler.poisoned.update(urls)
             return self._send(400, {"error": {"message": msg, "code": 400}})
@@ -150,6 +158,8 @@ def main() -> None:
     p.add_argument("--error-text", default="", help="message of 400 answers (to test escaping)")
     p.add_argument("--close-delay-ms", type=float, default=50, help="after a 500, close the connection this late")
     p.add_argument("--miss-after-poison", action="store_true", help="answer a poisoned image once with a 503 miss")
+    p.add_argument("--crash-after-poison", action="store_true", help="die when a poisoned image comes again")
+    p.add_argument("--body-log", default="", help="append 'request-id sha256(body)' of each POST to this file")
     p.add_argument("--limit-mm-per-prompt", type=json.loads, default={}, help="JSON, as vLLM's (checked, unused)")
     p.add_argument("--echo-key", action="store_true", help="quote the API key in 400 answers (a careless server)")
     opts = p.parse_args()

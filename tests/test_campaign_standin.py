@@ -182,7 +182,7 @@ def test_progress_in_a_ci_log_is_one_line_per_phase_and_per_trial(tmp_path):
     assert any(ln.endswith("healthy/t0: load") for ln in phases)
     finished = [ln for ln in phases if ": completed, " in ln]
     assert len(finished) == 2 and "1/2 done" in finished[0] and "2/2 done, ETA 0:00]" in finished[1], finished
-    assert "dies/t0: completed" in finished[1] and "1 crash(es) (detokenizer_assert)" in finished[1]
+    assert "dies/t0: completed" in finished[1] and "1 crash(es) (cache_drift → detokenizer_assert)" in finished[1]
     assert any(ln.startswith("trials of campaign standin") for ln in lines)  # the summary title starts a line
 
 

@@ -6,17 +6,14 @@ configuration; every answer below is what the report and `mmchaos report --expec
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 
 import pytest
 
-from conftest import require_engine_and_model
-from locust_run import ROOT, locust_rows
+from locust_run import locust_rows
 from mmchaos import schema
 from mmchaos.analysis.report import write_report
-from mmchaos.harness import campaign_plan, campaign_runner
 from mmchaos.tables import read_table
 
 pytestmark = pytest.mark.engine
@@ -25,17 +22,8 @@ EXPECTED = {"v0.30-default": "fails", "v0.30-cache-off": "clean", "v0.30-shm": "
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    for version in ("0.30.0", "0.32.0"):
-        require_engine_and_model(version)
-    root = tmp_path_factory.mktemp("demo")
-    text = (ROOT / "campaigns" / "demo.toml").read_text()
-    text = re.sub(r"(?m)^trials = \d+", "trials = 1", text)
-    text = text.replace('locustfile = "../locustfiles/embeddings.py"', f'locustfile = "{ROOT}/locustfiles/embeddings.py"')
-    f = root / "demo.toml"
-    f.write_text(text)
-    results = campaign_runner.CampaignRunner(campaign_plan.load(f), root / "results").run()
-    return root / "results" / "demo", {r.config: r for r in results}
+def demo(demo_campaign):
+    return demo_campaign
 
 
 def _trial(camp_dir, config):

@@ -274,6 +274,34 @@ def test_server_sigstop_hang_is_detected_after_hang_after_and_cleaned_up(tmp_pat
     assert "hang" in html
 
 
+STALLING = """
+import gevent.event
+from locust import events
+from mmchaos.locustfiles.embeddings import EmbeddingUser  # noqa: F401  (the realistic mix, as usual)
+
+@events.test_stop.add_listener
+def _never(**_):
+    gevent.event.Event().wait()  # a client-side stall: Locust never ends its run
+"""
+
+
+def test_a_locust_that_never_ends_is_stopped_with_its_greenlets_stacks_and_the_trial_says_so(
+        tmp_path, reaper, monkeypatch):
+    monkeypatch.setattr(campaign_runner, "LOCUST_OVERRUN", 3.0)
+    lf = tmp_path / "stalling.py"
+    lf.write_text(STALLING)
+    f = write_campaign(tmp_path, duration=3)
+    f.write_text(f.read_text().replace(f'locustfile = "{LOCUSTFILE}"', f'locustfile = "{lf}"'))
+    [res] = run(f, tmp_path / "results")
+    trial = trial_dir(tmp_path / "results")
+    m = manifest(trial)
+    assert res.status == campaign_runner.INTERRUPTED and "did not end 3 s after its run time" in res.error
+    assert m["status"] == "interrupted" and m["requests"] > 0  # its rows are kept
+    log = (trial / schema.LOCUST_LOG).read_text()
+    assert "greenlets on SIGUSR2" in log and "_never" in log  # where it stalled
+    assert_no_orphans(set(m["locust_pgids"]) | set(m["server_pgids"]), reaper)
+
+
 def test_server_never_healthy_fails_its_trial_and_the_next_one_runs(tmp_path, reaper):
     root = tmp_path / "results"
     f = write_campaign(tmp_path, duration=2, startup_timeout=1, configs='''
@@ -390,9 +418,12 @@ def test_locust_sigkill_keeps_rows_up_to_the_last_second_and_the_trial_is_interr
 
 
 def test_killed_worker_keeps_its_rows_and_the_run_goes_on(tmp_path, reaper):
-    """Master + 2 workers (Locust's own distributed mode); one worker is SIGKILLed mid-run."""
-    out = tmp_path / "results" / CAMP / "a" / "t000"  # the campaign layout, so the analysis reads it
-    out.mkdir(parents=True)
+    """Master + 2 workers (Locust's own distributed mode); one worker is SIGKILLed mid-run. The workers run in
+    another folder and the results folder is relative to the master's: rows reach it only as messages."""
+    rel = Path("results") / CAMP / "a" / "t000"  # the campaign layout, so the analysis reads it
+    out = tmp_path / rel
+    elsewhere = tmp_path / "elsewhere"  # the workers' working folder: "their disk"
+    elsewhere.mkdir()
     counts = tmp_path / "worker-counts.json"
     with standin_server(tmp_path / "standin.log") as s, socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -403,12 +434,13 @@ def test_killed_worker_keeps_its_rows_and_the_run_goes_on(tmp_path, reaper):
         master = subprocess.Popen(
             [PY, "-m", "locust", *lf, "--master", "--master-bind-host", "127.0.0.1", "--master-bind-port",
              str(mport), "--expect-workers", "2", "--headless", "-u", "4", "-r", "4", "-t", "7s", "--host",
-             s.base_url, "--only-summary", "--json-file", str(out / "locust"), "--results-dir", str(out),
+             s.base_url, "--only-summary", "--json-file", str(out / "locust"), "--results-dir", str(rel),
              "--image-preset", "small", "--pool-size", "8", "--run-id", "w", "--config-name", "a"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env, start_new_session=True)
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path, env=env,
+            start_new_session=True)
         workers = [subprocess.Popen([PY, "-m", "locust", *lf, "--worker", "--master-host", "127.0.0.1",
                                      "--master-port", str(mport)], stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.STDOUT, cwd=ROOT, env=env, start_new_session=True)
+                                    stderr=subprocess.STDOUT, cwd=elsewhere, env=env, start_new_session=True)
                    for _ in range(2)]
         reaper.update(p.pid for p in (master, *workers))
         victim, survivor = workers
@@ -428,14 +460,24 @@ def test_killed_worker_keeps_its_rows_and_the_run_goes_on(tmp_path, reaper):
                 if p.poll() is None:
                     killpg(p.pid, signal.SIGKILL)
     assert master.returncode in (0, 1), stdout[-2000:]
+    on_worker_disk = sorted(p.name for p in (elsewhere / rel).iterdir()) if (elsewhere / rel).exists() else []
+    assert on_worker_disk == [], "tables a worker wrote on its own disk: write them through plugin.table_writer"
     rows = read_table(out, "requests").to_pandas()
+    assert not rows["request_id"].duplicated().any()  # parts sent again are written once
     by_pid = {int(w.rsplit("-", 1)[1]): g for w, g in rows.groupby("worker")}
     assert set(by_pid) == {victim.pid, survivor.pid}
     reported = {int(k): v for k, v in json.loads(counts.read_text()).items()}
     locust_total = sum(e["num_requests"] for e in json.loads((out / "locust.json").read_text()))
     assert locust_total == sum(reported.values())  # the master's count is the sum of what workers reported
-    # the survivor: every request it made is one row (and those cut by the end of the run, which Locust does not count)
-    assert len(by_pid[survivor.pid][lambda d: d["outcome"] != schema.CUT]) == reported[survivor.pid] > 0
+    # the survivor: every request it made is one row (and those cut by the end of the run, which Locust does not
+    # count), by Locust's count on the master (its last report included) and by the worker's own request events
+    own = json.loads(Path(f"{counts}.{survivor.pid}").read_text())
+    assert len(by_pid[survivor.pid][lambda d: d["outcome"] != schema.CUT]) == reported[survivor.pid] == own > 0
+    # the master's ledger: the survivor handed over every part, the victim is lost
+    ledger = json.loads((out / schema.WORKERS).read_text())
+    tags = {int(w["worker"].rsplit("-", 1)[1]): w for w in ledger["workers"] if w["worker"]}
+    assert tags[survivor.pid]["done"] and tags[survivor.pid]["rows"] == len(by_pid[survivor.pid])
+    assert not tags[victim.pid]["done"] and ledger["lost"] == [tags[victim.pid]["worker"]]
     # the run went on without the victim
     assert by_pid[survivor.pid]["t_start"].max() > t_kill + 2
     # the victim: its rows up to its death are kept (flushed each second), nothing after it

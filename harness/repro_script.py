@@ -1,0 +1,244 @@
+"""The standalone reproducer: a short Python script, standard library only, that sends a request sequence (with its
+images embedded) to a server and says whether the server crashed. `mmchaos minimize` runs every candidate through
+it, so the script it hands out is the one that was tested.
+
+The script's own code is ``_SCRIPT`` below; :func:`render` fills in the header, the requests and the images.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from mmchaos.payloads.bodies import URL_SLOT
+from mmchaos.payloads.traces import Trace
+
+IMAGE_TOKEN = "@IMAGE_{}@"
+
+
+@dataclass(frozen=True)
+class ScriptInfo:
+    title: str  # one line: what it reproduces
+    about: str  # a few lines for the docstring: where it came from, the server it crashed
+
+
+def render(trace: Trace, info: ScriptInfo) -> str:
+    """The script that sends ``trace``'s requests, per session in order, at their recorded offsets."""
+    names: dict[str, str] = {}
+    images: list[str] = []
+    lines = []
+    t0 = float(trace.requests["t_start"].min())
+    session = {k: i for i, k in enumerate(dict.fromkeys(trace.lane_keys()))}
+    keys = trace.lane_keys()
+    for i, r in trace.requests.iterrows():
+        refs = []
+        for h in trace.image_hashes(i):
+            if h not in names:
+                names[h] = IMAGE_TOKEN.format(len(names) + 1)
+                url = str(trace.url(h))
+                images.append(f"    {names[h][1:-1]!r}: {_chunked(url)},")
+            refs.append(names[h].encode())
+        # the body as indented JSON: the script sends it compact, which is byte for byte what was recorded
+        body = json.dumps(json.loads(_join(trace.requests.at[i, "body"], refs)), indent=1, ensure_ascii=False)
+        hang_up = r["abort_after_ms"]
+        hang_up = None if hang_up is None or hang_up != hang_up else round(float(hang_up), 1)
+        lines.append(f"    # {i + 1}: {_describe(r)}\n"
+                     f"    ({session[keys[i]]}, {float(r['t_start']) - t0:.3f}, {r['endpoint']!r}, {hang_up!r}, "
+                     f"json.loads(r\"\"\"\n{body}\n\"\"\")),")
+    n_sessions = len(session)
+    return _SCRIPT.format(
+        title=info.title,
+        about=info.about.strip(),
+        sessions="one session, one connection" if n_sessions == 1 else f"{n_sessions} sessions at once, one "
+                                                                          "connection each",
+        requests="\n".join(lines),
+        images="\n".join(images),
+    )
+
+
+def _join(template: bytes, refs: list[bytes]) -> bytes:
+    parts = template.split(URL_SLOT)
+    out = [parts[0]]
+    for ref, part in zip(refs, parts[1:]):
+        out += [ref, part]
+    return b"".join(out)
+
+
+def _chunked(url: str, width: int = 100) -> str:
+    """A long data URL as adjacent string literals, one line each (Python joins them)."""
+    if len(url) <= width:
+        return repr(url)
+    chunks = [url[i:i + width] for i in range(0, len(url), width)]
+    return "(\n" + "\n".join(f"        {c!r}" for c in chunks) + ")"
+
+
+def _describe(r) -> str:
+    what = str(r["kind"])
+    if isinstance(r.get("case"), str):
+        what += f" / {r['case']}"
+    status = r.get("status")
+    if status is not None and status == status:
+        what += f"; answered {int(status)} when recorded"
+    return what
+
+
+def parse_result(stdout: str) -> dict | None:
+    """The script's --json summary (its last line), or None."""
+    for line in reversed(stdout.strip().splitlines()):
+        try:
+            out = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(out, dict) and "crashed" in out:
+            return out
+    return None
+
+
+_SCRIPT = '''#!/usr/bin/env python3
+"""{title}
+
+{about}
+
+    python3 repro.py --url http://127.0.0.1:8000 [--model NAME] [--api-key KEY]
+
+Sends the requests below ({sessions}) at their recorded times, then watches /health for --settle seconds:
+prints "crashed" and exits 1 when the server stopped answering, "survived" and exits 0 when it did not, exits 2
+when it could not be reached at all. Standard library only.
+"""
+
+import argparse
+import base64
+import http.client
+import json
+import os
+import sys
+import threading
+import time
+import urllib.parse
+
+# (session, seconds after the first request, endpoint, hang up after ms (None: wait for the answer), JSON body);
+# "@IMAGE_n@" in a body is image n (a data URL, at the end of this file)
+REQUESTS = [
+{requests}
+]
+
+
+def connect(url, timeout):
+    u = urllib.parse.urlsplit(url)
+    cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
+    return cls(u.hostname, u.port, timeout=timeout)
+
+
+def post(conn, path, body, headers):
+    conn.request("POST", path, body=body, headers=headers)
+    r = conn.getresponse()
+    return r.status, r.read().decode("utf-8", "replace")
+
+
+def send_all(args, headers, results):
+    t0 = time.monotonic()
+    by_session = {{}}
+    for n, (session, offset, path, hang_up, body) in enumerate(REQUESTS, 1):
+        by_session.setdefault(session, []).append((n, offset, path, hang_up, body))
+
+    def session(steps):
+        conn = None
+        for n, offset, path, hang_up, body in steps:
+            time.sleep(max(0.0, t0 + offset - time.monotonic()))
+            if args.model:
+                body = dict(body, model=args.model)
+            text = json.dumps(body, separators=(",", ":"), ensure_ascii=False)  # as the recorded client sent it
+            for name, url in IMAGES.items():
+                text = text.replace("@" + name + "@", url)
+            data = text.encode("utf-8")
+            hdrs = dict(headers, **{{"X-Request-Id": "repro-%d" % n}})
+            start = time.monotonic()
+            try:
+                if hang_up is not None:  # a client that gives up: its own connection, closed after hang_up ms
+                    c = connect(args.url, hang_up / 1000)
+                    try:
+                        status, text = post(c, path, data, hdrs)
+                    except (TimeoutError, OSError):
+                        status, text = None, "client hung up after %g ms (as recorded)" % hang_up
+                    finally:
+                        c.close()
+                else:
+                    reused = conn is not None
+                    conn = conn or connect(args.url, args.timeout)
+                    try:
+                        status, text = post(conn, path, data, hdrs)
+                    except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                        conn.close()
+                        conn = None
+                        if not reused:
+                            raise
+                        # the server had closed the kept-alive connection: send again on a new one, as clients do
+                        conn = connect(args.url, args.timeout)
+                        status, text = post(conn, path, data, hdrs)
+            except (OSError, http.client.HTTPException) as e:
+                status, text = None, "no answer: %s" % (type(e).__name__,)
+                if conn is not None:
+                    conn.close()
+                conn = None
+            results[n] = (offset, path, status, text, (time.monotonic() - start) * 1000)
+
+    threads = [threading.Thread(target=session, args=(steps,)) for steps in by_session.values()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def watch_health(args, headers):
+    """None while /health answers 200 for --settle seconds, else why it stopped."""
+    end = time.monotonic() + args.settle
+    while True:
+        try:
+            c = connect(args.url, 2)
+            c.request("GET", "/health", headers=headers)
+            status = c.getresponse().status
+            c.close()
+            if status != 200:
+                return "/health answered %d" % status
+        except (OSError, http.client.HTTPException) as e:
+            return "/health: %s" % type(e).__name__
+        if time.monotonic() >= end:
+            return None
+        time.sleep(0.25)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="the server (default %(default)s)")
+    p.add_argument("--model", help="the model name to send (default: the recorded one)")
+    p.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY") or os.environ.get("OPENAI_API_KEY"))
+    p.add_argument("--settle", type=float, default=10, help="seconds to watch /health after the last request")
+    p.add_argument("--timeout", type=float, default=60, help="seconds to wait for an answer")
+    p.add_argument("--json", action="store_true", help="also print a JSON summary as the last line")
+    args = p.parse_args()
+    headers = {{"Content-Type": "application/json"}}
+    if args.api_key:
+        headers["Authorization"] = "Bearer " + args.api_key
+    if watch_health(argparse.Namespace(**dict(vars(args), settle=0)), headers):
+        print("cannot reach %s/health" % args.url)
+        return 2
+    results = {{}}
+    send_all(args, headers, results)
+    for n in sorted(results):
+        offset, path, status, text, ms = results[n]
+        answer = status if status is not None else "-"
+        print("%2d  +%.3fs  POST %s  -> %s  %s (%.0f ms)" % (n, offset, path, answer, text[:120].strip(), ms))
+    why = watch_health(args, headers)
+    print(("crashed: " + why) if why else "survived: /health answered 200 for %g s" % args.settle)
+    if args.json:
+        print(json.dumps({{"crashed": bool(why), "why": why, "statuses": [results[n][2] for n in sorted(results)]}}))
+    return 1 if why else 0
+
+
+IMAGES = {{
+{images}
+}}
+
+if __name__ == "__main__":
+    sys.exit(main())
+'''

@@ -1,0 +1,126 @@
+"""Replay a trace, or a request log of your own, against a server: the same bytes, per-user order kept.
+
+    locust -f locustfiles/replay.py --host http://127.0.0.1:8000 --headless --replay results/demo/v0.30-default/t000
+    locust -f locustfiles/replay.py --host ... --headless --replay my-traffic.jsonl --replay-speed 0
+
+``--replay`` names a folder a run kept its trace in (a campaign trial, an ad-hoc run) or a JSONL request log
+(docs/request-log.md). Each recorded user (a log's session) is one Locust user that sends its requests one after
+the other, on one connection, at the recorded offsets divided by ``--replay-speed`` (1: as recorded; 2: twice as
+fast; 0: as fast as possible). An abort hangs up after its recorded delay. Every request is sent once, as recorded
+(a recorded retry is a request of its own: no retries are added), and is a row as usual, its kind and case carried
+over. The run ends when every user has sent its last request (or at ``-t``). One process only (no --processes or
+workers): lanes are handed out by this process.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import gevent
+from gevent.event import Event
+from locust import LoadTestShape, constant, events, task
+from locust.exception import StopUser
+from locust.runners import MasterRunner, WorkerRunner
+
+from mmchaos import retry_policy
+from mmchaos.locustfiles import plugin
+from mmchaos.locustfiles.chaos_user import ChaosUser
+from mmchaos.payloads.replay_plan import ReplayPlan, ReplayError
+
+plugin.register()
+log = logging.getLogger("mmchaos")
+
+
+@events.init_command_line_parser.add_listener
+def _options(parser):
+    parser.add_argument("--replay", type=str, default="", help="the trace folder or JSONL request log to replay")
+    parser.add_argument("--replay-speed", type=float, default=1.0,
+                        help="1: the recorded timing; k: k times faster; 0: as fast as possible")
+
+
+class Replay:
+    """This process's replay: the plan, which lanes are taken, and when the last one is done."""
+
+    plan: ReplayPlan | None = None
+    source: str | None = None
+    failed = False
+    taken = 0
+    done = 0
+    t0: float | None = None
+    finished = Event()
+
+    @classmethod
+    def ensure(cls, environment) -> ReplayPlan | None:
+        """The plan of --replay, loaded once (the shape asks before the test starts); None when it cannot be
+        read, said in one line, with exit code 2."""
+        o = environment.parsed_options
+        if o is None:
+            return None
+        if cls.source != o.replay:
+            cls.source, cls.failed = o.replay, False
+            try:
+                if o.replay_speed < 0:
+                    raise ReplayError(f"--replay-speed must be >= 0, not {o.replay_speed}")
+                if isinstance(environment.runner, (MasterRunner, WorkerRunner)):
+                    raise ReplayError("replay runs in one process (no master/workers)")
+                cls.plan = ReplayPlan.load(o.replay)
+                log.info("mmchaos: replaying %d requests of %d users from %s", len(cls.plan), len(cls.plan.lanes),
+                         o.replay)
+            except (ReplayError, OSError) as e:
+                log.error("mmchaos: %s", e)
+                cls.plan, cls.failed = None, True
+                environment.process_exit_code = 2
+        return cls.plan
+
+
+@events.test_start.add_listener
+def _start(environment, **_):
+    Replay.taken = Replay.done = 0
+    Replay.t0 = None
+    Replay.finished = Event()
+    if Replay.plan is not None:
+        # the server's model name (given, or read from /v1/models when the test started): a body recorded for
+        # another name gets this one
+        Replay.plan.model = environment.parsed_options.model or None
+
+
+class ReplayUser(ChaosUser):
+    wait_time = constant(0)
+
+    def on_start(self):
+        self.retry_policy = retry_policy.NONE  # a trace holds every attempt that was sent
+        plan = Replay.plan
+        if plan is None or Replay.taken >= len(plan.lanes):
+            self.lane = None
+        else:
+            self.lane = plan.lanes[Replay.taken]
+            Replay.taken += 1
+            Replay.t0 = Replay.t0 or time.time()
+
+    @task
+    def replay_lane(self):
+        o = self.environment.parsed_options
+        if self.lane is not None:
+            for step in self.lane:
+                if o.replay_speed > 0:  # the recorded schedule, not a synchronisation
+                    gevent.sleep(max(0.0, Replay.t0 + step.offset / o.replay_speed - time.time()))
+                self.send(step.request, abort=step.abort_after_ms is not None, abort_after_ms=step.abort_after_ms)
+            self.lane = None
+            Replay.done += 1
+            if Replay.done >= len(Replay.plan.lanes):
+                Replay.finished.set()
+        Replay.finished.wait()  # a user whose lane is done waits for the others (the shape then ends the run)
+        raise StopUser()
+
+
+class ReplayShape(LoadTestShape):
+    """As many users as the trace has lanes, all at once; the run ends when every lane is done (or at -t)."""
+
+    def tick(self):
+        environment = self.runner.environment
+        plan = Replay.ensure(environment)
+        run_time = environment.parsed_options.run_time
+        if plan is None or Replay.finished.is_set() or (run_time and self.get_run_time() >= run_time):
+            return None
+        return len(plan.lanes), max(1, len(plan.lanes))

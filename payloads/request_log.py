@@ -1,0 +1,248 @@
+"""The JSONL request log: anyone's traffic, one request per line, in a form a person can write by hand
+(docs/request-log.md), and the converters between it and a trace.
+
+    {"t": 0.0, "session": "u1", "endpoint": "/v1/embeddings", "body": {...}, "status": 400}
+    {"t": 0.8, "session": "u1", "body": {...}, "disconnect_after_ms": 40}
+
+Only ``body`` is required. An image URL in the body (``image_url.url``) may be a data URL, an http(s) or file URL
+(sent as it is: the server reads it), or a file path, relative to the log (sent as a base64 data URL of the file).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import json
+import re
+from datetime import datetime
+from pathlib import Path
+
+import pandas as pd
+from PIL import Image, UnidentifiedImageError
+
+from mmchaos import schema
+
+from .bodies import EMBEDDINGS_PATH, TOKENIZE_PATH, body_template, fill_template
+from .pool import MIME, DataURL, ImageRef, ImageURL, content_hash
+from .traces import Trace, TraceError
+
+FIELDS = {"t", "endpoint", "body", "status", "disconnect_after_ms", "session", "kind", "case", "expected_status",
+          "request_id"}
+SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
+DATA_URL = re.compile(r"^data:([^;,]+);base64,(.*)$", re.S)
+EXTENSION = {mime: fmt for fmt, mime in MIME.items()}  # image/jpeg -> jpeg: a file's name says its type
+
+
+class LogError(TraceError):
+    pass
+
+
+# -- reading -------------------------------------------------------------------------------------------------------
+
+
+def read(path: Path | str) -> Trace:
+    """A request log as a trace (in memory): what replay sends and what ``import_log`` writes."""
+    path = Path(path)
+    try:
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise LogError(f"cannot read {path}: {e}") from e
+    images: dict[str, dict] = {}
+    rows, sessions = [], {}
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError as e:
+            raise LogError(f"{path}:{n}: not JSON ({e})") from e
+        rows.append(_request(rec, f"{path}:{n}", path.parent, images, sessions, n))
+    if not rows:
+        raise LogError(f"{path}: no requests")
+    return Trace.of(pd.DataFrame(rows), images.values())
+
+
+def _request(rec, where: str, root: Path, images: dict, sessions: dict, n: int) -> dict:
+    if not isinstance(rec, dict):
+        raise LogError(f"{where}: a line is a JSON object, not {type(rec).__name__}")
+    unknown = sorted(set(rec) - FIELDS)
+    if unknown:
+        raise LogError(f"{where}: unknown field(s) {unknown}; known: {', '.join(sorted(FIELDS))}")
+    body = rec.get("body")
+    if not isinstance(body, dict):
+        raise LogError(f"{where}: 'body' must be the request body, a JSON object")
+    endpoint = rec.get("endpoint", EMBEDDINGS_PATH)
+    if not isinstance(endpoint, str) or not endpoint.startswith("/"):
+        raise LogError(f"{where}: 'endpoint' must be a path such as {EMBEDDINGS_PATH}, not {endpoint!r}")
+    status = _int(rec, "status", where)
+    expected = _int(rec, "expected_status", where)
+    after = rec.get("disconnect_after_ms")
+    if after is not None and (isinstance(after, bool) or not isinstance(after, (int, float)) or after <= 0):
+        raise LogError(f"{where}: 'disconnect_after_ms' must be a positive number of ms, not {after!r}")
+    session = str(rec.get("session", ""))
+    user = sessions.setdefault(session, len(sessions))
+    hashes: list[str] = []
+    body = _with_images(body, where, root, images, hashes)
+    template, urls = body_template(body)
+    kind, expected = _kind(rec, body, endpoint, status, expected, after, len(urls), where)
+    return {
+        "request_id": str(rec.get("request_id") or f"log-{n}"), "worker": "log", "user_id": user,
+        "seq": n, "attempt": 1, "t_start": _time(rec.get("t", 0.0), where),
+        "endpoint": endpoint, "kind": kind, "case": rec.get("case"), "probe": None, "expected_status": expected,
+        "status": status, "outcome": None, "abort_after_ms": None if after is None else float(after),
+        "body": template,
+        "images": ",".join(u.ref.hash for u in urls) or None,
+        "image_hashes": ",".join(u.ref.hash for u in urls) or None,
+    }
+
+
+def _int(rec: dict, key: str, where: str) -> int | None:
+    v = rec.get(key)
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 100 <= v <= 599):
+        raise LogError(f"{where}: '{key}' must be an HTTP status (100-599), not {v!r}")
+    return v
+
+
+def _time(t, where: str) -> float:
+    if isinstance(t, (int, float)) and not isinstance(t, bool):
+        return float(t)
+    if isinstance(t, str):
+        try:
+            return datetime.fromisoformat(t).timestamp()
+        except ValueError:
+            pass
+    raise LogError(f"{where}: 't' must be seconds (a number) or an ISO 8601 time, not {t!r}")
+
+
+def _kind(rec, body, endpoint, status, expected, after, n_images, where) -> tuple[str, int | None]:
+    """The request's kind: the line's own, else read from the request (a 4xx seen in production on a request
+    with an image is taken as a failure after rendering: the kind that poisons)."""
+    kind = rec.get("kind")
+    if kind is not None:
+        if kind not in schema.KINDS:
+            raise LogError(f"{where}: 'kind' must be one of {', '.join(schema.KINDS)}, not {kind!r}")
+        return kind, expected
+    if after is not None:
+        return "abort", expected
+    if status is not None and 400 <= status < 500:
+        return ("malformed_post" if n_images else "malformed_pre"), expected or status
+    if endpoint == TOKENIZE_PATH:
+        return "tokenize", expected
+    messages = body.get("messages")
+    if isinstance(messages, list) and messages and isinstance(messages[0], list):
+        return "batch", expected
+    if n_images:
+        return ("valid_image" if n_images == 1 else "multi_image"), expected
+    return "text", expected
+
+
+def _with_images(node, where: str, root: Path, images: dict, hashes: list):
+    """The body with each image URL that can be stored once turned into an ImageURL (a slot of the template)."""
+    if isinstance(node, list):
+        return [_with_images(v, where, root, images, hashes) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _with_images(v, where, root, images, hashes) for k, v in node.items()}
+    part = out.get("image_url")
+    if out.get("type") == "image_url" and isinstance(part, dict) and isinstance(part.get("url"), str):
+        out["image_url"] = {**part, "url": _image_url(part["url"], where, root, images)}
+    return out
+
+
+def _image_url(url: str, where: str, root: Path, images: dict):
+    if SCHEME.match(url) and not url.startswith("data:"):
+        return url  # http(s), file: the server reads it
+    if url.startswith("data:"):
+        m = DATA_URL.match(url)
+        try:
+            data = base64.b64decode(m.group(2), validate=True) if m else None
+        except (binascii.Error, ValueError):
+            data = None
+        if data is None or base64.b64encode(data).decode() != m.group(2) or _mime_of(data) is None:
+            return url  # not plain base64, or not an image (a malformed request's?): sent as it is, inline
+        mime = m.group(1)
+    else:
+        file = (root / url) if not Path(url).is_absolute() else Path(url)
+        try:
+            data = file.read_bytes()
+        except OSError as e:
+            raise LogError(f"{where}: image {url}: {e.strerror or e}") from e
+        if _header(data) is None:
+            raise LogError(f"{where}: image {url} is not an image Pillow can read")
+        mime = MIME.get(file.suffix.lower().lstrip(".").replace("jpg", "jpeg")) or _mime_of(data)
+    return _stored(data, mime, images)
+
+
+def _header(data: bytes) -> tuple[str, tuple[int, int], str] | None:
+    """(format, size, mode) from an image's header, or None when Pillow cannot read one. Nothing is decoded, so
+    an oversized image (a poison case's 20000 px PNG) is read like any other: Pillow's bomb check is for decoding."""
+    saved = Image.MAX_IMAGE_PIXELS
+    try:
+        Image.MAX_IMAGE_PIXELS = None
+        with Image.open(io.BytesIO(data)) as im:
+            return im.format, im.size, im.mode
+    except (UnidentifiedImageError, OSError, ValueError):
+        return None
+    finally:
+        Image.MAX_IMAGE_PIXELS = saved
+
+
+def _mime_of(data: bytes) -> str | None:
+    head = _header(data)
+    return MIME.get(head[0].lower(), f"image/{head[0].lower()}") if head else None
+
+
+def _stored(data: bytes, mime: str, images: dict) -> DataURL:
+    h = content_hash(data)
+    fmt = EXTENSION.get(mime, mime.rpartition("/")[2])
+    _, size, mode = _header(data)  # an image: its reader said so
+    images.setdefault(h, {"hash": h, "form": "image", "mime": mime, "format": fmt, "width": size[0],
+                          "height": size[1], "mode": mode, "quality": None, "data": data})
+    url = ImageURL(f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}")
+    url.ref = ImageRef(h, mime, fmt, size[0], size[1], mode, None)
+    return url
+
+
+# -- writing -------------------------------------------------------------------------------------------------------
+
+
+def write(trace: Trace, path: Path | str) -> int:
+    """``trace`` as a request log at ``path``, its images as files in ``<path stem>.images/`` (URLs made for one
+    request stay inline). Returns the number of lines."""
+    path = Path(path)
+    folder = path.with_name(path.stem + ".images")
+    folder.mkdir(parents=True, exist_ok=True)
+    files: dict[str, str] = {}
+    lines = []
+    t0 = float(trace.requests["t_start"].min())
+    lane = {k: i for i, k in enumerate(dict.fromkeys(trace.lane_keys()))}
+    for i, r in trace.requests.iterrows():
+        refs = [_file_of(trace, h, folder, files) for h in trace.image_hashes(i)]
+        body = json.loads(fill_template(trace.requests.at[i, "body"], refs))
+        rec = {"t": round(float(r["t_start"]) - t0, 6), "session": f"s{lane[trace.lane_keys()[i]]}",
+               "endpoint": r["endpoint"], "body": body, "kind": r["kind"], "request_id": r["request_id"]}
+        for key in ("case", "expected_status", "status"):
+            if r.get(key) is not None and not pd.isna(r.get(key)):
+                rec[key] = r[key] if key == "case" else int(r[key])
+        if r["abort_after_ms"] is not None and not pd.isna(r["abort_after_ms"]):
+            rec["disconnect_after_ms"] = float(r["abort_after_ms"])
+        lines.append(json.dumps(rec, ensure_ascii=False, separators=(",", ":")))
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    tmp.replace(path)
+    return len(lines)
+
+
+def _file_of(trace: Trace, h: str, folder: Path, files: dict) -> str:
+    """An image as a path relative to the log, written once; a URL made for one request as its text."""
+    if h not in files:
+        row = trace.images[h]
+        if row["form"] in ("url", "derived"):
+            files[h] = str(trace.url(h))
+        else:
+            f = folder / f"{h}.{row['format'] or 'bin'}"
+            if not f.exists():
+                f.write_bytes(trace.data(h))
+            files[h] = f"{folder.name}/{f.name}"
+    return files[h]

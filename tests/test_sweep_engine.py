@@ -1,0 +1,153 @@
+"""A two-point sweep on the real vLLM 0.30.0 (default flags), restart policy: what the hazard model rests on, pinned
+on the real server. Three server starts at most (one per point, one restart after the first crash).
+
+- with no poison in the mix nothing crashes, and the whole load window is up time;
+- with post-render 400s in the mix it crashes, every crash named by the chain `cache_drift → detokenizer_assert`;
+- every crash's drift line names a request that carried the image of a poison event of that server's life (a
+  post-render 400 on an image the engine had not got, sent again), and no life crashed without one: the
+  exposure counts what kills the server;
+- the sweep is in the folders, the manifests and the rows; the report's tables, the fit and `mmchaos predict`
+  read it back.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import REPORT_VERSION, TESTS, require_engine_and_model
+from mmchaos import schema
+from mmchaos.analysis import hazard as H
+from mmchaos.analysis import stats
+from mmchaos.analysis.exposure import exposure
+from mmchaos.analysis.results import load_results
+from mmchaos.harness import campaign_plan, campaign_runner
+from mmchaos.tables import read_table
+
+pytestmark = pytest.mark.engine
+CHAIN_030 = "cache_drift → detokenizer_assert"
+DURATION = 40
+LAST_WORDS_S = 2.5
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    require_engine_and_model(REPORT_VERSION)
+    d = tmp_path_factory.mktemp("sweep-engine")
+    f = d / "sweep.toml"
+    f.write_text(f'''
+[campaign]
+name = "sweep"
+target = "engine"
+trials = 1
+seed = 3
+
+[workload]
+locustfile = "{TESTS.parent / 'locustfiles/embeddings.py'}"
+users = 4
+spawn_rate = 4
+duration = {DURATION}
+
+[workload.mix]
+abort = 0           # the post-render 400 is the only poison
+
+[workload.options]
+image_preset = "small"
+
+[sweep]
+malformed_post = [0, 10]
+
+[crash]
+max_restarts = 1    # at most one restart: three server starts in all
+startup_timeout = 420
+
+[[config]]
+name = "v0.30-default"
+engine = "{REPORT_VERSION}"
+''')
+    plan = campaign_plan.load(f)
+    results = campaign_runner.CampaignRunner(plan, d / "results").run()
+    return d / "results" / "sweep", plan, results
+
+
+def test_the_points_ran_where_they_say(sweep):
+    camp, plan, results = sweep
+    assert plan.crash["policy"] == "restart"
+    assert [(r.point, r.status) for r in results] == [({"malformed_post": 0}, "completed"),
+                                                      ({"malformed_post": 10}, "completed")]
+    for point in (0, 10):
+        m = json.loads((camp / "v0.30-default" / f"malformed_post={point}_t000" / schema.MANIFEST).read_text())
+        assert m["sweep"] == {"malformed_post": point} and m["workload"]["mix"]["malformed_post"] == point
+        assert len(m["server_pgids"]) == 1 + (m["crashes"] >= 1)  # the first crash is followed by a restart
+
+
+def test_no_poison_no_crash_and_poison_crashes_by_the_drift_chain(sweep):
+    camp, _, (calm, poisoned) = sweep
+    assert calm.crashes == []
+    assert 1 <= len(poisoned.crashes) <= 2
+    assert {c.chain for c in poisoned.crashes} == {CHAIN_030}
+    crashes = read_table(camp / "v0.30-default" / "malformed_post=10_t000", "crashes").to_pandas()
+    assert list(crashes["chain"]) == [CHAIN_030] * len(poisoned.crashes)
+    c = load_results(camp)
+    table = stats.crash_signatures(c)
+    assert set(table["chain"]) == {CHAIN_030}
+
+
+def test_every_crash_had_a_poison_event_of_its_life_and_its_drift_line_names_it(sweep):
+    camp, _, _ = sweep
+    c = load_results(camp)
+    exp = exposure(c).set_index("malformed_post")
+    calm, hot = exp.loc[0], exp.loc[10]
+    assert calm["poison_requests"] == 0 and calm["crashes"] == 0
+    assert calm["uptime_s"] == pytest.approx(calm["duration_s"])
+    assert 1 <= hot["crashes"] <= hot["poison_events"] <= hot["reused_poison"] <= hot["poison_requests"]
+    assert hot["uptime_s"] < hot["duration_s"] and hot["answered"] < len(c.requests[c.requests["trial"] == 1])
+
+    # per server life: the poison events (first 400 on an image the engine had not answered, sent again to it)
+    r = c.requests[c.requests["trial"] == 1].sort_values("t_start")
+    crash_t = sorted(c.crashes["t_detected"])
+    life = np.searchsorted(crash_t, r["t_start"].to_numpy(), side="right")
+    images = r["image_hashes"].fillna("").str.split(",")
+    post = r["kind"].eq("malformed_post") & r["status"].eq(400)
+    reaches = r["kind"].isin(["valid_image", "multi_image", "batch"])
+    ok = reaches & r["status"].between(200, 299)
+    event_images: dict[int, set] = {}
+    for i in np.flatnonzero(post.to_numpy()):
+        t, lf = r["t_start"].iat[i], life[i]
+        same = life == lf
+        for h in images.iat[i]:
+            carried = images.map(lambda hs, h=h: h in hs).to_numpy()
+            before_ok = (same & carried & ok.to_numpy() & (r["t_start"].to_numpy() < t)).any()
+            before_post = (same & carried & post.to_numpy() & (r["t_start"].to_numpy() < t)).any()
+            again = (same & carried & reaches.to_numpy() & (r["t_start"].to_numpy() > t)).any()
+            if again and not before_ok and not before_post:
+                event_images.setdefault(lf, set()).add(h)
+    for k in range(len(crash_t)):
+        assert event_images.get(k), f"server life {k} crashed without a poison event"
+    # the drift line that preceded each crash names a request that carried one of those images
+    drift = c.log_events[c.log_events["signature"].astype(str).eq("cache_drift") & c.log_events["trial"].eq(1)]
+    named = drift.dropna(subset=["image_hash"])
+    assert len(named) >= 1
+    for _, ev in named.iterrows():
+        # the life it was logged in (a dying server's last lines are read up to 2 s after the crash's detection)
+        lf = int(np.searchsorted(crash_t, ev["t"] - LAST_WORDS_S, side="left"))
+        assert set(ev["image_hash"].split(",")) & event_images.get(lf, set()), ev["line"]
+
+
+def test_the_fit_and_predict_read_the_sweep(sweep):
+    camp, _, _ = sweep
+    c = load_results(camp)
+    assert set(c.requests["sweep"].astype(str)) == {'{"malformed_post": 0}', '{"malformed_post": 10}'}
+    f = H.fit_hazard(c)["v0.30-default"]
+    assert f.counts["trials_used"] == 1 and f.p_lo > 0 and f.p_hi >= 0.5
+    p = subprocess.run([sys.executable, "-m", "mmchaos.harness.cli", "predict", str(camp), "--rps", "200",
+                        "--post-render-4xx", "0.5%", "--disconnects", "1%"], capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines()[1].startswith("v0.30-default: mean time between crashes ")
+    assert "caveat: measured on mmchaos's tiny random-weight model on CPU" in p.stdout
+    assert "caveat: no client disconnect was sent in this campaign" in p.stdout

@@ -1,0 +1,268 @@
+"""Traces (issue 13), on the stand-in: a run's trace holds exactly the bytes the server received, each image once;
+a replay sends them again in each user's order; a request log converts to a trace and back; a campaign can
+replay one; and `mmchaos minimize` shrinks a crashing trial to a reproducer that crashes, resumes and keeps to its
+budget. The real engine's answers are pinned in test_minimize_engine.py."""
+
+from __future__ import annotations
+
+import base64
+import collections
+import hashlib
+import io
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from conftest import TESTS, standin_server
+from locust_run import locust, rows
+from mmchaos.payloads import request_log
+from mmchaos.payloads.traces import Trace
+from mmchaos.tables import read_table
+from test_campaign_standin import run, write_campaign
+from test_reliability import killpg, manifest, reaper  # noqa: F401  (the fixture)
+
+POISON_CASE = ["--malformed-cases", "dimensions_unsupported"]
+
+
+def _received(log: Path) -> list[tuple[str, str]]:
+    return [tuple(line.split()) for line in log.read_text().splitlines()]
+
+
+def _cli(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "mmchaos.harness.cli", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """An ad-hoc run of the default mix (every kind, fresh images, malformed URLs), its trace and what the server
+    received."""
+    out = tmp_path_factory.mktemp("recorded")
+    with standin_server(out / "s.log", "--body-log", str(out / "bodies.txt")) as s:
+        r = locust("locustfiles/embeddings.py", s.base_url, out, "--fresh-fraction", "0.3", users=3, seconds=4)
+    assert r.returncode == 0, r.stdout[-2000:]
+    return out, Trace.load(out), _received(out / "bodies.txt")
+
+
+def test_the_trace_is_exactly_what_the_server_received(recorded):
+    out, trace, received = recorded
+    got = dict(received)
+    sent = {trace.requests.at[i, "request_id"]: hashlib.sha256(trace.payload(i)).hexdigest()
+            for i in range(len(trace))}
+    assert len(got) > 200 and set(got) <= set(sent)
+    assert {rid: sent[rid] for rid in got} == got  # byte for byte, every request the server read
+    requests = rows(out)
+    assert set(requests["request_id"]) == set(sent)  # one trace entry per row
+    kinds = set(trace.requests["kind"])
+    assert {"valid_image", "multi_image", "batch", "abort", "malformed_post", "malformed_pre"} <= kinds
+
+
+def test_each_image_is_stored_once_and_made_again_by_recipe(recorded):
+    out, trace, _ = recorded
+    images = read_table(out, "trace_images").to_pandas()
+    assert images["hash"].is_unique
+    forms = collections.Counter(images["form"])
+    assert forms["generated"] == 16 and forms["fresh"] > 10 and forms["derived"] > 0  # pool 16 (locust_run)
+    assert images.loc[images["form"].isin(["generated", "fresh"]), "data"].isna().all()  # recipes, no bytes
+    for h in images.loc[images["form"] == "fresh", "hash"][:5]:
+        assert hashlib.sha256(trace.data(h)).hexdigest()[:16] == h
+
+
+def test_a_replay_sends_the_same_bytes_in_each_users_order(recorded, tmp_path):
+    out, trace, received = recorded
+    with standin_server(tmp_path / "s.log", "--body-log", str(tmp_path / "bodies.txt")) as s:
+        r = locust("locustfiles/replay.py", s.base_url, tmp_path, "--replay", str(out), "--replay-speed", "0",
+                   users=1, seconds=120)
+    assert r.returncode == 0, r.stdout[-2000:]
+    replayed = rows(tmp_path)
+    assert len(replayed) == len(trace)
+    original = {hashlib.sha256(trace.payload(i)).hexdigest() for i in range(len(trace))}
+    again = {h for _, h in _received(tmp_path / "bodies.txt")}
+    assert again <= original and len(again) > 0.9 * len(original)  # the recorded bytes, nothing else
+    for lane in trace.lanes():  # each recorded user's kinds, in order, as one replay user sent them
+        kinds = list(trace.requests.loc[lane, "kind"])
+        users = replayed.sort_values(["user_id", "seq"]).groupby("user_id")["kind"].agg(list)
+        assert kinds in list(users)
+    assert (replayed.groupby("user_id")["attempt"].max() == 1).all()  # no retries added to a recording
+
+
+def test_a_replay_of_nothing_says_so_and_exits_2(tmp_path, standin):
+    r = locust("locustfiles/replay.py", standin.base_url, tmp_path, "--replay", str(tmp_path / "nope.jsonl"),
+               users=1, seconds=30)
+    assert r.returncode == 2 and "no such trace folder or request log" in r.stdout, r.stdout[-2000:]
+
+
+def test_a_request_log_converts_to_a_trace_and_back_byte_for_byte(recorded, tmp_path):
+    _, trace, _ = recorded
+    n = request_log.write(trace, tmp_path / "traffic.jsonl")
+    assert n == len(trace) and any((tmp_path / "traffic.images").iterdir())
+    back = request_log.read(tmp_path / "traffic.jsonl")
+    assert [back.payload(i) for i in range(len(back))] == [trace.payload(i) for i in range(len(trace))]
+    assert list(back.requests["kind"]) == list(trace.requests["kind"])
+    r = _cli("trace", "import", str(tmp_path / "traffic.jsonl"), str(tmp_path / "imported"))
+    assert r.returncode == 0, r.stderr
+    r = _cli("trace", "export", str(tmp_path / "imported"), str(tmp_path / "again.jsonl"))
+    assert r.returncode == 0, r.stderr
+    strip = [{k: v for k, v in json.loads(line).items() if k != "body"} for line in
+             (tmp_path / "again.jsonl").read_text().splitlines()]
+    assert [d["kind"] for d in strip] == list(trace.requests["kind"])
+    again = request_log.read(tmp_path / "again.jsonl")
+    assert [again.payload(i) for i in range(len(again))] == [trace.payload(i) for i in range(len(trace))]
+
+
+def _png(path: Path, colour) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (96, 64), colour).save(buf, format="PNG")
+    path.write_bytes(buf.getvalue())
+    return buf.getvalue()
+
+
+def _hand_written_log(folder: Path) -> Path:
+    """Someone's own traffic, written without mmchaos: a session that gets a 400 for an image (a dimensions its
+    model does not support), then another session that sends the same image, as a file path and as a data URL."""
+    data = _png(folder / "cat.png", (200, 30, 30))
+
+    def body(url, **extra):
+        return {"model": "m", "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "a cat"}]}], **extra}
+
+    lines = [
+        {"t": "2026-11-30T10:00:00+00:00", "session": "alice", "body": body("cat.png", dimensions=5), "status": 400},
+        {"t": "2026-11-30T10:00:01.5+00:00", "session": "bob",
+         "body": body("data:image/png;base64," + base64.b64encode(data).decode())},
+    ]
+    log = folder / "production.jsonl"
+    log.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    return log
+
+
+def test_a_hand_written_request_log_replays_a_poison_then_reuse(tmp_path):
+    log = _hand_written_log(tmp_path)
+    trace = request_log.read(log)
+    assert list(trace.requests["kind"]) == ["malformed_post", "valid_image"]  # read from the log, not given
+    assert len(trace.images) == 1  # the file and the data URL are one image
+    with standin_server(tmp_path / "s.log", "--crash-after-poison") as s:
+        r = locust("locustfiles/replay.py", s.base_url, tmp_path / "out", "--replay", str(log), users=1,
+                   seconds=60)
+        died = s.exit_code()
+    df = rows(tmp_path / "out")
+    assert list(df.sort_values("t_start")["status"].fillna(0)) == [400, 0] and died == 1, r.stdout[-2000:]
+    gaps = df.sort_values("t_start")["t_start"].diff().dropna()
+    assert 1.4 <= gaps.iloc[0] < 3  # the recorded 1.5 s, as recorded (--replay-speed 1)
+
+
+@pytest.mark.parametrize("line,needle", [
+    ('{"body": 3}', "'body' must be the request body"),
+    ('{"body": {}, "kind": "nope"}', "'kind' must be one of"),
+    ('{"body": {}, "status": 999}', "'status' must be an HTTP status"),
+    ('{"body": {}, "bodyy": 1}', "unknown field(s) ['bodyy']"),
+    ('{"body": {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "nope.png"}}]}]}}',
+     "image nope.png"),
+    ("not json", "not JSON"),
+])
+def test_a_bad_request_log_is_one_line_naming_the_line(tmp_path, line, needle):
+    (tmp_path / "log.jsonl").write_text('{"body": {"input": "ok"}}\n' + line + "\n")
+    r = _cli("trace", "import", str(tmp_path / "log.jsonl"), str(tmp_path / "out"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    [msg] = r.stderr.strip().splitlines()
+    assert "log.jsonl:2: " in msg and needle in msg, msg
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_campaign_workload_can_replay_a_request_log(tmp_path):
+    _hand_written_log(tmp_path)
+    f = write_campaign(tmp_path, duration=30, configs='[[config]]\nname = "v030"\nflags = ["--crash-after-poison"]\n')
+    f.write_text(f.read_text().replace(f'locustfile = "{TESTS.parent / "locustfiles/embeddings.py"}"',
+                                       'trace = "production.jsonl"'))
+    r = _cli("campaign", "check", str(f))
+    assert r.returncode == 0, r.stderr
+    [result] = run(f, tmp_path / "results")
+    assert result.status == "completed" and [c.signature for c in result.crashes] == ["detokenizer_assert"]
+    assert result.requests == 2
+
+
+# --- minimize ---------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def crashed_trial(tmp_path_factory):
+    """A trial of a mix with post-render 400s on a small hot pool, on a stand-in that dies as 0.30.0 does."""
+    tmp = tmp_path_factory.mktemp("minimize")
+    f = write_campaign(tmp, duration=10, configs='[[config]]\nname = "v030"\nflags = ["--crash-after-poison"]\n')
+    f.write_text(f.read_text().replace("pool_size = 16", 'pool_size = 4\nfresh_fraction = 0.0\n'
+                                       'malformed_cases = "dimensions_unsupported"')
+                 .replace("[workload.options]", "[workload.mix]\nmalformed_pre = 0\n\n[workload.options]"))
+    [result] = run(f, tmp / "results")
+    assert result.crashes, "the stand-in did not crash"
+    return tmp / "results" / "standin" / "v030" / "t000"
+
+
+def _minimize(trial: Path, out: Path, *extra: str):
+    return _cli("minimize", str(trial), "--out", str(out), "--repeats", "2", "--settle", "1",
+                "--startup-timeout", "30", *extra, timeout=600)
+
+
+def test_minimize_finds_the_two_requests_and_the_script_reproduces_them(crashed_trial, tmp_path):
+    r = _minimize(crashed_trial, tmp_path / "min")
+    assert r.returncode == 0, r.stdout + r.stderr
+    log = [json.loads(x) for x in (tmp_path / "min" / "minimal.jsonl").read_text().splitlines()]
+    assert [x["kind"] for x in log] == ["malformed_post", "valid_image"], log
+    issue = (tmp_path / "min" / "issue.md").read_text()
+    assert "detokenizer_assert" in issue and "P0/P1 cache drift" in issue and "crashed 2 of 2" in issue
+    script = tmp_path / "min" / "repro.py"
+    assert "import requests" not in script.read_text() and "mmchaos" not in script.read_text().split('"""')[2]
+    for flags, code, says in ((["--crash-after-poison"], 1, "crashed"), (["--miss-after-poison"], 0, "survived"),
+                              ([], 0, "survived")):
+        with standin_server(tmp_path / "s.log", *flags) as s:
+            p = subprocess.run([sys.executable, str(script), "--url", s.base_url, "--settle", "1"],
+                               capture_output=True, text=True, timeout=60)
+        assert p.returncode == code and p.stdout.strip().splitlines()[-1].startswith(says), (flags, p.stdout)
+        if flags == ["--miss-after-poison"]:
+            assert "-> 503" in p.stdout  # the fixed version's retryable answer, then still up
+
+    # resumable: a second run knows every candidate and starts no server
+    again = _minimize(crashed_trial, tmp_path / "min")
+    assert again.returncode == 0 and "start " not in again.stderr and "(known)" in again.stderr, again.stderr
+
+
+def test_minimize_keeps_to_its_budget_and_says_so(crashed_trial, tmp_path):
+    r = _minimize(crashed_trial, tmp_path / "min", "--max-starts", "1")
+    assert r.returncode == 1 and "stopped after 1 server starts" in r.stderr, r.stdout + r.stderr
+    assert len(list((tmp_path / "min" / "runs").iterdir())) == 1
+    assert (tmp_path / "min" / "repro.py").is_file()  # the smallest sequence found so far, said to be so
+
+
+def test_minimize_says_when_the_trials_crash_does_not_replay(tmp_path, reaper):  # noqa: F811
+    """A crash no request caused (the server SIGKILLed from outside mid-load): no guess and not the whole sequence
+    crashes a fresh server, so the search ends there, without spending its budget on ddmin."""
+    f = write_campaign(tmp_path, duration=10, configs='[[config]]\nname = "killed"\n')
+    trial = tmp_path / "results" / "standin" / "killed" / "t000"
+    killed = []
+
+    def kill_the_server(state: dict) -> None:
+        if not killed and state.get("phase") == "load" and state.get("requests", 0) >= 40:
+            killed.append(manifest(trial)["server_pgids"][0])
+            reaper.add(killed[0])
+            killpg(killed[0], signal.SIGKILL)
+
+    [result] = run(f, tmp_path / "results", progress=kill_the_server)
+    assert killed and result.crashes
+    r = _minimize(trial, tmp_path / "min", "--repeats", "1")
+    assert r.returncode == 1 and "did not crash a fresh server when replayed" in r.stderr, r.stdout + r.stderr
+    assert "ddmin" not in r.stderr and "the trial's sequence" in r.stderr
+
+
+def test_minimize_refuses_what_it_cannot_do(tmp_path, crashed_trial):
+    r = _cli("minimize", str(tmp_path))
+    assert r.returncode == 2 and "not a trial folder" in r.stderr
+    healthy = write_campaign(tmp_path, duration=2, configs='[[config]]\nname = "ok"\n')
+    run(healthy, tmp_path / "results")
+    r = _cli("minimize", str(tmp_path / "results" / "standin" / "ok" / "t000"))
+    assert r.returncode == 2 and "did not crash" in r.stderr
+    r = _cli("minimize", str(crashed_trial), "--repeats", "0")
+    assert r.returncode == 2 and "not a positive whole number" in r.stderr
