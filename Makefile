@@ -27,9 +27,8 @@ CHROMIUM := /usr/bin/chromium
 browser:
 	@test -x $(CHROMIUM) || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium)
 
-# two workers: the engine tests in order on one, the fast tests on the other (tests/conftest.py)
 test: engines browser
-	$(BIN)/python -m pytest -ra -n 2 --dist loadgroup --durations=25
+	$(BIN)/python -m pytest -ra --durations=25
 
 # the fast tests alone (no vLLM)
 unit: setup

@@ -18,17 +18,6 @@ REPORT_VERSION = "0.30.0"  # the version of the original report
 FIXED_VERSION = "0.32.0"  # cache miss made retryable
 
 
-def pytest_collection_modifyitems(items):
-    # `make test` runs two pytest workers (pytest-xdist, --dist loadgroup): the engine tests all on one, in file
-    # order, so one vLLM server is loaded at a time and the session's shared servers start once; the other worker
-    # takes the fast tests meanwhile (much of their time is waiting on Locust runs and stand-in servers). A second
-    # engine lane was tried: on 2 cores it slowed both lanes so much that the demo's trials sent too few requests
-    # to exercise what the ground-truth tests check.
-    for item in items:
-        if item.get_closest_marker("engine"):
-            item.add_marker(pytest.mark.xdist_group("engine"))
-
-
 def require_engine_and_model(version: str) -> None:
     """Fail (never skip) an engine test whose engine or tiny model is missing, saying how to install it."""
     try:
