@@ -214,12 +214,8 @@ def test_campaign_on_local_and_remote_workers_a_killed_worker_is_recorded_and_a_
         local_group = pgids[1]  # [master, this machine's workers]
         children = [p for p in live_in_groups({local_group}) if p != local_group]  # Locust forked them
         # a worker that has handed rows over already (one killed before its first flush is known by Locust's id)
-        deadline, victim = time.monotonic() + 6, None
-        while victim is None and time.monotonic() < deadline:  # parts come each second, per worker
-            shipped = set(per_worker(read_table(trial, "requests").to_pandas()))
-            victim = next((p for p in children if p in shipped), None)
-            time.sleep(0.1)
-        assert victim, (children, shipped)
+        victim = wait_for(lambda: next((p for p in children if p in per_worker(  # parts come each second
+            read_table(trial, "requests").to_pandas())), None), 6, "a local worker's first rows")
         killed.append(victim)
         os.kill(victim, signal.SIGKILL)
 
