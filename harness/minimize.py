@@ -9,8 +9,8 @@ drift is racy: one crash is not enough, one survival is). The search, cheapest f
 2. if no guess crashed, the whole sequence once (a replay that does not crash ends the search), then delta
    debugging (ddmin) over the requests, which keeps each user's order;
 3. all requests on one connection, one after the other;
-4. fewer and smaller images: a request's extra images dropped, each image scaled down; aborts hanging up
-   sooner (while the image is rendered, not racing its render);
+4. fewer and smaller images: a request's extra images dropped, each image scaled down (not with ``keep_images``);
+   aborts hanging up sooner (while the image is rendered, not racing its render);
 5. the result confirmed ``repeats`` times more.
 
 Every server start counts against ``max_starts`` and the wall time against ``max_minutes``; results are kept in
@@ -79,8 +79,9 @@ class Result:
 class Minimizer:
     def __init__(self, trial: Path, out: Path, repeats: int = 2, max_starts: int = 40, max_minutes: float = 60,
                  settle: float = 10.0, startup_timeout: float = 420, progress: Callable[[str], None] = print,
-                 signatures: Signatures | None = None):
+                 signatures: Signatures | None = None, keep_images: bool = False):
         self.trial, self.out, self.repeats, self.settle = Path(trial), Path(out), repeats, settle
+        self.keep_images = keep_images  # no fewer or smaller images tried
         self.startup_timeout, self.progress = startup_timeout, progress
         self.sigs = signatures or Signatures.load()
         self.budget = Budget(max_starts, max_minutes * 60)
@@ -116,7 +117,8 @@ class Minimizer:
                               f"the trial's {len(best)} requests did not crash a fresh server when replayed: the "
                               "crash needs timing or state the replay does not reproduce (try --repeats 1, or "
                               "another crashed trial)")
-            for step in (self._ddmin, self._serialize, self._fewer_images, self._smaller_images, self._sooner_aborts):
+            images = () if self.keep_images else (self._fewer_images, self._smaller_images)
+            for step in (self._ddmin, self._serialize, *images, self._sooner_aborts):
                 best = self.best = step(best)
             minimal = True
         except BudgetSpent as e:

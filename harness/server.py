@@ -153,7 +153,8 @@ class Server:
         if (cpu or Path(model).exists()) and not Path(model, "config.json").is_file():
             raise ServerError(f"no model at {model}: run `mmchaos model build`")
         tp = tensor_parallel_size(t.flags)
-        env.update({"VLLM_CACHE_ROOT": str(paths.vllm_cache_root()), "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"})
+        env.update({"VLLM_CACHE_ROOT": str(paths.vllm_cache_root(e.version)), "VLLM_NO_USAGE_STATS": "1",
+                    "DO_NOT_TRACK": "1"})
         if cpu:
             env.update(
                 {

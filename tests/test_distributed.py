@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import psutil
@@ -291,7 +292,8 @@ def test_a_master_started_again_takes_the_rows_its_workers_send_again(tmp_path, 
     counts = tmp_path / "counts.json"
     env = {**os.environ, "MMCHAOS_TEST_WORKER_COUNTS": str(counts)}
     port = free_port()
-    with standin_server(tmp_path / "standin.log") as s:
+    seen = tmp_path / "seen.log"  # the stand-in's "request-id sha256" line per request, in the order it read them
+    with standin_server(tmp_path / "standin.log", "--body-log", str(seen)) as s:
         def master():
             p = subprocess.Popen([PY, "-m", "locust", "-f", str(COUNTING), "--master", "--master-bind-host",
                                   "127.0.0.1", "--master-bind-port", str(port), "--expect-workers", "2", "--headless",
@@ -317,6 +319,15 @@ def test_a_master_started_again_takes_the_rows_its_workers_send_again(tmp_path, 
             killpg(first.pid, signal.SIGKILL)
             t_gone = time.time()
             first.wait(timeout=10)
+            seen_before = seen.stat().st_size
+
+            def loading_without_master():
+                # a worker's third request read after the kill was sent after it: each worker has 2 users
+                ids = seen.read_bytes()[seen_before:].decode(errors="replace").split()[0::2]
+                per_index = Counter(i.split("-")[2] for i in ids)  # mmc-<run>-<worker index>-<user>-<seq>
+                return len(per_index) == 2 and min(per_index.values()) >= 3
+
+            wait_for(loading_without_master, 30, "requests of both workers while no master runs")
             second = master()
             t_back = time.time()
 

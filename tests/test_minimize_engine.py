@@ -1,7 +1,7 @@
 """From a crash to a bug report, on real vLLM (issue 13): the demo's crashing 0.30.0 trial shrinks to at most three
-requests whose standalone script crashes a fresh 0.30.0 default server, not one with the cache off, and gets the
-retryable 503 from 0.32.0, which stays up; a crash provoked by client aborts alone keeps an abort; and a request log
-written by hand (no mmchaos generator) replays into the crash."""
+requests whose standalone script crashes a fresh 0.30.0 default server (the minimizer's confirmation runs it), not
+one with the cache off, and gets the retryable 503 from 0.32.0, which stays up; a crash provoked by client aborts
+alone keeps an abort; and a request log written by hand (no mmchaos generator) replays into the crash."""
 
 from __future__ import annotations
 
@@ -15,17 +15,19 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from conftest import REPORT_VERSION, require_engine_and_model, vllm_server
+from conftest import REPORT_VERSION, require_engine_and_model
 from mmchaos import paths
 from mmchaos.harness import campaign_plan, campaign_runner
+from mmchaos.harness.repro_script import parse_result
 
 pytestmark = pytest.mark.engine
 SETTLE = "5"  # seconds a candidate's server is watched after its last request (0.30.0 dies within ~1 s)
 
 
 def _minimize(trial: Path, out: Path, max_starts: int = 12):
+    # images kept as recorded: shrinking them costs starts and is pinned on the stand-in (test_traces.py)
     p = subprocess.Popen([sys.executable, "-m", "mmchaos.harness.cli", "minimize", str(trial), "--out", str(out),
-                          "--repeats", "1", "--settle", SETTLE, "--max-starts", str(max_starts)],
+                          "--repeats", "1", "--settle", SETTLE, "--max-starts", str(max_starts), "--keep-images"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         stdout, stderr = p.communicate(timeout=1500)
@@ -55,9 +57,12 @@ def test_the_demo_crash_shrinks_to_a_script_that_crashes_only_the_affected_serve
     assert "0.30.0" in issue and "detokenizer_assert" in issue and "detokenizer is not None" in issue
     script = out / "repro.py"
 
-    with vllm_server(REPORT_VERSION, [], tmp_path / "default.log") as s:
-        crashed = _script(script, s)
-    assert crashed.returncode == 1 and "crashed" in crashed.stdout.splitlines()[-1], crashed.stdout
+    # exit 0 is "confirmed": the search's last start ran repro.py itself against a fresh 0.30.0 default server
+    confirm = sorted((out / "runs").iterdir())[-1]
+    said = (confirm / "repro.out").read_text()
+    assert (confirm / "repro.py").read_text() == script.read_text()
+    assert parse_result(said)["crashed"] and "\ncrashed: " in said, said
+    assert "detokenizer is not None" in (confirm / "server.log").read_text()
 
     survived = _script(script, workaround_server)
     assert survived.returncode == 0 and "survived" in survived.stdout.splitlines()[-1], survived.stdout
@@ -96,7 +101,7 @@ def test_a_crash_of_aborts_alone_keeps_an_abort(tmp_path):
     require_engine_and_model(REPORT_VERSION)
     f = _campaign(tmp_path, """
 [workload.mix]
-valid_image = 4
+valid_image = 2
 abort = 2
 text = 0
 multi_image = 0
@@ -106,11 +111,14 @@ malformed_pre = 0
 malformed_post = 0
 
 [workload.options]
-image_preset = "realistic"
-max_side = 1024
-pool_size = 6
+# An abort poisons only an image new to the server, and only if the body is in before the hang-up and the hang-up
+# comes while the image is rendered: small images, hanging up after 1 ms (at 40 ms two users ran 60 s uncrashed),
+# and 40 images, so that many first sendings are aborts (6 realistic images: one run sent 4,393 requests uncrashed)
+image_preset = "small"
+pool_size = 40
+zipf = 0
 fresh_fraction = 0.0
-abort_after_ms = 1  # hang up while the image is rendered: at 40 ms, two users on this machine ran 60 s uncrashed
+abort_after_ms = 1
 """, users=2)  # two users: fewer requests overlap before the crash, fewer for the search to take apart
     [result] = campaign_runner.CampaignRunner(campaign_plan.load(f), tmp_path / "results").run()
     assert result.crashes, "aborts alone did not crash 0.30.0 within the trial"

@@ -61,7 +61,7 @@ startup_timeout = 420
 [[config]]
 name = "keyed"
 flags = ["--api-key", "{keys['flags']}"]
-env = {{ VLLM_API_KEY = "{keys['env']}", HF_TOKEN = "{keys['token']}", VLLM_CPU_KVCACHE_SPACE = "1", HF_HUB_OFFLINE = "1", VLLM_CACHE_ROOT = "{paths.vllm_cache_root()}" }}
+env = {{ VLLM_API_KEY = "{keys['env']}", HF_TOKEN = "{keys['token']}", VLLM_CPU_KVCACHE_SPACE = "1", HF_HUB_OFFLINE = "1", VLLM_CACHE_ROOT = "{paths.vllm_cache_root(REPORT_VERSION)}" }}
 """)
     root = tmp_path / "results"
     env = {k: v for k, v in os.environ.items() if not k.startswith("MMCHAOS_API_KEY")}

@@ -10,6 +10,7 @@ import collections
 import hashlib
 import io
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -211,7 +212,11 @@ def test_minimize_finds_the_two_requests_and_the_script_reproduces_them(crashed_
     r = _minimize(crashed_trial, tmp_path / "min")
     assert r.returncode == 0, r.stdout + r.stderr
     log = [json.loads(x) for x in (tmp_path / "min" / "minimal.jsonl").read_text().splitlines()]
-    assert [x["kind"] for x in log] == ["malformed_post", "valid_image"], log
+    # a post-render 400, then its image again (in a valid request, or in an abort the stand-in read before the hang-up)
+    urls = [set(re.findall(r'"url": "([^"]+)"', json.dumps(x["body"]))) for x in log]
+    assert len(log) == 2 and log[0]["kind"] == "malformed_post" and urls[0] & urls[1], log
+    sides = [max(Image.open(f).size) for f in (tmp_path / "min" / "minimal.images").iterdir()]
+    assert sides and max(sides) <= 64, sides  # smaller images: the stand-in still dies when one comes again
     issue = (tmp_path / "min" / "issue.md").read_text()
     assert "detokenizer_assert" in issue and "P0/P1 cache drift" in issue and "crashed 2 of 2" in issue
     script = tmp_path / "min" / "repro.py"
@@ -228,6 +233,13 @@ def test_minimize_finds_the_two_requests_and_the_script_reproduces_them(crashed_
     # resumable: a second run knows every candidate and starts no server
     again = _minimize(crashed_trial, tmp_path / "min")
     assert again.returncode == 0 and "start " not in again.stderr and "(known)" in again.stderr, again.stderr
+
+
+def test_minimize_keeps_the_recorded_images_when_asked(crashed_trial, tmp_path):
+    r = _minimize(crashed_trial, tmp_path / "min", "--repeats", "1", "--keep-images")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert " px: " not in r.stderr and "without image" not in r.stderr, r.stderr  # no image was tried smaller
+    assert len((tmp_path / "min" / "minimal.jsonl").read_text().splitlines()) == 2
 
 
 def test_minimize_keeps_to_its_budget_and_says_so(crashed_trial, tmp_path):
