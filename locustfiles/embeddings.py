@@ -10,10 +10,13 @@ argument (`locust -f locustfiles/embeddings.py --help`). Rows land in --results-
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
+import random
 
-import gevent
-from locust import between, constant, events, task
+from gevent.threadpool import ThreadPool
+from locust import events, task
 from locust.runners import MasterRunner
 from mmchaos.locustfiles import plugin
 from mmchaos.locustfiles.chaos_user import ChaosUser
@@ -38,12 +41,12 @@ def shared_traffic(o) -> Traffic:
 
 
 class EmbeddingUser(ChaosUser):
-    wait_time = constant(0)
+    def wait_time(self) -> float:
+        # think time uniform in [0, wait_ms], as Locust's between(); read per wait: the web form may change it
+        return random.uniform(0, self.environment.parsed_options.wait_ms / 1000)
 
     def on_start(self):
         o = self.environment.parsed_options
-        if o.wait_ms:
-            self.wait_time = between(0, o.wait_ms / 1000)
         try:
             traffic = shared_traffic(o)
         except (TrafficConfigError, ValueError, OSError) as e:
@@ -59,8 +62,16 @@ class EmbeddingUser(ChaosUser):
         self.send(self.traffic.build(kind), abort=(kind == "abort"))
 
 
+@functools.cache
+def _encoders() -> ThreadPool:
+    # as many threads as cores (made at first use, in the process that uses them): more would add nothing but
+    # memory, glibc giving each thread that ever ran an encode an arena of its own (~20 MB here). gevent's hub pool
+    # (10 threads) grew a one-hour run from 374 to 424 MB as bursts of fresh images woke more of its threads.
+    return ThreadPool(os.cpu_count() or 1)
+
+
 def _in_thread(fn, *args):
-    return gevent.get_hub().threadpool.apply(fn, args)
+    return _encoders().apply(fn, args)
 
 
 # whole-image re-encodes of fresh images (WebP) on another core, while this process's other users go on

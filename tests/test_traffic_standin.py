@@ -30,6 +30,16 @@ def test_headless_run_records_exactly_one_row_per_request(standin, tmp_path):
     assert len(health) >= 8 and health["ok"].all()  # polled every 0.25 s through a 4 s run
 
 
+def test_think_time_spaces_each_users_requests(standin, tmp_path):
+    """--wait-ms W: a pause uniform in [0, W] ms after each request, every user going on (mean W / 2)."""
+    r = locust("locustfiles/embeddings.py", standin.base_url, tmp_path, "--wait-ms", "200", users=2, seconds=4)
+    assert r.returncode == 0, r.stdout[-2000:]
+    df = locust_rows(rows(tmp_path)).sort_values("t_start")
+    gaps = df.groupby("user_id")["t_start"].diff().dropna()
+    assert df.groupby("user_id").size().min() >= 10, r.stdout[-2000:]  # ~4 s / 0.1 s each, not one and stuck
+    assert 0.06 < gaps.median() < 0.3 and gaps.quantile(0.9) < 0.5, gaps.describe()  # one slow answer may stand out
+
+
 def test_kinds_follow_their_weights(standin, tmp_path):
     weights = {k: w for k, (w, _) in WEIGHTS.items()}
     r = locust("locustfiles/embeddings.py", standin.base_url, tmp_path, "--abort-after-ms", "2000",
