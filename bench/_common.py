@@ -136,6 +136,14 @@ def run_locust(locustfile: Path, host: str, users: int, seconds: int, out: Path,
         raise SystemExit(f"Locust left no stats ({e}); its log:\n{(out / 'locust.log').read_text()[-2000:]}")
 
 
+def counted_rows(folder: Path) -> int:
+    """Rows of the requests Locust counted (not those cut by the end of the run, which Locust never counts)."""
+    from mmchaos import schema
+    from mmchaos.tables import read_table
+
+    return sum(o != schema.CUT for o in read_table(folder, "requests").column("outcome").to_pylist())
+
+
 def ratio_line(name: str, value: float, goal: float, unit: str = "", higher_is_better: bool = False) -> str:
     """'name value unit  goal G  ratio R  PASS|MISS' (ratio = value / goal)."""
     ok = value >= goal if higher_is_better else value <= goal

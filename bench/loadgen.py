@@ -33,8 +33,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (ROOT, footer, header, load, nginx_null, rate_arguments, ratio_line, run_locust,  # noqa: E402
-                     stop_group)
+from _common import (ROOT, counted_rows, footer, header, load, nginx_null, rate_arguments, ratio_line,  # noqa: E402
+                     run_locust, stop_group)
 
 GOAL, GOAL_NO_FRESH = 0.5, 0.8  # of the bare rate: with the default mix / without never-repeated images
 PROCESS_EFFICIENCY = 0.85  # --processes N on N cores: at least 0.85 N times one process (1.7x for 2)
@@ -133,7 +133,7 @@ def main() -> int:
                 mm = run_locust(ROOT / "locustfiles/embeddings.py", url, a.users, a.seconds, res,
                                 ["--model", "bench", "--results-dir", str(res / "rows"), "--run-id", f"bench{rep}",
                                  *[x for k, v in overrides.items() for x in ("--" + k.replace("_", "-"), v)]])
-                mm["rows"] = _rows(res / "rows")
+                mm["rows"] = counted_rows(res / "rows")
                 mm["load"] = load()
                 if a.processes:
                     res_n = tmp / f"mmN{rep}"
@@ -142,7 +142,7 @@ def main() -> int:
                                               f"benchN{rep}", "--processes", str(a.processes),
                                               *[x for k, v in overrides.items()
                                                 for x in ("--" + k.replace("_", "-"), v)]])
-                    mm["multi"]["rows"] = _rows(res_n / "rows")
+                    mm["multi"]["rows"] = counted_rows(res_n / "rows")
                     print(f"rep {rep}: mmchaos --processes {a.processes} {mm['multi']['rate']:8.1f} req/s "
                           f"({mm['multi']['requests']} requests, {mm['multi']['rows']} rows)", flush=True)
                 bare = run_locust(Path(__file__).with_name("locust_bare.py"), url, a.users, a.seconds,
@@ -182,14 +182,6 @@ def main() -> int:
     print(f"every request a row: {'yes' if lost == 0 else f'NO ({lost} requests without a row)'}")
     footer()
     return 0 if med >= goal and lost == 0 and scaled else 1
-
-
-def _rows(folder: Path) -> int:
-    """Rows of the requests Locust counted (not those cut by the end of the run, which Locust never counts)."""
-    from mmchaos import schema
-    from mmchaos.tables import read_table
-
-    return sum(o != schema.CUT for o in read_table(folder, "requests").column("outcome").to_pylist())
 
 
 if __name__ == "__main__":

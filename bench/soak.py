@@ -29,7 +29,8 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import PY, ROOT, footer, header, locust_stats, nginx_null, ratio_line, stop_group  # noqa: E402
+from _common import (PY, ROOT, counted_rows, footer, header, locust_stats, nginx_null, ratio_line,  # noqa: E402
+                     stop_group)
 
 MEMORY_GOAL = 1.10  # after warm-up, memory within 10 % of its level right after warm-up
 FILES_PER_MINUTE = 600  # a bound for row files per minute (each table flushes at most once a second: 60 per table)
@@ -84,12 +85,7 @@ class Run:
         return most
 
     def rows_and_requests(self) -> tuple[int, int]:
-        from mmchaos import schema
-        from mmchaos.tables import read_table
-
-        outcome = read_table(self.folder / "rows", "requests").column("outcome").to_pylist()
-        locust_counted = sum(1 for o in outcome if o != schema.CUT)
-        return locust_counted, locust_stats(self.folder / "locust")["requests"]
+        return counted_rows(self.folder / "rows"), locust_stats(self.folder / "locust")["requests"]
 
 
 def main() -> int:

@@ -13,13 +13,14 @@ Ctrl-C or SIGTERM stops both groups. Other arguments go to both pytest runs.
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import signal
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from mmchaos.harness.processes import stop_group
 
 ROOT = Path(__file__).resolve().parent.parent
 LANES = {"engine": ["-m", "engine", "--durations=25"], "stand-in": ["-m", "not engine", "--durations=15"]}
@@ -28,14 +29,7 @@ STOP_GRACE_S = 30
 
 def _stop(procs: list[subprocess.Popen]) -> None:
     for p in procs:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(timeout=STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+        stop_group(p, STOP_GRACE_S)
 
 
 def _interrupt(*_) -> None:
