@@ -42,6 +42,18 @@ def vllm_server(version: str, flags: list[str], log: Path, timeout: float = 420)
         assert not server.group_pids(), "server processes left behind"
 
 
+SHARED = {"fixed_server", "workaround_server", "demo_campaign"}  # the session fixtures below
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by it
+def pytest_collection_modifyitems(items):
+    # `make test` runs the engine tests that share these servers in one lane and the others in another
+    # (tests/run_lanes.py): a shared server is started once only when all its tests are in one pytest process
+    for item in items:
+        if SHARED & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.shared_server)
+
+
 # Servers that only answer requests (no crash, no flag of a test's own) are shared by the engine tests that need
 # them: each start costs ~1 minute on 2 cores. Tests that use them send never-seen images (no test sees another's
 # cache state) and leave them up.

@@ -1,13 +1,17 @@
-"""`make test`: the suite in two lanes at once, one per core of the 2-core machines it runs on.
+"""`make test`: the suite in three pytest lanes, two at a time on the 2-core machines it runs on.
 
-- the stand-in lane: the fast tests (``-m "not engine"``), started first; its report is printed at the end;
-- the engine lane: the tests against real vLLM (``-m engine``), one server at a time, printed as it goes. What it
-  needs (``--prepare``: `make engines browser`, minutes on a fresh machine) is installed while the stand-in lane
-  runs, and the lane starts when that is done.
+- the stand-in lane: the fast tests (``-m "not engine"``), started first;
+- the first engine lane: the tests against real vLLM that start their own servers (``-m "engine and not
+  shared_server"``), printed as it goes. What it needs (``--prepare``: `make engines browser`, minutes on a fresh
+  machine) is installed while the stand-in lane runs, and the lane starts when that is done;
+- the second engine lane: the tests that share the session's servers and the demo campaign (``shared_server``, set
+  by tests/conftest.py: a shared server is started once only within one pytest process), started when the stand-in
+  lane is done and its core is free. A vLLM start is ~30 s of mostly one core: two engine lanes overlap them.
 
-Exit code 0 only when both lanes pass. Each lane is a pytest process in a process group of its own, started here
-(not by a shell's ``&``, which would start it with SIGINT ignored and so deafen the processes the tests interrupt);
-Ctrl-C or SIGTERM stops both groups. Other arguments go to both pytest runs.
+The reports of the lanes not printed as they go are printed at the end. Exit code 0 only when every lane passes.
+Each lane is a pytest process in a process group of its own, started here (not by a shell's ``&``, which would start
+it with SIGINT ignored and so deafen the processes the tests interrupt); Ctrl-C or SIGTERM stops them all. Other
+arguments go to every pytest run.
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ from pathlib import Path
 from mmchaos.harness.processes import stop_group
 
 ROOT = Path(__file__).resolve().parent.parent
-LANES = {"engine": ["-m", "engine", "--durations=25"], "stand-in": ["-m", "not engine", "--durations=15"]}
+LANES = {"stand-in": ["-m", "not engine", "--durations=15"],
+         "engine, own servers": ["-m", "engine and not shared_server", "--durations=20"],
+         "engine, shared servers": ["-m", "engine and shared_server", "--durations=20"]}
 STOP_GRACE_S = 30
 
 
@@ -42,13 +48,18 @@ def main(prepare: str, extra: list[str]) -> int:
     signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
     with tempfile.TemporaryDirectory(prefix="mmchaos-test-lanes-") as tmp:
-        def pytest(lane: str, **kw) -> subprocess.Popen:
-            argv = [sys.executable, "-m", "pytest", "-ra", *LANES[lane], "--basetemp", f"{tmp}/{lane}", *extra]
-            return subprocess.Popen(argv, cwd=ROOT, start_new_session=True, **kw)
+        logs: dict[str, Path] = {}
 
-        log = Path(tmp) / "stand-in.log"
-        with open(log, "wb") as out:
-            standin = pytest("stand-in", stdout=out, stderr=subprocess.STDOUT)
+        def pytest(lane: str, live: bool = False) -> subprocess.Popen:
+            argv = [sys.executable, "-m", "pytest", "-ra", *LANES[lane], "--basetemp",
+                    f"{tmp}/{lane.replace(', ', '-').replace(' ', '-')}", *extra]
+            if live:
+                return subprocess.Popen(argv, cwd=ROOT, start_new_session=True)
+            logs[lane] = Path(tmp) / f"{len(logs)}.log"
+            with open(logs[lane], "wb") as out:
+                return subprocess.Popen(argv, cwd=ROOT, start_new_session=True, stdout=out, stderr=subprocess.STDOUT)
+
+        standin = pytest("stand-in")
         procs = [standin]
         codes = {}
         try:
@@ -57,18 +68,24 @@ def main(prepare: str, extra: list[str]) -> int:
                 procs.append(subprocess.Popen(shlex.split(prepare), cwd=ROOT, start_new_session=True))
                 codes["prepare"] = procs[-1].wait()
             if not codes.get("prepare"):
-                procs.append(pytest("engine"))
-                codes["engine"] = procs[-1].wait()
-            codes["stand-in"] = standin.wait()
+                own = pytest("engine, own servers", live=True)
+                procs.append(own)
+                codes["stand-in"] = standin.wait()
+                shared = pytest("engine, shared servers")
+                procs.append(shared)
+                codes["engine, own servers"] = own.wait()
+                codes["engine, shared servers"] = shared.wait()
+            else:
+                codes["stand-in"] = standin.wait()
         except KeyboardInterrupt:
             _stop(procs)
-            print("\ntests interrupted: both lanes stopped", flush=True)
+            print("\ntests interrupted: every lane stopped", flush=True)
             return 130
-        print("\n=== the stand-in lane (pytest -m 'not engine') ===", flush=True)
-        sys.stdout.buffer.write(log.read_bytes())
+        for lane, log in logs.items():
+            print(f"\n=== the {lane} lane (pytest {shlex.join(LANES[lane][:2])}) ===", flush=True)
+            sys.stdout.buffer.write(log.read_bytes())
     print("\n" + "; ".join(f"{step}: exit code {code}" for step, code in codes.items()), flush=True)
     return 0 if not any(codes.values()) else 1
-
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
