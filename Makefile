@@ -32,8 +32,8 @@ CHROMIUM := /usr/bin/chromium
 browser:
 	@test -x $(CHROMIUM) || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium)
 
-# Two pytest lanes, one per core (tests/run_lanes.py): the fast tests start at once, the engines, the model and the
-# browser install beside them, then the tests against real vLLM run
+# Three pytest lanes, two at a time (tests/run_lanes.py): the fast tests start at once, the engines, the model and
+# the browser install beside them, then the real-vLLM tests in two lanes (own servers / the session's shared ones)
 test: setup
 	$(BIN)/python tests/run_lanes.py --prepare "$(MAKE) --no-print-directory -j3 engines browser"
 

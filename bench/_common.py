@@ -12,8 +12,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
+
+import psutil
 
 from mmchaos.harness.processes import free_port, stop_group  # noqa: F401  (the benchmarks' own helpers)
 
@@ -114,26 +116,50 @@ def locust_stats(json_base: Path) -> dict:
     return {"requests": n, "failures": fails, "span_s": span, "rate": n / span}
 
 
-def run_locust(locustfile: Path, host: str, users: int, seconds: int, out: Path, extra: list[str] = (),
-               env: dict | None = None, timeout: float | None = None, cwd: Path = ROOT) -> dict:
-    """One headless Locust process (its own process group), bounded by -t; returns locust_stats."""
+def start_locust(locustfile: Path, host: str, users: int, seconds: int, out: Path, extra: list[str] = (),
+                 env: dict | None = None, cwd: Path = ROOT) -> subprocess.Popen:
+    """Start one headless Locust process (its own process group), bounded by -t, writing its log and its
+    --json-file into ``out``; stop it with stop_group."""
     out.mkdir(parents=True, exist_ok=True)
     argv = [PY, "-m", "locust", "-f", str(locustfile), "--headless", "--only-summary", "-u", str(users),
             "-r", str(users), "-t", f"{seconds}s", "--stop-timeout", "2", "--host", host, "--loglevel", "WARNING",
             "--json-file", str(out / "locust"), *extra]
     with open(out / "locust.log", "wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, cwd=cwd, env={**os.environ, **(env or {})})
-        try:
-            proc.wait(timeout=timeout or seconds + 60)
-        except subprocess.TimeoutExpired:
-            pass
-        finally:
-            stop_group(proc, 10.0)
+
+
+def _thread_cpu(pid: int) -> tuple[float, float]:
+    """CPU seconds so far of the process's main thread and of its other threads together."""
+    threads = psutil.Process(pid).threads()
+    main = sum(t.user_time + t.system_time for t in threads if t.id == pid)
+    return main, sum(t.user_time + t.system_time for t in threads) - main
+
+
+def run_locust(locustfile: Path, host: str, users: int, seconds: int, out: Path, extra: list[str] = (),
+               env: dict | None = None, timeout: float | None = None, cwd: Path = ROOT) -> dict:
+    """One headless Locust process to its end; returns locust_stats, and the CPU per request of its main thread
+    and of its other threads (µs, from ~3 s in, after start-up, to its last second: psutil's thread times)."""
+    proc = start_locust(locustfile, host, users, seconds, out, extra, env, cwd)
+    marks = []  # (time, main CPU s, other CPU s) while it runs
     try:
-        return locust_stats(out / "locust")
+        deadline = time.time() + (timeout or seconds + 60)
+        while proc.poll() is None and time.time() < deadline:
+            with suppress(psutil.Error):
+                marks.append((time.time(), *_thread_cpu(proc.pid)))
+            time.sleep(0.5)
+    finally:
+        stop_group(proc, 10.0)
+    try:
+        stats = locust_stats(out / "locust")
     except (OSError, ValueError, KeyError) as e:
         raise SystemExit(f"Locust left no stats ({e}); its log:\n{(out / 'locust.log').read_text()[-2000:]}")
+    warm = [m for m in marks if m[0] >= marks[0][0] + 3] if marks else []
+    if len(warm) >= 2:
+        (t0, main0, other0), (t1, main1, other1) = warm[0], warm[-1]
+        n = stats["rate"] * (t1 - t0)
+        stats.update(main_us=1e6 * (main1 - main0) / n, other_us=1e6 * (other1 - other0) / n)
+    return stats
 
 
 def counted_rows(folder: Path) -> int:

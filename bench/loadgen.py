@@ -155,6 +155,9 @@ def main() -> int:
                       f"load {mm['load']})  bare {bare['rate']:8.1f} req/s (load {bare['load']})  "
                       f"wrk {wrk['rate']:8.1f} req/s (load {wrk['load']})  mmchaos/bare "
                       f"{mm['rate'] / bare['rate']:.3f}", flush=True)
+                if "main_us" in mm and "main_us" in bare:
+                    print(f"  CPU per request: mmchaos main thread {mm['main_us']:.0f} us + other threads "
+                          f"{mm['other_us']:.0f} us (encodes); bare main thread {bare['main_us']:.0f} us", flush=True)
                 if wrk.get("error"):
                     print(f"  wrk: {wrk['error']}")
                 if mm["rows"] != mm["requests"]:
@@ -169,6 +172,10 @@ def main() -> int:
     print(f"median rates (req/s): mmchaos {mm_rate:.1f}, bare FastHttpUser {bare_rate:.1f}, wrk -t1 {wrk_rate:.1f}")
     print(f"bare / wrk = {bare_rate / wrk_rate:.3f}   mmchaos / wrk = {mm_rate / wrk_rate:.3f}")
     print(f"mmchaos / bare per rep: {', '.join(f'{r:.3f}' for r in ratios)}")
+    cpu = [(mm["main_us"], bare["main_us"]) for mm, bare, _ in rows if "main_us" in mm and "main_us" in bare]
+    if cpu:
+        print(f"main-thread CPU per request, bare / mmchaos (median): "
+              f"{statistics.median(b / m for m, b in cpu):.3f} (the rate ratio a saturated core allows)")
     goal = GOAL_NO_FRESH if float(overrides.get("fresh_fraction", 1)) == 0 else GOAL
     print(ratio_line("mmchaos / bare FastHttpUser rate", med, goal, "x", higher_is_better=True))
     lost = sum(mm["requests"] - mm["rows"] for mm, _, _ in rows)

@@ -29,8 +29,8 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (PY, ROOT, counted_rows, footer, header, locust_stats, nginx_null, ratio_line,  # noqa: E402
-                     stop_group)
+from _common import (ROOT, counted_rows, footer, header, locust_stats, nginx_null, ratio_line,  # noqa: E402
+                     start_locust, stop_group)
 
 MEMORY_GOAL = 1.10  # after warm-up, memory within 10 % of its level right after warm-up
 FILES_PER_MINUTE = 600  # a bound for row files per minute (each table flushes at most once a second: 60 per table)
@@ -46,15 +46,10 @@ class Run:
     samples: list[tuple[float, float, int]] = field(default_factory=list)  # (seconds since start, RSS MB, files)
 
     def start(self, url: str, minutes: float) -> None:
-        argv = [PY, "-m", "locust", "-f", str(ROOT / "locustfiles/embeddings.py"), "--headless", "--only-summary",
-                "-u", str(self.users), "-r", str(self.users), "-t", f"{int(minutes * 60)}s", "--stop-timeout", "2",
-                "--host", url, "--loglevel", "WARNING", "--json-file", str(self.folder / "locust"),
-                "--model", "bench", "--results-dir", str(self.folder / "rows"), "--run-id", self.name,
-                "--wait-ms", str(self.wait_ms)]
         self.folder.mkdir(parents=True)
-        with open(self.folder / "locust.log", "wb") as log:
-            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True, cwd=ROOT)
+        self.proc = start_locust(ROOT / "locustfiles/embeddings.py", url, self.users, int(minutes * 60), self.folder,
+                                 ["--model", "bench", "--results-dir", str(self.folder / "rows"), "--run-id",
+                                  self.name, "--wait-ms", str(self.wait_ms)])
 
     def sample(self, t: float) -> None:
         try:

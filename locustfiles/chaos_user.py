@@ -61,6 +61,7 @@ class ChaosUser(FastHttpUser):
         url = urlsplit(self.host)
         self._conn_class = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
         self._netloc, self._base_path = url.netloc, url.path.rstrip("/")
+        self._abort_connect = connections.LookedUpOnce()
 
     def _decide_retry(self, status: int | None, outcome: str, resp, retries: int) -> dict | None:
         """Whether the client sends this request again: the retry-relevant headers if so, else None."""
@@ -95,6 +96,7 @@ class ChaosUser(FastHttpUser):
         and a retryable answer is retried as any other (the caller's timeout is per attempt, as the SDK's)."""
         p0 = time.perf_counter()
         conn = self._conn_class(self._netloc, timeout=after)
+        conn._create_connection = self._abort_connect  # http.client's own hook for how it connects
         resp = SimpleNamespace(status_code=0, text="", error=None, headers={})
         body = b""
         try:

@@ -10,6 +10,8 @@ server never saw it: the request is sent once more, on a fresh connection, and t
 
 from __future__ import annotations
 
+import socket
+
 from geventhttpclient.client import HTTPClient, HTTPClientPool
 from geventhttpclient.response import HTTPConnectionClosed
 from geventhttpclient.url import URL
@@ -59,6 +61,30 @@ class ReconnectingClientPool(HTTPClientPool):
         if key not in self.clients:
             self.clients[key] = ReconnectingClient.from_url(url, **self.client_args)
         return self.clients[key]
+
+
+class LookedUpOnce:
+    """``socket.create_connection`` for http.client connections to one host, the host looked up once: an abort opens
+    a connection of its own every time, and gevent answers each lookup in a thread of its hub's pool (a thread hop
+    per abort, and threads that keep a malloc arena each). Connecting to the numeric address looks nothing up."""
+
+    def __init__(self):
+        self.addresses: list = []
+
+    def __call__(self, address, timeout: float, source_address=None) -> socket.socket:
+        if not self.addresses:
+            self.addresses = socket.getaddrinfo(address[0], address[1], 0, socket.SOCK_STREAM)
+        error: OSError | None = None
+        for family, kind, proto, _, sockaddr in self.addresses:  # as create_connection: the first that connects
+            sock = socket.socket(family, kind, proto)
+            try:
+                sock.settimeout(timeout)
+                sock.connect(sockaddr)
+                return sock
+            except OSError as e:
+                sock.close()
+                error = e
+        raise error or OSError(f"no address for {address[0]}")
 
 
 def install(session, base_url: str) -> ReconnectingClient:
