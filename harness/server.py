@@ -35,6 +35,9 @@ from .processes import LOOPBACK, free_port, group_members, port_in_use, stop_gro
 ENGINE_BASE_FLAGS = ["--runner", "pooling", "--max-model-len", "4096", "--dtype", "bfloat16", "-O0"]
 # A cuda engine on a GPU box serves the user's model as the user would: only the embedding runner is ours.
 CUDA_BASE_FLAGS = ["--runner", "pooling"]
+# read by in_engine/vllm_launch.py (stdlib only there): the server ends with this pid's thread that started it (Linux's
+# parent-death signal follows the starting thread: servers are started from the main thread)
+PARENT_ENV = "MMCHAOS_PARENT_PID"
 
 
 class ServerError(Exception):
@@ -154,7 +157,7 @@ class Server:
             raise ServerError(f"no model at {model}: run `mmchaos model build`")
         tp = tensor_parallel_size(t.flags)
         env.update({"VLLM_CACHE_ROOT": str(paths.vllm_cache_root(e.version)), "VLLM_NO_USAGE_STATS": "1",
-                    "DO_NOT_TRACK": "1"})
+                    "DO_NOT_TRACK": "1", PARENT_ENV: str(os.getpid())})  # the launcher dies with this process
         if cpu:
             env.update(
                 {

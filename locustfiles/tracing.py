@@ -18,10 +18,25 @@ from collections import OrderedDict
 import gevent
 
 from mmchaos.payloads.pool import DerivedURL, url_text
-from mmchaos.payloads.traces import common_affixes
 from mmchaos.tables import PartWriter, process_tag
 
 KEPT = 50_000  # image hashes remembered as written: a long run's memory stays flat (~5 MB)
+
+
+def common_affixes(a: str, b: str) -> tuple[int, int]:
+    """Lengths of the longest common prefix and suffix of ``a`` and ``b`` (not overlapping in either), found by
+    halving: each step compares slices, which Python does at memcmp speed."""
+    def longest(same, limit: int) -> int:
+        lo, hi = 0, limit
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if same(mid) else (lo, mid - 1)
+        return lo
+
+    limit = min(len(a), len(b))
+    pre = longest(lambda n: a[:n] == b[:n], limit)
+    suf = longest(lambda n: a[len(a) - n:] == b[len(b) - n:], limit - pre)
+    return pre, suf
 
 
 class Tracer:

