@@ -24,6 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
+
 from mmchaos.harness.processes import stop_group
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,6 +33,7 @@ LANES = {"stand-in": ["-m", "not engine", "--durations=15"],
          "engine, own servers": ["-m", "engine and not shared_server", "--durations=20"],
          "engine, shared servers": ["-m", "engine and shared_server", "--durations=20"]}
 STOP_GRACE_S = 30
+NO_TESTS = pytest.ExitCode.NO_TESTS_COLLECTED
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
@@ -50,7 +53,7 @@ def main(prepare: str, extra: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="mmchaos-test-lanes-") as tmp:
         logs: dict[str, Path] = {}
 
-        def pytest(lane: str, live: bool = False) -> subprocess.Popen:
+        def start(lane: str, live: bool = False) -> subprocess.Popen:
             argv = [sys.executable, "-m", "pytest", "-ra", *LANES[lane], "--basetemp",
                     f"{tmp}/{lane.replace(', ', '-').replace(' ', '-')}", *extra]
             if live:
@@ -59,7 +62,7 @@ def main(prepare: str, extra: list[str]) -> int:
             with open(logs[lane], "wb") as out:
                 return subprocess.Popen(argv, cwd=ROOT, start_new_session=True, stdout=out, stderr=subprocess.STDOUT)
 
-        standin = pytest("stand-in")
+        standin = start("stand-in")
         procs = [standin]
         codes = {}
         try:
@@ -68,10 +71,10 @@ def main(prepare: str, extra: list[str]) -> int:
                 procs.append(subprocess.Popen(shlex.split(prepare), cwd=ROOT, start_new_session=True))
                 codes["prepare"] = procs[-1].wait()
             if not codes.get("prepare"):
-                own = pytest("engine, own servers", live=True)
+                own = start("engine, own servers", live=True)
                 procs.append(own)
                 codes["stand-in"] = standin.wait()
-                shared = pytest("engine, shared servers")
+                shared = start("engine, shared servers")
                 procs.append(shared)
                 codes["engine, own servers"] = own.wait()
                 codes["engine, shared servers"] = shared.wait()
@@ -85,7 +88,10 @@ def main(prepare: str, extra: list[str]) -> int:
             print(f"\n=== the {lane} lane (pytest {shlex.join(LANES[lane][:2])}) ===", flush=True)
             sys.stdout.buffer.write(log.read_bytes())
     print("\n" + "; ".join(f"{step}: exit code {code}" for step, code in codes.items()), flush=True)
-    return 0 if not any(codes.values()) else 1
+    lanes = [code for step, code in codes.items() if step in LANES]
+    # 5 is pytest's "no test selected": a lane -k or -m left empty has not failed, unless none ran at all
+    failed = any(code not in (0, NO_TESTS) for code in codes.values()) or all(c == NO_TESTS for c in lanes)
+    return 1 if failed else 0
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
