@@ -231,9 +231,7 @@ def install(version: str, *, force: bool = False, flavor: str = "cpu", say=print
         size = "(2-5 min, ~3.5 GB)" if flavor == "cpu" else "(CUDA wheels: several GB)"
         say(f"installing {dist}=={version} {size}")
         pins = [f"{dist}=={version}", *([TORCH_PIN, *EXTRA_PINS.get(version, [])] if flavor == "cpu" else [])]
-        # --no-compile: pip would byte-compile all ~21,000 modules of the venv (~2 CPU-minutes); Python compiles the
-        # few thousand a server imports at its first start, and keeps them
-        _run([str(e.python), "-m", "pip", "install", "--disable-pip-version-check", "--no-compile", *pins], log_path,
+        _run([str(e.python), "-m", "pip", "install", "--disable-pip-version-check", *pins], log_path,
              "pip install", say)
         fixes = _cpu_fixes(e, log_path, say) if flavor == "cpu" else {}
         say("checking that vLLM imports and its CLI runs")
