@@ -383,8 +383,8 @@ def fresh_data(base, digest: bytes) -> tuple[bytes, str, str]:
 
 # The whole-image encodes left (WebP, mostly: ~10 ms per Mpx) can run on another core: Pillow releases the GIL
 # while libwebp / libjpeg / zlib work. A Locust process (locustfiles/embeddings.py) sets this to a gevent thread
-# pool (a thread per core), so the greenlet waits for the encode as for I/O while the other users go on. Only the encode runs there:
-# no cache, no lock, nothing shared.
+# pool (a thread per core), so the greenlet waits for the encode as for I/O while the other users go on. Only the
+# encode runs there: no cache, no lock, nothing shared.
 OFFLOAD_MIN_PIXELS = 256 * 256
 _offload = None
 
