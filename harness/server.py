@@ -38,6 +38,7 @@ CUDA_BASE_FLAGS = ["--runner", "pooling"]
 # read by in_engine/vllm_launch.py (stdlib only there): the server ends with this pid's thread that started it (Linux's
 # parent-death signal follows the starting thread: servers are started from the main thread)
 PARENT_ENV = "MMCHAOS_PARENT_PID"
+OWN_TMPDIR_ENV = "MMCHAOS_OWN_TMPDIR"  # and, when that process died first, removes this folder (its private TMPDIR)
 
 
 class ServerError(Exception):
@@ -157,7 +158,7 @@ class Server:
             raise ServerError(f"no model at {model}: run `mmchaos model build`")
         tp = tensor_parallel_size(t.flags)
         env.update({"VLLM_CACHE_ROOT": str(paths.vllm_cache_root(e.version)), "VLLM_NO_USAGE_STATS": "1",
-                    "DO_NOT_TRACK": "1", PARENT_ENV: str(os.getpid())})  # the launcher dies with this process
+                    "DO_NOT_TRACK": "1", PARENT_ENV: str(os.getpid()), OWN_TMPDIR_ENV: self._tmpdir})
         if cpu:
             env.update(
                 {

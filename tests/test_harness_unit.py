@@ -142,7 +142,7 @@ PARENT = """
 import os, subprocess, sys
 env = dict(os.environ, PYTHONPATH=sys.argv[1])
 if sys.argv[2] == "yes":
-    env["{env}"] = str(os.getpid())
+    env.update({{"{env}": str(os.getpid()), "{tmp_env}": sys.argv[3]}})
 child = subprocess.Popen([sys.executable, {launcher!r}, "serve"], env=env, start_new_session=True)
 print(child.pid, flush=True)
 child.wait()
@@ -152,18 +152,25 @@ child.wait()
 @pytest.mark.parametrize("told", ["yes", "no"])
 def test_the_engine_launcher_ends_with_the_process_that_started_it(told, tmp_path):
     """A SIGKILL of mmchaos leaves it no chance to stop its server: the launcher (run by every engine server) asks
-    Linux for a SIGTERM when its starter dies, if the starter says who it is. A stand-in `vllm` CLI that waits."""
-    from mmchaos.harness.server import PARENT_ENV
+    Linux for a SIGTERM when its starter dies, if the starter says who it is, and removes the server's temp folder.
+    A stand-in `vllm` CLI that waits, and takes SIGTERM as a shutdown as vLLM does."""
+    from mmchaos.harness.server import OWN_TMPDIR_ENV, PARENT_ENV
 
     fake = tmp_path / "vllm" / "entrypoints" / "cli"
     fake.mkdir(parents=True)
     for d in (fake.parent.parent, fake.parent, fake):
         (d / "__init__.py").write_text("")
-    (fake / "main.py").write_text("import time\n\ndef main():\n    time.sleep(120)\n")
-    parent = subprocess.Popen([sys.executable, "-c", PARENT.format(env=PARENT_ENV, launcher=str(engines.LAUNCHER)),
-                               str(tmp_path), told], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    (fake / "main.py").write_text("import signal, sys, time\n\ndef main():\n"
+                                  "    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
+                                  "    print('serving', flush=True)\n    time.sleep(120)\n")
+    own_tmp = tmp_path / "mmchaos-server-x"
+    (own_tmp / "sockets").mkdir(parents=True)
+    script = PARENT.format(env=PARENT_ENV, tmp_env=OWN_TMPDIR_ENV, launcher=str(engines.LAUNCHER))
+    parent = subprocess.Popen([sys.executable, "-c", script, str(tmp_path), told, str(own_tmp)],
+                              stdout=subprocess.PIPE, text=True, start_new_session=True)
     server = psutil.Process(int(parent.stdout.readline()))
     try:
+        assert parent.stdout.readline().strip() == "serving"  # the server's own output: it is up, as mmchaos waits
         parent.kill()
         parent.wait(10)
         try:
@@ -172,6 +179,7 @@ def test_the_engine_launcher_ends_with_the_process_that_started_it(told, tmp_pat
         except psutil.TimeoutExpired:
             ended = False
         assert ended == (told == "yes")
+        assert own_tmp.exists() == (told == "no")
     finally:
         if server.is_running():
             os.killpg(server.pid, signal.SIGKILL)  # its own group, recorded at launch
