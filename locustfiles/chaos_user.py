@@ -20,7 +20,6 @@ from urllib.parse import urlsplit
 import gevent
 import numpy as np
 from gevent import GreenletExit
-from geventhttpclient.response import HTTPSocketResponse
 from locust import FastHttpUser
 
 from mmchaos import retry_policy
@@ -57,10 +56,12 @@ class ChaosUser(FastHttpUser):
         # the jitter of retry delays: its own stream, so the requests a seed gives do not depend on outcomes
         self.jitter = np.random.default_rng([o.seed, self.worker_index, self.user_id, 0x7e7])
         self.connection = connections.install(self.client, self.host)
-        # aborts use a connection of their own each (see _abort), so the main pool never holds a dropped one
+        # aborts use a plain connection of their own (see _abort), so the main pool never holds a dropped one
         self.abort_after = o.abort_after_ms / 1000
-        self._base_path = urlsplit(self.host).path.rstrip("/")
-        self._abort_connect = connections.OwnConnections(self.client, self.host)
+        url = urlsplit(self.host)
+        self._conn_class = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
+        self._netloc, self._base_path = url.netloc, url.path.rstrip("/")
+        self._abort_connect = connections.LookedUpOnce()
 
     def _decide_retry(self, status: int | None, outcome: str, resp, retries: int) -> dict | None:
         """Whether the client sends this request again: the retry-relevant headers if so, else None."""
@@ -94,25 +95,24 @@ class ChaosUser(FastHttpUser):
         disconnect mid-request, as when a caller times out. A server that answers first is recorded as such,
         and a retryable answer is retried as any other (the caller's timeout is per attempt, as the SDK's)."""
         p0 = time.perf_counter()
+        conn = self._conn_class(self._netloc, timeout=after)
+        conn._create_connection = self._abort_connect  # http.client's own hook for how it connects
         resp = SimpleNamespace(status_code=0, text="", error=None, headers={})
         body = b""
-        sock = None
         try:
             with gevent.Timeout(after):  # a hard deadline: socket timeouts are per operation
-                sock = self._abort_connect(after)
-                sock.sendall(self._abort_connect.head("POST", self._base_path + path, payload, headers) + payload)
-                answer = HTTPSocketResponse(sock, method="POST")
+                conn.request("POST", self._base_path + path, body=payload, headers=headers)
+                answer = conn.getresponse()
                 body = answer.read()
-                resp.status_code, resp.text = answer.status_code, body.decode(errors="replace")
-                resp.headers = answer.info()  # the Headers (case-insensitive), as a pooled answer has them
+                resp.status_code, resp.text = answer.status, body.decode(errors="replace")
+                resp.headers = answer.headers
         except (gevent.Timeout, TimeoutError):
             # the abort is what was asked for: recorded as aborted, not a failure in Locust's stats
             resp.error = TimeoutError(f"client gave up after {after * 1000:.0f} ms")
-        except (OSError, http.client.HTTPException) as e:  # geventhttpclient's parse errors are HTTPExceptions
+        except (OSError, http.client.HTTPException) as e:
             resp.error = e
         finally:
-            if sock is not None:
-                sock.close()
+            conn.close()
         failed = resp.error is not None and not isinstance(resp.error, TimeoutError)
         status = resp.status_code or None
         # only an answer is retried: the hang-up itself is what was asked for

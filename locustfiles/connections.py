@@ -10,15 +10,11 @@ server never saw it: the request is sent once more, on a fresh connection, and t
 
 from __future__ import annotations
 
-import select
 import socket
 
-from gevent.monkey import get_original
 from geventhttpclient.client import HTTPClient, HTTPClientPool
 from geventhttpclient.response import HTTPConnectionClosed
 from geventhttpclient.url import URL
-
-_poll = get_original("select", "poll")  # the kernel's poll, not gevent's cooperative stand-in
 
 
 class ReconnectingClient(HTTPClient):
@@ -36,7 +32,6 @@ class ReconnectingClient(HTTPClient):
             return create()
 
         pool._create_socket = counting_create
-        pool._is_socket_alive = _idle_and_open
 
     def _drop_idle(self) -> None:
         """Close the pooled connections: idle as long as the dead one, they are likely closed too."""
@@ -68,44 +63,28 @@ class ReconnectingClientPool(HTTPClientPool):
         return self.clients[key]
 
 
-class OwnConnections:
-    """New connections to the host of a user's client, one per call and never pooled: an abort hangs up on its own
-    connection. Made by geventhttpclient as the client's pooled ones are (its TLS settings too), with the host
-    looked up once: gevent answers each lookup in a thread of its hub's pool (a thread hop per abort, and threads
-    that keep a malloc arena each)."""
+class LookedUpOnce:
+    """``socket.create_connection`` for http.client connections to one host, the host looked up once: an abort opens
+    a connection of its own every time, and gevent answers each lookup in a thread of its hub's pool (a thread hop
+    per abort, and threads that keep a malloc arena each). Connecting to the numeric address looks nothing up."""
 
-    def __init__(self, session, base_url: str):
-        args = {**session.client.clientpool.client_args, "concurrency": 1}
-        self.client = HTTPClient.from_url(URL(base_url), **args)
-        self.pool = self.client._connection_pool
-        resolve, addresses = self.pool._resolve, []
+    def __init__(self):
+        self.addresses: list = []
 
-        def resolve_once():
-            if not addresses:
-                addresses.extend(resolve())
-            return addresses
-
-        self.pool._resolve = resolve_once
-
-    def __call__(self, timeout: float) -> socket.socket:
-        """A new connection, ``timeout`` for connecting and for each read and write on it."""
-        self.pool.connection_timeout = self.pool.network_timeout = timeout
-        return self.pool._create_socket()
-
-    def head(self, method: str, uri: str, body: bytes, headers: dict) -> bytes:
-        """The request line and headers geventhttpclient sends with ``body`` (Host, Content-Length, ...)."""
-        return self.client._build_request(method, uri, body, headers).encode("latin-1")
-
-
-def _idle_and_open(sock) -> bool:
-    """geventhttpclient's test of a pooled connection before its reuse (open, and not readable while idle: no close
-    and no stray bytes from the server), asked of poll(2) with no wait: gevent's select sets up watchers and a wait
-    for every request."""
-    if sock is None or sock.fileno() < 0:
-        return False
-    poller = _poll()
-    poller.register(sock.fileno(), select.POLLIN)
-    return not poller.poll(0)
+    def __call__(self, address, timeout: float, source_address=None) -> socket.socket:
+        if not self.addresses:
+            self.addresses = socket.getaddrinfo(address[0], address[1], 0, socket.SOCK_STREAM)
+        error: OSError | None = None
+        for family, kind, proto, _, sockaddr in self.addresses:  # as create_connection: the first that connects
+            sock = socket.socket(family, kind, proto)
+            try:
+                sock.settimeout(timeout)
+                sock.connect(sockaddr)
+                return sock
+            except OSError as e:
+                sock.close()
+                error = e
+        raise error or OSError(f"no address for {address[0]}")
 
 
 def install(session, base_url: str) -> ReconnectingClient:

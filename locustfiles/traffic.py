@@ -15,7 +15,6 @@ from mmchaos.payloads import bodies as build
 from mmchaos.payloads import catalogue, fresh, malformed
 from mmchaos.payloads.reuse import ReuseModel
 from mmchaos.payloads.shared_pool import shared_pool
-from mmchaos.payloads.uniforms import Uniforms
 
 from mmchaos.options import WEIGHTS
 
@@ -72,7 +71,7 @@ class UserTraffic:
     def __init__(self, traffic: Traffic, seed: int, worker_index: int, user_id: int, model: str):
         self.t = traffic
         ss = np.random.SeedSequence([seed, worker_index, user_id])
-        self.rng = Uniforms(np.random.default_rng(ss))
+        self.rng = np.random.default_rng(ss)
         self.sampler = traffic.reuse.sampler(ss.spawn(1)[0])
         self.model = model
         self.user_id = user_id
@@ -90,11 +89,11 @@ class UserTraffic:
         return "base64" if self.rng.random() < self.t.o.base64_fraction else "float"
 
     def _text(self) -> str:
-        return TEXTS[self.rng.index(len(TEXTS))]
+        return TEXTS[int(self.rng.integers(len(TEXTS)))]
 
     def next_kind(self) -> str:
         # the draw of rng.choice(len(KINDS), p=p) -- one uniform, searched in p's normalised cumulative sum --
-        # without its ~20 us of argument checks per call
+        # without its ~20 us of argument checks per call: the same kinds for the same seed
         return KINDS[bisect.bisect_right(self.t.kind_cdf, self.rng.random())]
 
     def build(self, kind: str) -> build.BuiltRequest:
@@ -115,6 +114,6 @@ class UserTraffic:
         if kind == "tokenize":
             return build.tokenize_request(self.model, self.image(), self._text(), instruction=ins)
         cases = self.t.cases[kind]
-        case = cases[self.rng.index(len(cases))]
+        case = cases[int(self.rng.integers(len(cases)))]
         return malformed.build_malformed_request(case, self.image(), self.model, max_model_len=o.max_model_len,
                                                  instruction=ins)

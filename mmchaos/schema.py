@@ -211,6 +211,5 @@ def sweep_label(point: dict) -> str:
 
 
 def table_from_rows(rows: list[dict], schema: pa.Schema) -> pa.Table:
-    """Rows (dicts keyed by column) to a table with exactly ``schema``; missing keys become null, other keys are
-    left out (pyarrow's own per-column reading: a recorder flushes thousands of rows a second)."""
-    return pa.Table.from_pylist(rows, schema=schema)
+    """Rows (dicts keyed by column) to a table with exactly ``schema``; missing keys become null."""
+    return pa.Table.from_pylist([{name: r.get(name) for name in schema.names} for r in rows], schema=schema)

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import re
 import struct
 import threading
 import uuid
@@ -63,7 +62,7 @@ def stamp_array(digest: bytes, w: int, h: int) -> tuple[np.ndarray, int]:
     """The stamp (uint8 0/255, at most 8*cell x 16*cell, clipped to the image) and its offset."""
     cell, off = stamp_geometry(w, h)
     bits = np.unpackbits(np.frombuffer(digest[:16], dtype=np.uint8)).reshape(STAMP_ROWS, STAMP_COLS)
-    stamp = (bits * np.uint8(255)).repeat(cell, 0).repeat(cell, 1)  # each bit a cell x cell square
+    stamp = np.kron(bits * 255, np.ones((cell, cell), dtype=np.uint8)).astype(np.uint8)
     return np.ascontiguousarray(stamp[: h - off, : w - off]), off
 
 
@@ -275,18 +274,26 @@ def _jpeg_scan(data: bytes):
             end = data.rfind(b"\xff\xd9")
             if hv is None or end < start:
                 return None
-            # a 0xFF in entropy-coded data is stuffed (0xFF00) or starts a marker: RSTn splits it into intervals
-            return data[:start], _RESTART.split(data[start:end]), hv
+            body = data[start:end]
+            parts, j, last = [], 0, 0
+            while True:
+                j = body.find(b"\xff", j)
+                if j < 0 or j + 1 >= len(body):
+                    break
+                if 0xD0 <= body[j + 1] <= 0xD7:
+                    parts.append(body[last:j])
+                    last = j + 2
+                j += 2  # 0xFF00 (stuffed byte) or a marker: skip both bytes
+            parts.append(body[last:])
+            return data[:start], parts, hv
         i += 2 + n
     return None
 
 
-_RESTART = re.compile(rb"\xff[\xd0-\xd7]")
-
-
 @dataclass(frozen=True)
 class _JpegTemplate:
-    parts: tuple[bytes, ...]  # the file: up to and including the SOS header, then each interval and its RST marker
+    prefix: bytes  # up to and including the SOS header
+    intervals: tuple[bytes, ...]
     per_row: int  # restart intervals per MCU row
     blocks: int  # MCUs per restart interval
     strip: np.ndarray  # the top-left pixels the stamp may touch: whole intervals, whole MCU rows
@@ -318,17 +325,13 @@ def _jpeg_template(base) -> _JpegTemplate | None:
         return None
     strip_w = blocks * mcu_w if blocks < w_mcu else w
     strip = np.array(pixels[: rows * mcu_h, :strip_w])
-    parts = [scan[0]]
-    for j, body in enumerate(scan[1]):
-        parts += [bytes((0xFF, 0xD0 + (j - 1) % 8)), body] if j else [body]
-    parts.append(b"\xff\xd9")
-    return _JpegTemplate(tuple(parts), per_row, blocks, strip, mcu_h, quality)
+    return _JpegTemplate(scan[0], tuple(scan[1]), per_row, blocks, strip, mcu_h, quality)
 
 
 def _fresh_jpeg(base, digest: bytes) -> bytes | None:
     def build():
         t = _jpeg_template(base)
-        return t, (sum(map(len, t.parts)) + t.strip.nbytes if t else 0)
+        return t, (sum(map(len, t.intervals)) + t.strip.nbytes if t else 0)
 
     t = _cached("jpeg", base, build)
     if t is None:
@@ -339,10 +342,16 @@ def _fresh_jpeg(base, digest: bytes) -> bytes | None:
     scan = _jpeg_scan(_jpeg_save(Image.fromarray(strip), t.quality, t.blocks))
     if scan is None or len(scan[1]) != strip.shape[0] // t.mcu_h:  # one interval per MCU row of the strip
         return None
-    parts = list(t.parts)
+    intervals = list(t.intervals)
     for r, body in enumerate(scan[1]):
-        parts[1 + 2 * r * t.per_row] = body  # the first interval of MCU row r
-    return b"".join(parts)
+        intervals[r * t.per_row] = body
+    out = [t.prefix]
+    for j, body in enumerate(intervals):
+        if j:
+            out.append(bytes((0xFF, 0xD0 + (j - 1) % 8)))
+        out.append(body)
+    out.append(b"\xff\xd9")
+    return b"".join(out)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -361,27 +370,21 @@ def fresh_data(base, digest: bytes) -> tuple[bytes, str, str]:
         data = _fresh_jpeg(base, digest)
         if data is not None:
             return data, "jpeg", "RGB"
-    pixels = decoded(base)
-    fmt = base.format if base.format in ("jpeg", "png", "webp") else "png"
-    runner = _offload if _offload is not None and pixels.shape[0] * pixels.shape[1] >= OFFLOAD_MIN_PIXELS else None
-    args = (pixels, digest, fmt, base.quality)
-    data = runner(_stamped_encode, *args) if runner else _stamped_encode(*args)
-    return data, fmt, "RGBA" if pixels.shape[2] == 4 else "RGB"
-
-
-def _stamped_encode(pixels: np.ndarray, digest: bytes, fmt: str, quality: int | None) -> bytes:
-    """The full re-encode: the decoded base copied, stamped and encoded."""
-    arr = np.array(pixels)
+    arr = np.array(decoded(base))
     stamp, off = stamp_array(digest, arr.shape[1], arr.shape[0])
     apply_stamp(arr, stamp, off)
-    return encode(Image.fromarray(arr, "RGBA" if arr.shape[2] == 4 else "RGB"), fmt, quality)
+    mode = "RGBA" if arr.shape[2] == 4 else "RGB"
+    fmt = base.format if base.format in ("jpeg", "png", "webp") else "png"
+    im = Image.fromarray(arr, mode)
+    runner = _offload if _offload is not None and arr.shape[0] * arr.shape[1] >= OFFLOAD_MIN_PIXELS else None
+    data = runner(encode, im, fmt, base.quality) if runner else encode(im, fmt, base.quality)
+    return data, fmt, mode
 
 
-# The whole-image re-encodes left (WebP, mostly: ~10 ms per Mpx, and copies of a few MB) can run on another core:
-# Pillow releases the GIL while libwebp / libjpeg / zlib work, and numpy while it copies. A Locust process
-# (locustfiles/embeddings.py) sets this to a gevent thread pool (a thread per core), so the greenlet waits for
-# the re-encode as for I/O while the other users go on. Only _stamped_encode runs there: no cache, no lock; it
-# reads the cached decode, which nothing writes.
+# The whole-image encodes left (WebP, mostly: ~10 ms per Mpx) can run on another core: Pillow releases the GIL
+# while libwebp / libjpeg / zlib work. A Locust process (locustfiles/embeddings.py) sets this to a gevent thread
+# pool (a thread per core), so the greenlet waits for the encode as for I/O while the other users go on. Only the
+# encode runs there: no cache, no lock, nothing shared.
 OFFLOAD_MIN_PIXELS = 256 * 256
 _offload = None
 

@@ -19,8 +19,6 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .uniforms import Uniforms
-
 
 class Draw(NamedTuple):
     index: int  # pool index (for a fresh draw: the pool image the fresh one is derived from)
@@ -90,12 +88,11 @@ class ReuseSampler:
     def __init__(self, model: ReuseModel, seed: int | np.random.SeedSequence | None = None):
         self.model = model
         self.rng = np.random.default_rng(seed)
-        self.uniforms = Uniforms(self.rng)
 
     def draw(self) -> Draw:
         m = self.model
         # always consume the same number of random values, so a run's sequence does not depend on outcomes
-        u_fresh, u_pick = self.uniforms.random(), self.uniforms.random()
+        u_fresh, u_pick = self.rng.random(2).tolist()
         fresh = u_fresh < m.fresh_fraction
         if fresh:
             return Draw(int(u_pick * m.pool_size), True)  # fresh images inherit a uniform base

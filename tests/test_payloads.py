@@ -18,7 +18,7 @@ from PIL import Image
 from mmchaos import schema
 from mmchaos.payloads import catalogue as cases_module
 from mmchaos.payloads import (encode, fresh, generated, image_spec, malformed, mutations, patches, reuse, shared_pool,
-                              uniforms, user_images)
+                              user_images)
 from mmchaos.payloads.pool import PayloadWarning
 from mmchaos.payloads import bodies as rq
 
@@ -286,13 +286,6 @@ def test_sampler_is_seeded_and_draw_matches_draw_many():
     assert [d.index for d in seq] == idx.tolist()
     assert [d.fresh for d in seq] == is_fresh.tolist()
     assert m.sampler(43).draw_many(50)[0].tolist() != idx[:50].tolist()
-
-
-def test_uniforms_hand_out_the_generators_own_stream_across_blocks():
-    u = uniforms.Uniforms(np.random.default_rng(7))
-    n = 2 * uniforms.BLOCK + 5
-    assert [u.random() for _ in range(n)] == np.random.default_rng(7).random(n).tolist()
-    assert {u.index(3) for _ in range(300)} == {0, 1, 2}
 
 
 def test_zipf_skew_orders_the_hot_images():
