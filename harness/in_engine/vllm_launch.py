@@ -35,16 +35,17 @@ def _end_with_parent() -> int | None:
     (a CI job's time limit, the OOM killer) gives it no chance, and the server would keep its memory (a GPU's, on a
     GPU box) and its port. vLLM takes SIGTERM as a shutdown, its engine processes included. Popped: the processes
     vLLM spawns follow this one, not mmchaos."""
-    parent = os.environ.pop("MMCHAOS_PARENT_PID", None)
-    if parent is None or not sys.platform.startswith("linux"):
+    told = os.environ.pop("MMCHAOS_PARENT_PID", None)
+    if told is None or not sys.platform.startswith("linux"):
         return None
+    parent = int(told)
     try:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     except (OSError, AttributeError):
         return None
-    if os.getppid() != int(parent):  # gone before the line above: no death signal will come
+    if os.getppid() != parent:  # gone before the line above: no death signal will come
         os.kill(os.getpid(), signal.SIGTERM)
-    return int(parent)
+    return parent
 
 
 def _clean_up_after_parent(parent: int | None, folder: str | None) -> None:
