@@ -40,7 +40,7 @@ from . import repro_script
 from .candidate_run import Outcome, run_candidate, target_of
 from .server import ENGINE_BASE_FLAGS, Target
 
-SOONEST_ABORT_MS = 1.0  # an abort is tried hanging up this soon after sending (the deterministic poison)
+SOONEST_ABORT_MS = 1.0  # an abort is tried hanging up this soon after sending (likeliest to poison: repro.py)
 SMALL_SIDES = (64,)  # the long sides an image is tried at (vLLM scales small images up to its minimum anyway)
 
 

@@ -68,7 +68,12 @@ def test_the_demo_crash_shrinks_to_a_script_that_crashes_only_the_affected_serve
     assert survived.returncode == 0 and "survived" in survived.stdout.splitlines()[-1], survived.stdout
 
     fixed = _script(script, fixed_server)  # the session's 0.32.0: the script's images are new to it
-    assert fixed.returncode == 0 and "-> 503" in fixed.stdout and fixed_server.health()[0], fixed.stdout
+    assert fixed.returncode == 0 and fixed_server.health()[0], fixed.stdout
+    # the drift reached 0.32.0 and was answered 503: certain after a post-render 400; after a hang-up only when it
+    # landed while the image rendered (13 of 16 on 0.32.0, harness/repro.py); when it did not, the reuse got a 200
+    # and the script says that this survival is weak evidence
+    raced = sequence[0]["kind"] == "abort" and "hung up before an answer" in fixed.stdout
+    assert "-> 503" in fixed.stdout or raced, fixed.stdout
 
 
 def _campaign(tmp_path: Path, workload: str, duration: int = 60, users: int = 4) -> Path:

@@ -615,15 +615,15 @@ def test_api_key_is_sent_as_bearer_and_never_written_anywhere(tmp_path, via, rea
         keyfile.write_text(key + "\n")
         env["MMCHAOS_API_KEY_FILE"] = str(keyfile)
     run_out = subprocess.run([PY, "-m", "mmchaos.harness.cli", "campaign", "run", str(f), "--results", str(root)],
-                             capture_output=True, timeout=90, cwd=ROOT, env=env)
+                             capture_output=True, timeout=300, cwd=ROOT, env=env)
     trial = trial_dir(root, "keyed")
     reaper.update(recorded_pgids(trial))
     assert run_out.returncode == 0, run_out.stderr.decode()[-2000:]
     rows = assert_counts_match(trial)
     posts = rows[rows["endpoint"].isin(["/v1/embeddings", "/tokenize"])]
     assert (posts["status"] != 401).all() and (posts["outcome"] == schema.OK).sum() > 50  # the bearer was sent
-    rep = subprocess.run([PY, "-m", "mmchaos.harness.cli", "report", str(root / CAMP)], capture_output=True, timeout=90,
-                         cwd=ROOT, env=env)
+    rep = subprocess.run([PY, "-m", "mmchaos.harness.cli", "report", str(root / CAMP)], capture_output=True,
+                         timeout=300, cwd=ROOT, env=env)
     assert rep.returncode == 0, rep.stderr.decode()[-2000:]
 
     needle = key.encode()

@@ -21,6 +21,7 @@ from PIL import Image
 
 from conftest import TESTS, standin_server
 from locust_run import locust, rows
+from mmchaos.harness import repro_script
 from mmchaos.payloads import request_log
 from mmchaos.payloads.traces import Trace
 from mmchaos.tables import read_table
@@ -233,6 +234,29 @@ def test_minimize_finds_the_two_requests_and_the_script_reproduces_them(crashed_
     # resumable: a second run knows every candidate and starts no server
     again = _minimize(crashed_trial, tmp_path / "min")
     assert again.returncode == 0 and "start " not in again.stderr and "(known)" in again.stderr, again.stderr
+
+
+def test_a_script_that_hung_up_on_a_survivor_says_the_race_may_have_been_lost(tmp_path):
+    """A hang-up poisons only when it lands while the image renders: a script whose hang-up came before any answer
+    and whose server survived says that one survival is weak evidence; a script without hang-ups does not."""
+    log = _hand_written_log(tmp_path)
+    first, second = (json.loads(x) for x in log.read_text().splitlines())
+    first.pop("status")
+    hung = tmp_path / "hung.jsonl"
+    hung.write_text(json.dumps({**first, "disconnect_after_ms": 1}) + "\n" + json.dumps(second) + "\n")
+    said = {}
+    for name, source in (("hung", hung), ("plain", log)):
+        trace = request_log.read(source)
+        script = tmp_path / f"{name}.py"
+        script.write_text(repro_script.render(trace, repro_script.ScriptInfo("t", "a")))
+        with standin_server(tmp_path / f"{name}.log", "--delay-ms", "300") as s:  # answers after the hang-up
+            p = subprocess.run([sys.executable, str(script), "--url", s.base_url, "--settle", "1"],
+                               capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0 and p.stdout.strip().splitlines()[-1].startswith("survived"), p.stdout
+        said[name] = p.stdout
+    assert list(request_log.read(hung).requests["kind"])[0] == "abort"
+    assert "note: request(s) 1 hung up before an answer" in said["hung"], said["hung"]
+    assert "hung up before an answer" not in said["plain"], said["plain"]
 
 
 def test_minimize_keeps_the_recorded_images_when_asked(crashed_trial, tmp_path):
