@@ -27,8 +27,10 @@ from mmchaos.auth import auth_headers
 # model, 2 cores, loaded), a hang-up after 1 ms left P0 ahead of P1 2 times in 2, after 5 ms 1 in 2, after
 # 10-100 ms never (the request had reached the engine, which drops it cleanly); on 0.30.0 one hang-up after 1 ms
 # did not. Again on 0.32.0 with 16 realistic images (bodies of 4-89 KB, the whole body sent in time in every case):
-# 13 of 16 hang-ups after 1 ms poisoned. The timing moves with the machine's load, so the probe tries a short
-# ladder of delays, each with an image of its own. (The mix's aborts, 40 ms, are realistic timing, not a trigger.)
+# 13 of 16 hang-ups after 1 ms poisoned; on an idle 0.30.0, 20 of 20 small images sent whole and hung up on at
+# once or after 1 ms; on a loaded 0.30.0 (CI, two test lanes) four replays of 2-4 requests in four did not. The
+# timing moves with the machine's load, so the probe tries a short ladder of delays, each with an image of its
+# own. (The mix's aborts, 40 ms, are realistic timing, not a trigger.)
 ABORT_LADDER_MS = (1, 2, 4, 8, 16)
 # dimensions on a model without Matryoshka support fails after rendering (measured on 0.30.0 and 0.32.0)
 POISON_FIELDS = {"dimensions": 5}
