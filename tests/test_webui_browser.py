@@ -56,6 +56,7 @@ def browser_page(profile_dir):
 def start_from_form(page, url: str, users: int, spawn_rate: int, run_time: str, **custom: str) -> None:
     """Fill Locust's start form as a user does and press Start. ``custom``: the form's custom parameters."""
     page.goto(url)
+    page.wait_for_load_state("networkidle")  # the form settles once its data is in: a click before it may be lost
     page.fill("input[name=userCount]", str(users))
     page.fill("input[name=spawnRate]", str(spawn_rate))
     page.get_by_role("button", name="Advanced options").click()
@@ -92,6 +93,11 @@ def test_engine_crash_appears_on_the_panel(tmp_path):
                 # crash (docs/benchmarks.md section 2); here a lone server died after 82, 21 s in: a 30 s run
                 # missed the crash in CI, where the server shares the two cores with the other test lane
                 start_from_form(page, ui.url + "/", users=4, spawn_rate=4, run_time="200s", weightTokenize="0")
+                try:  # twice in CI the run never left "ready" (the screenshot showed the form): say so at once
+                    wait_for(lambda: ui.state()["runner_state"] != "ready", 30, "the run to start from the form")
+                except AssertionError as e:
+                    page.screenshot(path=str(shot), full_page=True)
+                    raise AssertionError(f"{e}; Locust said:\n{ui.output()}") from None
                 open_tab(page, "mmchaos: events")
                 row = event_row(page, "crash", "detokenizer_assert").first
                 try:
