@@ -90,10 +90,10 @@ def test_engine_crash_appears_on_the_panel(tmp_path):
             with browser_page(tmp_path / "chromium-profile") as page:
                 # a form change that must reach the run: no /tokenize requests. The run is stopped once the crash
                 # shows; its length only bounds a server that lives. The mix needed 10-216 requests to the first
-                # crash (docs/benchmarks.md section 2); here a lone server died after 82, 21 s in: a 30 s run
-                # missed the crash in CI, where the server shares the two cores with the other test lane
+                # crash (docs/benchmarks.md section 2); here a lone server died after 82, 21 s in, close to the
+                # 30 s this run used to have
                 start_from_form(page, ui.url + "/", users=4, spawn_rate=4, run_time="200s", weightTokenize="0")
-                try:  # twice in CI the run never left "ready" (the screenshot showed the form): say so at once
+                try:  # once in CI the run never left "ready" (the screenshot showed the form): say so at once
                     wait_for(lambda: ui.state()["runner_state"] != "ready", 30, "the run to start from the form")
                 except AssertionError as e:
                     page.screenshot(path=str(shot), full_page=True)
