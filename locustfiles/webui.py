@@ -6,8 +6,8 @@ It uses the extension points of Locust's own (React) web UI:
 - ``web_ui.template_args["extended_tabs"]`` / ``["extended_tables"]`` add four tabs and their table columns
   (the same mechanism as Locust's ``examples/extend_web_ui.py``);
 - an ``after_request`` hook adds ``extended_stats`` (the rows of those tables) to ``/stats/requests``, which the
-  UI polls every 2 s while a test runs; the UI renders every cell as React text, so server text (error
-  messages, log lines) is escaped by construction;
+  UI polls every 2 s while a test runs, and sets its ``state`` as the UI must read it (``_runner_state``); the
+  UI renders every cell as React text, so server text (error messages, log lines) is escaped by construction;
 - routes of a Flask blueprint on ``web_ui.app``: ``/mmchaos/state`` (the whole live state as JSON) and
   ``/mmchaos/timeline`` (a page drawing health, drift, crashes and the mm-cache hit rate over the run; it
   reads the state JSON and sets every text with ``textContent``), both linked from the UI's "Download Data"
@@ -24,6 +24,7 @@ from pathlib import Path
 
 from flask import Blueprint, Response, jsonify, request
 from locust import events
+from locust.runners import STATE_INIT, STATE_SPAWNING
 
 from . import live
 from .panel_tables import TABLES, TABS, tables
@@ -44,7 +45,17 @@ def register(session) -> None:
 
 
 def _runner_state(environment) -> str | None:
-    return getattr(environment.runner, "state", None)
+    """The run's state as a UI must show it. A run started with a shape (ours always are) stays "ready" until
+    test_start has run and users spawn: 1.7 s here when the image pool is not yet on disk, more on a loaded
+    machine. Locust's UI polls 2 s after its Start (and /stats/requests is memoized for 2 s); a "ready" read
+    then sends it back to the start form, where it stops polling while the run goes on. A live shape greenlet
+    means a run was started (one whose start failed leaves it dead)."""
+    runner = environment.runner
+    state = getattr(runner, "state", None)
+    shape = getattr(runner, "shape_greenlet", None)
+    if state == STATE_INIT and shape is not None and not shape.dead:
+        return STATE_SPAWNING
+    return state
 
 
 def _init(environment, web_ui=None, **_):
@@ -88,10 +99,11 @@ def _init(environment, web_ui=None, **_):
     def _extend_stats(response):
         if request.path != base + "/stats/requests" or response.status_code != 200:
             return response
+        data = json.loads(response.get_data())
+        data["state"] = _runner_state(environment)
         try:
-            data = json.loads(response.get_data())
             data["extended_stats"] = tables(panel, state())
-            response.set_data(json.dumps(data))
         except Exception:  # never break Locust's own stats for the panel's sake
             log.exception("mmchaos panel: extending /stats/requests")
+        response.set_data(json.dumps(data))
         return response

@@ -194,6 +194,32 @@ def test_start_form_options_take_effect_run_after_run(standin, tmp_path):
         ui.stop()
 
 
+def _states_until_running(ui: LocustUI, limit_s: float = 60) -> list[str]:
+    """The run's state as Locust's UI polls it (/stats/requests), from a start until it runs."""
+    seen, deadline = [], time.time() + limit_s
+    while time.time() < deadline and len(seen) < 10_000:
+        state = requests.get(ui.url + "/stats/requests", timeout=5).json()["state"]
+        seen.append(state)
+        if state in ("running", "stopped"):
+            return seen
+    raise AssertionError(f"not running after {limit_s} s: {seen[-5:]}")
+
+
+def test_a_started_run_never_reads_ready_to_the_ui(standin, tmp_path):
+    """Locust's UI takes a "ready" polled after its Start for the end of the run: it shows the start form again
+    and stops polling, while the run goes on. Until the shape's first tick has run our test_start listeners,
+    Locust itself says "ready"; the UI must read "spawning". Twice: the second start of a process too."""
+    ui = LocustUI(tmp_path, "--host", standin.base_url).wait_up()  # the web UI's default pool, as users get it
+    try:
+        for run in ("run1", "run2"):
+            _swarm(ui, standin.base_url, results_dir=str(tmp_path / run), run_time="2s")
+            seen = _states_until_running(ui)
+            assert "ready" not in seen, seen
+            wait_for(lambda: ui.state()["runner_state"] == "stopped", 60, f"{run} to end")
+    finally:
+        ui.stop()
+
+
 def test_crash_and_drift_from_health_and_server_log(tmp_path):
     log = tmp_path / "server.log"
     with standin_server(log, "--die-after", "150") as s:

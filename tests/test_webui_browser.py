@@ -56,7 +56,6 @@ def browser_page(profile_dir):
 def start_from_form(page, url: str, users: int, spawn_rate: int, run_time: str, **custom: str) -> None:
     """Fill Locust's start form as a user does and press Start. ``custom``: the form's custom parameters."""
     page.goto(url)
-    page.wait_for_load_state("networkidle")  # the form settles once its data is in: a click before it may be lost
     page.fill("input[name=userCount]", str(users))
     page.fill("input[name=spawnRate]", str(spawn_rate))
     page.get_by_role("button", name="Advanced options").click()
@@ -66,6 +65,18 @@ def start_from_form(page, url: str, users: int, spawn_rate: int, run_time: str, 
         for name, value in custom.items():
             page.fill(f"input[name={name}]", value)
     page.get_by_role("button", name="Start").click()
+
+
+@contextlib.contextmanager
+def what_the_page_showed(page, ui: LocustUI, shot):
+    """A failure says what the page showed (start form or dashboard), the run's state and Locust's output."""
+    try:
+        yield
+    except Exception as e:
+        page.screenshot(path=str(shot), full_page=True)
+        shown = " ".join(page.inner_text("body").split())[:300]
+        raise AssertionError(f"{e}\nthe page showed: {shown}\nthe run: {ui.state()['runner_state']}; "
+                             f"Locust said:\n{ui.output()}") from e
 
 
 def open_tab(page, title: str) -> None:
@@ -92,18 +103,12 @@ def test_engine_crash_appears_on_the_panel(tmp_path):
                 # shows; its length only bounds a server that lives. The mix needed 10-216 requests to the first
                 # crash (docs/benchmarks.md section 2); here a lone server died after 82, 21 s in, close to the
                 # 30 s this run used to have
-                start_from_form(page, ui.url + "/", users=4, spawn_rate=4, run_time="200s", weightTokenize="0")
-                try:  # once in CI the run never left "ready" (the screenshot showed the form): say so at once
-                    wait_for(lambda: ui.state()["runner_state"] != "ready", 30, "the run to start from the form")
-                except AssertionError as e:
-                    page.screenshot(path=str(shot), full_page=True)
-                    raise AssertionError(f"{e}; Locust said:\n{ui.output()}") from None
-                open_tab(page, "mmchaos: events")
-                row = event_row(page, "crash", "detokenizer_assert").first
-                try:
+                with what_the_page_showed(page, ui, shot):
+                    start_from_form(page, ui.url + "/", users=4, spawn_rate=4, run_time="200s", weightTokenize="0")
+                    open_tab(page, "mmchaos: events")
+                    row = event_row(page, "crash", "detokenizer_assert").first
                     row.wait_for(timeout=CRASH_WAIT_MS)
-                finally:
-                    page.screenshot(path=str(shot), full_page=True)
+                page.screenshot(path=str(shot), full_page=True)
                 crash_text = row.inner_text()
                 open_tab(page, "mmchaos: outcomes")
                 page.locator("tbody tr").filter(has_text="valid_image").first.wait_for()
