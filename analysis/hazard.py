@@ -18,9 +18,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-import statsmodels.api as sm
 from scipy import stats
 from statsmodels.discrete.discrete_model import NegativeBinomial
+# the two modules used, not statsmodels.api: it imports all of statsmodels (twice the time of these)
+from statsmodels.genmod import families
+from statsmodels.genmod.generalized_linear_model import GLM
 
 from . import intervals as I
 from .exposure import exposure, knob_columns
@@ -175,12 +177,12 @@ def fit_config(rows: pd.DataFrame, config: str, confidence: float = I.CONFIDENCE
     terms, reference = _terms(used, varying, notes)
     X = np.column_stack([np.ones(len(used))] + [used[k].to_numpy(float) - reference[k] for k in terms])
     offset = np.log(e)
-    pois = _glm(y, X, offset, sm.families.Poisson())
+    pois = _glm(y, X, offset, families.Poisson())
     if terms and not _stable(pois, terms, ranges):
         notes.append(f"the crashes did not allow a fit of their dependence on {', '.join(terms)} (they sit at one "
                      "end of the range): pooled over it")
         terms, reference, X = [], {}, X[:, :1]
-        pois = _glm(y, X, offset, sm.families.Poisson())
+        pois = _glm(y, X, offset, families.Poisson())
     quality = {**_quality(pois), "aic_poisson": float(pois.aic), "aic_nb": np.nan, "alpha": 0.0}
     model, res, alpha, why = _choose(y, X, offset, pois, quality, len(used))
     if model == NEGBIN:  # its deviance and Pearson χ² are the ones that judge it
@@ -245,7 +247,7 @@ def _terms(used: pd.DataFrame, varying: list[str], notes: list[str]) -> tuple[li
 def _glm(y, X, offset, family):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # separation and boundary warnings: judged by _stable
-        return sm.GLM(y, X, family=family, offset=offset).fit()
+        return GLM(y, X, family=family, offset=offset).fit()
 
 
 def _stable(res, terms, ranges) -> bool:
@@ -279,7 +281,7 @@ def _choose(y, X, offset, pois, quality, n):
     alpha, aic_nb = float(nb.params[-1]), float(nb.aic)
     quality.update(aic_nb=aic_nb, alpha=alpha)
     if aic_nb < aic_p and alpha > 1e-6:
-        res = _glm(y, X, offset, sm.families.NegativeBinomial(alpha=alpha))
+        res = _glm(y, X, offset, families.NegativeBinomial(alpha=alpha))
         return NEGBIN, res, alpha, (f"negative binomial: it lowers the AIC ({aic_nb:.1f} vs {aic_p:.1f}) because "
                                     "crash counts vary between trials more than a Poisson allows, so its wider "
                                     "interval is the honest one")

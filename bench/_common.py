@@ -130,10 +130,12 @@ def start_locust(locustfile: Path, host: str, users: int, seconds: int, out: Pat
 
 
 def _thread_cpu(pid: int) -> tuple[float, float]:
-    """CPU seconds so far of the process's main thread and of its other threads together."""
-    threads = psutil.Process(pid).threads()
-    main = sum(t.user_time + t.system_time for t in threads if t.id == pid)
-    return main, sum(t.user_time + t.system_time for t in threads) - main
+    """CPU seconds so far of the process's main thread and of its other threads together: the process's total less
+    the main thread's (a sum over live threads drops the share of threads that ended, and could go down)."""
+    proc = psutil.Process(pid)
+    main = sum(t.user_time + t.system_time for t in proc.threads() if t.id == pid)
+    total = proc.cpu_times()
+    return main, total.user + total.system - main
 
 
 def run_locust(locustfile: Path, host: str, users: int, seconds: int, out: Path, extra: list[str] = (),
