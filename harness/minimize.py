@@ -113,10 +113,11 @@ class Minimizer:
             best = self.best = self._guess(best)
             if best is self.start and not self._crashes(best, "the trial's sequence"):
                 # ddmin needs a sequence that crashes: without one every start after this would be wasted
+                hint = "try --repeats 1, or another crashed trial" if self.repeats > 1 else \
+                    "run it again, or try another crashed trial"
                 return Result(best, False, False, None,
                               f"the trial's {len(best)} requests did not crash a fresh server when replayed: the "
-                              "crash needs timing or state the replay does not reproduce (try --repeats 1, or "
-                              "another crashed trial)")
+                              f"crash needs timing or state the replay does not reproduce ({hint})")
             images = () if self.keep_images else (self._fewer_images, self._smaller_images)
             for step in (self._ddmin, self._serialize, *images, self._sooner_aborts):
                 best = self.best = step(best)

@@ -649,7 +649,7 @@ def test_report_renders_server_text_as_text(tmp_path, reaper):
     f = write_campaign(tmp_path, duration=4, configs=f'''
 [[config]]
 name = "xss"
-flags = ["--error-text", "{XSS}", "--die-after", "400"]
+flags = ["--error-text", "{XSS}", "--die-after-s", "1.5"]  # by time: a loaded machine sends fewer
 ''')
     [res] = run(f, root)
     trial = trial_dir(root, "xss")

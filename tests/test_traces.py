@@ -291,6 +291,7 @@ def test_minimize_says_when_the_trials_crash_does_not_replay(tmp_path, reaper): 
     r = _minimize(trial, tmp_path / "min", "--repeats", "1")
     assert r.returncode == 1 and "did not crash a fresh server when replayed" in r.stderr, r.stdout + r.stderr
     assert "ddmin" not in r.stderr and "the trial's sequence" in r.stderr
+    assert "(run it again, or try another crashed trial)" in r.stderr  # not "try --repeats 1": it ran with 1
 
 
 def test_minimize_refuses_what_it_cannot_do(tmp_path, crashed_trial):
