@@ -207,8 +207,8 @@ def _states_until_running(ui: LocustUI, limit_s: float = 60) -> list[str]:
 
 def test_a_started_run_never_reads_ready_to_the_ui(standin, tmp_path):
     """Locust's UI takes a "ready" polled after its Start for the end of the run: it shows the start form again
-    and stops polling, while the run goes on. Until the shape's first tick has run our test_start listeners,
-    Locust itself says "ready"; the UI must read "spawning". Twice: the second start of a process too."""
+    and stops polling, while the run goes on. Locust itself says "ready" until test_start has run and users spawn,
+    and answers from a 2-s memo; the UI must read "spawning". Twice: the second start of a process too."""
     ui = LocustUI(tmp_path, "--host", standin.base_url).wait_up()  # the web UI's default pool, as users get it
     try:
         for run in ("run1", "run2"):
