@@ -621,7 +621,8 @@ def test_api_key_is_sent_as_bearer_and_never_written_anywhere(tmp_path, via, rea
     assert run_out.returncode == 0, run_out.stderr.decode()[-2000:]
     rows = assert_counts_match(trial)
     posts = rows[rows["endpoint"].isin(["/v1/embeddings", "/tokenize"])]
-    assert (posts["status"] != 401).all() and (posts["outcome"] == schema.OK).sum() > 50  # the bearer was sent
+    # the bearer was sent: no 401, and answers (how many depends on the machine's load: 21 in a loaded CI run)
+    assert (posts["status"] != 401).all() and (posts["outcome"] == schema.OK).any()
     rep = subprocess.run([PY, "-m", "mmchaos.harness.cli", "report", str(root / CAMP)], capture_output=True,
                          timeout=300, cwd=ROOT, env=env)
     assert rep.returncode == 0, rep.stderr.decode()[-2000:]

@@ -109,7 +109,7 @@ def test_keys_in_flags_env_and_command_reach_the_server_and_no_output(tmp_path):
     assert "standin non-default args" in (trial / schema.SERVER_LOG).read_text()  # the dump is there, masked
     df = rows(trial)
     posts = df[df["endpoint"] == "/v1/embeddings"]
-    assert (posts["status"] != 401).all() and (posts["outcome"] == schema.OK).sum() > 20  # the flags' key, sent
+    assert (posts["status"] != 401).all() and (posts["outcome"] == schema.OK).any()  # the flags' key, sent
     assert df["error"].astype(str).str.contains(r"with key \*\*\*", regex=True).any()  # echoed, and masked
     rep = cli("report", str(root / "keyed"), env=env)
     assert rep.returncode == 0, rep.stderr[-2000:]
