@@ -15,6 +15,7 @@ import logging
 import os
 import random
 
+from gevent.lock import BoundedSemaphore
 from gevent.threadpool import ThreadPool
 from locust import events, task
 from locust.runners import MasterRunner
@@ -75,7 +76,7 @@ def _in_thread(fn, *args):
 
 
 # whole-image re-encodes of fresh images (WebP) on another core, while this process's other users go on
-fresh.set_offload(_in_thread)
+fresh.set_offload(_in_thread, BoundedSemaphore(os.cpu_count() or 1))
 
 
 @events.test_start.add_listener

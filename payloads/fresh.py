@@ -24,6 +24,7 @@ Templates live in a process-wide LRU bounded by bytes (:data:`CACHE_BYTES`).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import struct
@@ -370,29 +371,35 @@ def fresh_data(base, digest: bytes) -> tuple[bytes, str, str]:
         data = _fresh_jpeg(base, digest)
         if data is not None:
             return data, "jpeg", "RGB"
-    arr = np.array(decoded(base))
-    stamp, off = stamp_array(digest, arr.shape[1], arr.shape[0])
-    apply_stamp(arr, stamp, off)
-    mode = "RGBA" if arr.shape[2] == 4 else "RGB"
+    src = decoded(base)
+    mode = "RGBA" if src.shape[2] == 4 else "RGB"
     fmt = base.format if base.format in ("jpeg", "png", "webp") else "png"
-    im = Image.fromarray(arr, mode)
-    runner = _offload if _offload is not None and arr.shape[0] * arr.shape[1] >= OFFLOAD_MIN_PIXELS else None
-    data = runner(encode, im, fmt, base.quality) if runner else encode(im, fmt, base.quality)
+    run, slot = _offload if _offload is not None and src.shape[0] * src.shape[1] >= OFFLOAD_MIN_PIXELS else \
+        (None, contextlib.nullcontext())
+    with slot:  # the copies are made only when their encode can start
+        arr = np.array(src)
+        apply_stamp(arr, *stamp_array(digest, arr.shape[1], arr.shape[0]))
+        im = Image.fromarray(arr, mode)
+        del arr  # Pillow's image is a copy of it (RGB) or holds it (RGBA)
+        data = run(encode, im, fmt, base.quality) if run else encode(im, fmt, base.quality)
     return data, fmt, mode
 
 
 # The whole-image encodes left (WebP, mostly: ~10 ms per Mpx) can run on another core: Pillow releases the GIL
-# while libwebp / libjpeg / zlib work. A Locust process (locustfiles/embeddings.py) sets this to a gevent thread
-# pool (a thread per core), so the greenlet waits for the encode as for I/O while the other users go on. Only the
-# encode runs there: no cache, no lock, nothing shared.
+# while libwebp / libjpeg / zlib work. A Locust process (locustfiles/embeddings.py) sets a gevent thread pool (a
+# thread per core), so the greenlet waits for the encode as for I/O while the other users go on, and a semaphore of
+# as many slots: a greenlet waiting for a thread holds no copy of its image (~30 MB at 2,048 px; copies queued for
+# the pool in bursts of fresh images raised the heap of a long run at a server-like rate). Only the encode runs
+# there: no cache, no lock, nothing shared (the copy and the stamp hold the GIL: in a thread they cost more).
 OFFLOAD_MIN_PIXELS = 256 * 256
 _offload = None
 
 
-def set_offload(run) -> None:
-    """``run(fn, *args)`` -> fn(*args), run elsewhere (None: in the caller)."""
+def set_offload(run, slot) -> None:
+    """``run(fn, *args)`` -> fn(*args), run elsewhere; ``slot``, a context manager held from an image's copy to the
+    end of its encode (one per place ``run`` runs things). ``run=None``: encodes run in the caller."""
     global _offload
-    _offload = run
+    _offload = (run, slot) if run is not None else None
 
 
 def stamp_digest(token: bytes) -> bytes:

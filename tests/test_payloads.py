@@ -190,6 +190,21 @@ def test_fresh_fast_paths_give_the_pixels_of_a_full_reencode(pool_kw, cache_dir)
             assert f.hash == fresh.fresh_image(base, token).hash  # deterministic (template cached or not)
 
 
+def test_whole_reencodes_of_a_users_webps_leave_the_cached_decode_as_it_was(tmp_path):
+    """The formats without a fast path are stamped on Pillow's copy of the cached decode, in RGB and in RGBA (whose
+    decode Pillow would share rather than copy)."""
+    rng = np.random.default_rng(5)
+    for i, mode in enumerate(("RGB", "RGBA")):
+        Image.fromarray(rng.integers(0, 256, (48, 64, len(mode)), dtype=np.uint8), mode).save(tmp_path / f"{i}.webp")
+    fresh.clear_cache()
+    for base in user_images.load_image_dir(tmp_path):
+        before = fresh.decoded(base).copy()
+        f = fresh.fresh_image(base, "t/1")
+        with Image.open(io.BytesIO(f.data)) as got:
+            assert (got.mode, got.tobytes()) == _full_reencode(base, "t/1"), base.id
+        assert np.array_equal(fresh.decoded(base), before), base.id
+
+
 def test_encode_body_is_plain_json_with_data_urls_copied_in(small_pool):
     im = small_pool[0]
     bodies = [rq.image_request("m", im, "t").body, rq.batch_request("m", [rq.EmbedInput((im,), "x")] * 2).body,
