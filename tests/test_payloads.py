@@ -8,11 +8,15 @@ import hashlib
 import io
 import json
 import math
+import tracemalloc
 import warnings
 from collections import Counter
 
+import gevent
 import numpy as np
 import pytest
+from gevent.event import Event
+from gevent.lock import BoundedSemaphore
 from PIL import Image
 
 from mmchaos import schema
@@ -191,8 +195,8 @@ def test_fresh_fast_paths_give_the_pixels_of_a_full_reencode(pool_kw, cache_dir)
 
 
 def test_whole_reencodes_of_a_users_webps_leave_the_cached_decode_as_it_was(tmp_path):
-    """The formats without a fast path are stamped on Pillow's copy of the cached decode, in RGB and in RGBA (whose
-    decode Pillow would share rather than copy)."""
+    """The formats without a fast path are stamped on a copy of the cached decode: the full re-encode's pixels, and
+    the cache keeps the base's, in RGB and in RGBA."""
     rng = np.random.default_rng(5)
     for i, mode in enumerate(("RGB", "RGBA")):
         Image.fromarray(rng.integers(0, 256, (48, 64, len(mode)), dtype=np.uint8), mode).save(tmp_path / f"{i}.webp")
@@ -203,6 +207,38 @@ def test_whole_reencodes_of_a_users_webps_leave_the_cached_decode_as_it_was(tmp_
         with Image.open(io.BytesIO(f.data)) as got:
             assert (got.mode, got.tobytes()) == _full_reencode(base, "t/1"), base.id
         assert np.array_equal(fresh.decoded(base), before), base.id
+
+
+def test_fresh_images_waiting_for_an_encoder_thread_hold_no_copy(tmp_path):
+    """As a Locust process runs them (locustfiles/embeddings.py): whole re-encodes go to encoder threads through
+    slots, one per thread. Three users want a fresh image of a 512 px RGBA WebP while the one thread is busy: one
+    copy of its pixels (1 MB, numpy's, which tracemalloc sees) exists, not three."""
+    pixels = np.random.default_rng(1).integers(0, 256, (512, 512, 4), dtype=np.uint8)
+    Image.fromarray(pixels, "RGBA").save(tmp_path / "a.webp")
+    base = user_images.load_image_dir(tmp_path)[0]
+    fresh.clear_cache()
+    fresh.decoded(base)  # the cached decode is made before the count
+    busy, entered = Event(), []
+
+    def one_busy_thread(fn, *args):
+        entered.append(args)
+        busy.wait()
+        return fn(*args)
+
+    tracemalloc.start()
+    try:
+        fresh.set_offload(one_busy_thread, BoundedSemaphore(1))
+        before = tracemalloc.get_traced_memory()[0]
+        users = [gevent.spawn(fresh.fresh_image, base, f"t/{i}") for i in range(3)]
+        gevent.idle()  # each user has run until it waits: for the thread or for a slot
+        copies = (tracemalloc.get_traced_memory()[0] - before) / pixels.nbytes
+        busy.set()
+        gevent.joinall(users, raise_error=True)
+    finally:
+        tracemalloc.stop()
+        fresh.set_offload(None, None)
+    assert len(entered) == 3 and len({u.value.hash for u in users}) == 3
+    assert 0.9 < copies < 1.5, copies
 
 
 def test_encode_body_is_plain_json_with_data_urls_copied_in(small_pool):
