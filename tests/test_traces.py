@@ -46,7 +46,8 @@ def recorded(tmp_path_factory):
     received."""
     out = tmp_path_factory.mktemp("recorded")
     with standin_server(out / "s.log", "--body-log", str(out / "bodies.txt")) as s:
-        r = locust("locustfiles/embeddings.py", s.base_url, out, "--fresh-fraction", "0.3", users=3, seconds=4)
+        r = locust("locustfiles/embeddings.py", s.base_url, out, "--fresh-fraction", "0.3", "--max-requests", "400",
+                   users=3, seconds=60)  # ends at 400 requests, however busy the machine
     assert r.returncode == 0, r.stdout[-2000:]
     return out, Trace.load(out), _received(out / "bodies.txt")
 
