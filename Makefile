@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 ENGINES := 0.30.0 0.32.0
 
-.PHONY: demo test unit engines setup browser
+.PHONY: demo test unit engines setup browser docs
 
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -40,3 +40,8 @@ test: setup
 # the fast tests alone (no vLLM)
 unit: setup
 	$(BIN)/python -m pytest -ra -m "not engine"
+
+# the docs site (mkdocs-material) into site/, strict: a broken link, anchor or page fails (tests/test_docs.py builds
+# it in `make test` too)
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
