@@ -18,7 +18,8 @@ import pandas as pd
 
 from mmchaos.files import write_files_atomic
 
-from . import hazard, prediction, sections_hazard, sections_incidents, sections_performance, sections_run
+from . import hazard, open_loop, prediction, sections_hazard, sections_incidents, sections_performance
+from . import sections_run
 from . import sections_verdict, stats
 from .attribution import DEFAULT_WINDOW_S, attribute
 from .exposure import exposure
@@ -192,6 +193,7 @@ def build(c: CampaignResults, baseline: str, window_s: float = DEFAULT_WINDOW_S,
     sections_incidents.attribution(doc, events, attribution, window_s)
     sections_incidents.drift(doc, drift)
     sections_incidents.errors(doc, c)
+    open_loop.section(doc, c)
     sections_performance.latency(doc, lat, figs["latency"])
     sections_performance.throughput(doc, tput, figs["throughput"])
     sections_performance.cost(doc, cost, baseline)

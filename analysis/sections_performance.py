@@ -9,8 +9,9 @@ from .formatting import ci, ci_col, integer, num
 
 def latency(doc, lat, fig) -> None:
     doc.h(2, "Latency")
-    doc.p("Latency of successful requests only (a failed request's latency says little). Percentiles use linear "
-          "interpolation; brackets are 95 % bootstrap intervals.")
+    doc.p("Latency of successful requests only (a failed request's latency says little); an open-loop request's "
+          "from when it was due, its schedule lag included. Percentiles use linear interpolation; brackets are 95 % "
+          "bootstrap intervals.")
     doc.image("latency.png", fig, "latency ECDF per kind and configuration")
     if len(lat):
         doc.table(pd.DataFrame({

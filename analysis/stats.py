@@ -14,6 +14,7 @@ from mmchaos.schema import MALFORMED_KINDS, VALID_KINDS
 from mmchaos.signatures import Signatures
 
 from . import intervals as I
+from .open_loop import latency_from_schedule
 from .exposure import exposure as trial_uptime_exposure
 from .results import CampaignResults
 
@@ -193,9 +194,12 @@ def _join_unique(s) -> str:
 
 
 def _ok_latency_groups(c: CampaignResults) -> dict[tuple[str, str], np.ndarray]:
-    """Latencies (ms) of successful requests per (config, kind), plus the pooled valid kinds per config."""
+    """Latencies (ms) of successful requests per (config, kind), plus the pooled valid kinds per config; an
+    open-loop request's from when it was due (analysis.open_loop: coordinated omission stays visible)."""
     r = c.requests
-    ok = r.loc[r["outcome"] == S.OK, ["config", "kind", "latency_ms"]]
+    ok = r.loc[r["outcome"] == S.OK, ["config", "kind", "latency_ms", *(["sched_lag_ms"] if "sched_lag_ms" in
+                                                                          r.columns else [])]]
+    ok = ok.assign(latency_ms=latency_from_schedule(ok))
     groups = {}
     for (cfg, kind), s in ok.groupby(["config", "kind"], observed=True)["latency_ms"]:
         groups[(str(cfg), str(kind))] = s.to_numpy()

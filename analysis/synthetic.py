@@ -193,6 +193,8 @@ def _write_trial(folder, campaign, cfg, trial, t0, duration, n, part_rows, pool,
             "endpoint": np.where(kind == "tokenize", "/tokenize", "/v1/embeddings").astype(object),
             "t_start": t0 + t,
             "latency_ms": lat,
+            "t_sched": pa.nulls(n, pa.float64()),  # closed loop: no schedule
+            "sched_lag_ms": pa.nulls(n, pa.float64()),
             "status": pa.array(status, pa.int32(), from_pandas=True),
             "outcome": outcome,
             "error": error,

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from mmchaos import options, paths, schema
+from mmchaos import arrivals, options, paths, schema
 from mmchaos.options import SHAPES, OptionError, did_you_mean
 from mmchaos.payloads.replay_plan import ReplayPlan
 from mmchaos.payloads.traces import TraceError
@@ -46,6 +46,11 @@ WORKLOAD_KEYS = {
     "duration": ((int, float), 30),
     "max_requests": (int, 0),
     "shape": (str, "steady"),
+    # open loop (mmchaos.arrivals): requests per second sent when due, by users sized for the rate (not `users`)
+    "rate": ((int, float), 0),  # 0: closed loop, `users` sending back to back
+    "arrival": (str, "poisson"),
+    "burstiness": ((int, float), 1.0),
+    "max_concurrency": (int, 0),  # 0: sized for the rate
     "mix": (dict, {}),
     "options": (dict, {}),
     # Locust's master and workers (harness/distributed.py): local worker processes, workers from other machines
@@ -124,8 +129,8 @@ class CampaignPlan:
         """The workload with a sweep point's values in place (users, a kind's weight, an option)."""
         w = {**self.workload, "mix": dict(self.workload["mix"]), "options": dict(self.workload["options"])}
         for knob, value in point.items():
-            if knob == "users":
-                w["users"] = value
+            if knob in ("users", "rate"):
+                w[knob] = value
             elif knob in options.WEIGHTS:
                 w["mix"][knob] = value
             else:
@@ -234,6 +239,7 @@ def load(path: str | Path, check_flags: bool = True) -> CampaignPlan:
     _check_workload(w, path, ck)
     _check_crash(crash, ck)
     sweep = _check_sweep(data.get(SWEEP), data.get("workload", {}), w, ck)
+    _check_open_loop(w, data.get("workload", {}), set(sweep), ck)
 
     configs: list[Config] = []
     for i, raw in enumerate(raw_configs):
@@ -342,6 +348,22 @@ def _check_workload(w: dict, path: Path, ck: _Checker) -> None:
         opts["image_dir"] = _check_image_dir(opts["image_dir"], path, ck)
 
 
+def _check_open_loop(w: dict, raw: dict, swept: set, ck: _Checker) -> None:
+    """rate, arrival, burstiness, max_concurrency: the rules of mmchaos.arrivals, in the file's words (a swept
+    rate is checked per value by the sweep)."""
+    rate_given = "rate" in raw or "rate" in swept
+    if "rate" in raw and not w["rate"] > 0:
+        raise ck.fail(f"rate must be more than 0 requests per second, not {w['rate']}; leave it out for a closed "
+                      "loop of `users`", "rate", "workload")
+    why = arrivals.problem(w["rate"] or (1 if rate_given else 0), w["arrival"], w["burstiness"],
+                           w["max_concurrency"], w["shape"], flag=str)
+    if why:
+        raise ck.fail(why[1], why[0], "workload")
+    if rate_given and ("users" in raw or "users" in swept):
+        raise ck.fail("users and rate exclude each other: an open-loop run sizes its users for the rate (cap them "
+                      "with max_concurrency)", "users", SWEEP if "users" in swept else "workload")
+
+
 def _check_workers(w: dict, ck: _Checker) -> None:
     for key in ("processes", "expect_workers"):
         if not 0 <= w[key] <= 1024:
@@ -402,7 +424,7 @@ def sweep_knobs() -> list[str]:
     option of [workload.options] that takes a number or one of a few choices."""
     settable = [o.name for o in options.OPTIONS if o.name not in options.HARNESS_OWNED
                 and not o.name.startswith("weight_") and (o.type in (int, float) or o.choices)]
-    return ["users", *options.WEIGHTS, *settable]
+    return ["users", "rate", *options.WEIGHTS, *settable]
 
 
 def _check_sweep(raw, raw_workload: dict, w: dict, ck: _Checker) -> dict[str, list]:
@@ -416,7 +438,8 @@ def _check_sweep(raw, raw_workload: dict, w: dict, ck: _Checker) -> dict[str, li
         raise ck.fail(f"[sweep] varies {len(raw)} knobs ({', '.join(raw)}); at most {MAX_SWEEP_KNOBS} (every "
                       "combination is run)", next(iter(raw)), SWEEP)
     known = sweep_knobs()
-    elsewhere = {"users": raw_workload, **{k: raw_workload.get("mix", {}) for k in options.WEIGHTS},
+    elsewhere = {"users": raw_workload, "rate": raw_workload,
+                 **{k: raw_workload.get("mix", {}) for k in options.WEIGHTS},
                  **{k: raw_workload.get("options", {}) for k in known if k not in options.WEIGHTS}}
     for knob, values in raw.items():
         if knob not in known:
@@ -427,7 +450,7 @@ def _check_sweep(raw, raw_workload: dict, w: dict, ck: _Checker) -> dict[str, li
                    f"is no knob; {did_you_mean(knob, known)}")
             raise ck.fail(f"[sweep] {knob} {why}", knob, SWEEP)
         if knob in elsewhere[knob]:
-            where = "[workload]" if knob == "users" else \
+            where = "[workload]" if knob in ("users", "rate") else \
                 "[workload.mix]" if knob in options.WEIGHTS else "[workload.options]"
             raise ck.fail(f"[sweep] {knob} is also set in {where}: set it in one place", knob, SWEEP)
         if not isinstance(values, list) or not values:
@@ -452,6 +475,9 @@ def _sweep_value_problem(knob: str, value) -> str | None:
     if knob == "users":
         ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
         return None if ok else f"users must be an integer of at least 1, not {value!r}"
+    if knob == "rate":
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+        return None if ok else f"rate must be more than 0 requests per second, not {value!r}"
     name = f"weight_{knob}" if knob in options.WEIGHTS else knob
     return options.BY_NAME[name].problem(value)
 

@@ -124,6 +124,9 @@ def locust_argv(camp: CampaignPlan, cfg: Config, trial: int, folder: Path, base_
         "--max-requests", str(w["max_requests"]),
     ]
     argv += locust_options.to_argv(w["mix"], w["options"])
+    if w["rate"]:  # open loop; the campaign's report judges whether the rate was held, not Locust's gate
+        argv += ["--rate", str(w["rate"]), "--arrival", w["arrival"], "--burstiness", str(w["burstiness"]),
+                 "--max-concurrency", str(w["max_concurrency"]), "--min-rate-ratio", "0"]
     if w["trace"]:
         argv += ["--replay", w["trace"], "--replay-speed", str(w["replay_speed"])]
     return argv

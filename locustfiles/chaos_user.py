@@ -53,6 +53,7 @@ class ChaosUser(FastHttpUser):
         self.run_id = o.run_id
         self.headers = {"Content-Type": "application/json", **auth_headers()}
         self.retry_policy = o.retry_policy
+        self.refused_backoff = o.refused_backoff_ms / 1000
         # the jitter of retry delays: its own stream, so the requests a seed gives do not depend on outcomes
         self.jitter = np.random.default_rng([o.seed, self.worker_index, self.user_id, 0x7e7])
         self.connection = connections.install(self.client, self.host)
@@ -125,11 +126,12 @@ class ChaosUser(FastHttpUser):
         return status, resp, retry
 
     def send(self, req: BuiltRequest, *, abort: bool = False, abort_after_ms: float | None = None,
-             **ctx_extra) -> tuple[int | None, object]:
+             t_sched: float | None = None, **ctx_extra) -> tuple[int | None, object]:
         """POST ``req`` as the client would, retries included; returns the last attempt's (status or None,
         response). Locust's stats count an attempt as a success when it got what it was built to get (a
         malformed case's expected status, an abort's disconnect). An abort hangs up after ``abort_after_ms``
-        (default ``--abort-after-ms``). With ``--trace``, each attempt is traced as it goes out."""
+        (default ``--abort-after-ms``). With ``--trace``, each attempt is traced as it goes out. ``t_sched``: the
+        epoch time an open-loop arrival was due; the first attempt's row says it and how late it went out."""
         template, urls = req.template()
         payload = fill_template(template, urls)
         after = self.abort_after if abort_after_ms is None else abort_after_ms / 1000
@@ -146,6 +148,8 @@ class ChaosUser(FastHttpUser):
                    "request_group": group, "final": True, "reconnects": 0, **ctx_extra}
             headers = {**self.headers, "X-Request-Id": request_id}
             t0 = time.time()
+            if t_sched is not None and retries == 0:  # a retry is the client's, not an arrival
+                ctx.update(t_sched=t_sched, sched_lag_ms=max(0.0, (t0 - t_sched) * 1000))
             plugin.trace(ctx, template, urls, after * 1000 if abort else None)
             try:
                 if abort:
@@ -160,8 +164,8 @@ class ChaosUser(FastHttpUser):
                 break
             gevent.sleep(retry_policy.delay(retries, self.jitter.random(), retry))  # the client's backoff
             retries += 1
-        if status is None and not abort:
+        if status is None and not abort and self.refused_backoff:
             # nobody answering (refused, reset, timed out): back off as a real client would, instead of
             # spinning thousands of refused requests per second while the server is down
-            gevent.sleep(self.environment.parsed_options.refused_backoff_ms / 1000)
+            gevent.sleep(self.refused_backoff)
         return status, resp

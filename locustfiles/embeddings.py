@@ -14,12 +14,13 @@ import functools
 import logging
 import os
 import random
+import time
 
 from gevent.lock import BoundedSemaphore
 from gevent.threadpool import ThreadPool
 from locust import events, task
 from locust.runners import MasterRunner
-from mmchaos.locustfiles import plugin
+from mmchaos.locustfiles import open_loop, plugin
 from mmchaos.locustfiles.chaos_user import ChaosUser
 from mmchaos.locustfiles.shapes import ChaosShape  # noqa: F401  (Locust picks the shape class up from this module)
 from mmchaos.locustfiles.traffic import Traffic, TrafficConfigError, UserTraffic
@@ -42,7 +43,15 @@ def shared_traffic(o) -> Traffic:
 
 
 class EmbeddingUser(ChaosUser):
+    open_loop_capable = True  # --rate: each request waits for its arrival (open_loop.py)
+    slot: float | None = None  # open loop: the epoch time of the arrival this user claimed
+
     def wait_time(self) -> float:
+        pacer = open_loop.pacer(self.environment)
+        if pacer is not None:
+            # open loop: claim the next arrival when free, and wait for it in Locust's own wait (stoppable)
+            self.slot = pacer.claim()
+            return max(0.0, self.slot - time.time())
         # think time uniform in [0, wait_ms], as Locust's between(); read per wait: the web form may change it
         return random.uniform(0, self.environment.parsed_options.wait_ms / 1000)
 
@@ -56,11 +65,15 @@ class EmbeddingUser(ChaosUser):
             self.environment.runner.quit()
             raise
         self.traffic = UserTraffic(traffic, o.seed, self.worker_index, self.user_id, o.model)
+        if open_loop.pacer(self.environment) is not None:
+            self.refused_backoff = 0.0  # the arrivals go on while the server is down, as callers' requests do
+            self.wait()  # the first request waits for its arrival too
 
     @task
     def one_request(self):
         kind = self.traffic.next_kind()
-        self.send(self.traffic.build(kind), abort=(kind == "abort"))
+        slot, self.slot = self.slot, None
+        self.send(self.traffic.build(kind), abort=(kind == "abort"), t_sched=slot)
 
 
 @functools.cache

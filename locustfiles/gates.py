@@ -1,5 +1,6 @@
 """The run's gates, Locust-style: limits on crashes, on the share of valid requests the server failed (after the
-client's retries) and on the p95 latency of valid requests. The run's exit code follows them: 0 when every gate
+client's retries), on the p95 latency of valid requests and, open loop, on the share of the requests due that the
+generator sent (achieved / asked rate). The run's exit code follows them: 0 when every gate
 holds, 1 when one fails (one line each says which), 2 when the run could not run.
 
 No Locust import here: tested in the test process, which must not monkey-patch.
@@ -35,8 +36,18 @@ def _gate(option: str, limit: float, value: float | None, fmt, what: str, missin
     return Gate(option, limit, value, state, f"{what} {fmt(value)} {sign} --{option.replace('_', '-')} {fmt(limit)}")
 
 
-def evaluate(options, counts: Counts, crashes: int | None, p95_ms: float | None) -> list[Gate]:
-    """``crashes``: None when /health was not watched; ``p95_ms``: None when no valid request succeeded."""
+def _at_least(option: str, limit: float, value: float | None, fmt, what: str, missing: str) -> Gate:
+    if value is None:
+        return Gate(option, limit, None, NOT_CHECKED, f"{what}: not checked ({missing})")
+    state = PASSED if value >= limit else FAILED
+    sign = ">=" if state == PASSED else "<"
+    return Gate(option, limit, value, state, f"{what} {fmt(value)} {sign} --{option.replace('_', '-')} {fmt(limit)}")
+
+
+def evaluate(options, counts: Counts, crashes: int | None, p95_ms: float | None,
+             rate_held: float | None = None) -> list[Gate]:
+    """``crashes``: None when /health was not watched; ``p95_ms``: None when no valid request succeeded;
+    ``rate_held``: open loop, the requests sent over those due (None when none was due)."""
     gates = [_gate("max_crashes", options.max_crashes, crashes, lambda v: f"{v:.0f}", "crashes",
                    "/health not watched")]
     if options.max_server_error_ratio < 1:
@@ -46,6 +57,9 @@ def evaluate(options, counts: Counts, crashes: int | None, p95_ms: float | None)
     if options.max_p95_ms > 0:
         gates.append(_gate("max_p95_ms", options.max_p95_ms, p95_ms, lambda v: f"{v:.0f} ms",
                            "p95 latency of valid requests", "no valid request was answered"))
+    if getattr(options, "rate", 0) and getattr(options, "min_rate_ratio", 0) > 0:
+        gates.append(_at_least("min_rate_ratio", options.min_rate_ratio, rate_held, lambda v: f"{v:.1%}",
+                               f"requests sent of those due at --rate {options.rate:g}", "no request was due"))
     return gates
 
 

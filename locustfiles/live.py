@@ -23,11 +23,13 @@ from mmchaos import options, schema
 from mmchaos.logtail import LogTail
 from mmchaos.signatures import Signatures
 
+from . import open_loop
 from .panel import LOG_POLL_S, Panel
 from .panel_outcomes import Outcomes, classify_request, cut_attempt
 
 log = logging.getLogger("mmchaos")
 REPORT_KEY = "mmchaos_panel"  # our entry in the workers' stats reports
+DUE_KEY = "mmchaos_due"  # open loop: a worker's requests due so far (a level, not a delta), by run id
 VALID_NAMES = tuple(f"[{k}]" for k in schema.VALID_KINDS)  # how ChaosUser names the stats entries of valid kinds
 
 
@@ -39,6 +41,7 @@ class Live:
     log_greenlet: gevent.Greenlet | None = None
     pending: dict[str, Outcomes] = {}  # worker: counts not yet reported, by run id
     run_id = ""  # worker: the run its requests belong to
+    environment = None  # worker: its Locust environment (the pacer's home)
 
 
 def signatures() -> Signatures:
@@ -60,6 +63,7 @@ def init(environment, cut_hook, redactor) -> None:
     """At Locust's init: the owner makes the panel, a worker counts for its reports."""
     runner = environment.runner
     if isinstance(runner, WorkerRunner):
+        Live.environment = environment
         environment.events.request.add_listener(_worker_on_request)
         cut_hook.add_listener(_worker_on_cut)
         environment.events.report_to_master.add_listener(_worker_report)
@@ -77,6 +81,9 @@ def init(environment, cut_hook, redactor) -> None:
             for run_id, report in (data.get(REPORT_KEY) or {}).items():
                 if run_id == panel.run_id:  # late reports of an earlier run are not this run's
                     panel.on_worker_report(client_id, report)
+            due = (data.get(DUE_KEY) or {}).get(panel.run_id)
+            if due is not None:
+                panel.worker_dues[client_id] = int(due)
 
         environment.events.worker_report.add_listener(on_worker_report)
     else:
@@ -85,6 +92,14 @@ def init(environment, cut_hook, redactor) -> None:
 
         environment.events.request.add_listener(on_request)
         cut_hook.add_listener(lambda context, start_time, **_: panel.on_attempt(cut_attempt(context, start_time)))
+
+
+def backlog() -> int:
+    """Open loop, in the owner: arrivals due and not yet sent (every user was busy), as last counted."""
+    panel = Live.panel
+    if panel is None or not panel.options.get("rate"):
+        return 0
+    return max(0, panel.due() - panel.outcomes.lags.total)
 
 
 def _pending() -> Outcomes:
@@ -103,6 +118,9 @@ def _worker_report(client_id, data, **_):
     pending, Live.pending = Live.pending, {}
     if pending:
         data[REPORT_KEY] = {run_id: o.to_report() for run_id, o in pending.items() if o}
+    pacer = open_loop.pacer(Live.environment) if Live.environment is not None else None
+    if pacer is not None:
+        data[DUE_KEY] = {Live.run_id: pacer.due()}
 
 
 def test_start(environment, watchers) -> None:
@@ -117,6 +135,10 @@ def test_start(environment, watchers) -> None:
     _stop_log_tail()
     panel.reset(o.run_id)
     panel.options = {opt.name: getattr(o, opt.name, None) for opt in options.OPTIONS}
+    if isinstance(environment.runner, MasterRunner):
+        panel.due = lambda: sum(panel.worker_dues.values())
+    else:
+        panel.due = lambda: p.due() if (p := open_loop.pacer(environment)) is not None else 0
     if watchers is not None:
         panel.watchers, panel.watching = watchers, True
         watchers.observers.append(panel)

@@ -14,7 +14,7 @@ from collections import deque
 
 from dataclasses import asdict
 
-from mmchaos import schema
+from mmchaos import arrivals, schema
 from mmchaos.health_rule import HANG, NO_ANSWER, OK, HealthRule, health_state
 from mmchaos.logtail import LogTail
 from mmchaos.signatures import Signatures
@@ -44,12 +44,14 @@ class Panel:
         self.counts_source = counts_source
         self.redact = redact  # what the state shows of server text: never a secret
         self.p95_ms = lambda: None  # the p95 latency of valid requests, from Locust's stats (set by the wiring)
+        self.due = lambda: 0  # open loop: the requests due so far, from the pacers (set by the wiring)
         self.reset(None)
 
     def reset(self, run_id: str | None) -> None:
         self.run_id = run_id
         self.t_start: float | None = time.time() if run_id is not None else None
         self.outcomes = Outcomes()
+        self.worker_dues: dict[str, int] = {}  # master, open loop: each worker's requests due, as last reported
         self.workers: set[str] = set()
         self.events: deque[dict] = deque(maxlen=MAX_EVENTS)
         self.event_counts: dict[tuple[str, str], int] = {}
@@ -186,8 +188,20 @@ class Panel:
                 "checks": [{"check": n, "title": CHECKS[n][0], "state": st, "evidence": why}
                            for n, (st, why) in v.checks.items()]}
 
+    def open_loop(self) -> dict | None:
+        """Open loop: the asked rate against what was sent, and how late (None in closed loop)."""
+        rate = self.options.get("rate") or 0
+        if not rate:
+            return None
+        lags, due = self.outcomes.lags, self.due()
+        return {"rate": rate, "arrival": self.options.get("arrival"), "due": due, "sent": lags.total,
+                "held": arrivals.held(lags.total, due), "lag_p50_ms": lags.percentile(0.5),
+                "lag_p99_ms": lags.percentile(0.99)}
+
     def gates(self, options) -> list[gates.Gate]:
-        return gates.evaluate(options, self.counts(), self.crashes if self.watching else None, self.p95_ms())
+        ol = self.open_loop()
+        return gates.evaluate(options, self.counts(), self.crashes if self.watching else None, self.p95_ms(),
+                              ol["held"] if ol else None)
 
     # views
     def hit_rate_series(self) -> list[dict]:
@@ -259,6 +273,7 @@ class Panel:
             "server_log": {"path": self.server_log, "lines_read": self.log_lines, "error": self.log_error,
                            "classified": self.classified},
             "verdict": self.verdict(),
+            "open_loop": self.open_loop(),
             "gates": [asdict(g) for g in self.gates(options)] if options is not None else [],
             "timeline": {"segments": list(self.segments), "hit_rate": self.hit_rate_series(),
                          "events": [e for e in self.events if e["event"] in ("crash", "drift", "recovered", "down")]},

@@ -11,7 +11,7 @@ import re
 from collections import deque
 from dataclasses import asdict, dataclass
 
-from mmchaos import outcomes, schema
+from mmchaos import arrivals, outcomes, schema
 from mmchaos.signatures import Signatures
 from mmchaos.verdict_rule import Counts, attempt_counts
 
@@ -54,6 +54,7 @@ class Attempt:
     error: str | None
     t: float | None
     drift: str | None  # the drift signature of a cache-miss answer
+    lag_ms: float | None = None  # open loop: how late the arrival was sent (first attempts only)
 
     @property
     def category(self) -> str:
@@ -68,13 +69,14 @@ def classify_request(sigs: Signatures, response, context, exception, start_time=
     outcome = outcomes.outcome_of(status, exception, bool(ctx.get("abort")))
     error = None if outcome == schema.OK else outcomes.error_text(response, exception, status)
     return Attempt(ctx.get("kind") or "other", ctx.get("case"), status, outcome, ctx.get("expected_status"),
-                   bool(ctx.get("final", True)), error, start_time, sigs.drift_answer(status, error))
+                   bool(ctx.get("final", True)), error, start_time, sigs.drift_answer(status, error),
+                   ctx.get("sched_lag_ms"))
 
 
 def cut_attempt(context, start_time=None) -> Attempt:
     ctx = context or {}
     return Attempt(ctx.get("kind") or "other", ctx.get("case"), None, schema.CUT, ctx.get("expected_status"), True,
-                   None, start_time, None)
+                   None, start_time, None, ctx.get("sched_lag_ms"))
 
 
 class Outcomes:
@@ -86,8 +88,11 @@ class Outcomes:
         self.drift: deque[dict] = deque(maxlen=WORKER_DRIFT_PER_REPORT)  # latest samples: {"t", "kind", ...}
         self.drift_total = 0
         self.verdict = Counts()
+        self.lags = arrivals.LagCounts()  # open loop: the arrivals sent, by how late
 
     def add(self, a: Attempt) -> None:
+        if a.lag_ms is not None:
+            self.lags.add(a.lag_ms)
         row = self.counts.setdefault(a.kind, dict.fromkeys(CATEGORIES, 0))
         cat = a.category
         row[cat] += 1
@@ -109,11 +114,12 @@ class Outcomes:
         self.drift_total += int(other.get("drift_total", 0))
         known = set(Counts.__dataclass_fields__)
         self.verdict += Counts(**{k: int(v) for k, v in other.get("verdict", {}).items() if k in known})
+        self.lags.merge(other.get("lags") or [])
         return list(other.get("drift", []))
 
     def to_report(self) -> dict:
         return {"counts": self.counts, "last_error": self.last_error, "drift_total": self.drift_total,
-                "drift": list(self.drift), "verdict": asdict(self.verdict)}
+                "drift": list(self.drift), "verdict": asdict(self.verdict), "lags": self.lags.counts}
 
     def __bool__(self) -> bool:
         return bool(self.counts)

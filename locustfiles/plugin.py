@@ -26,12 +26,12 @@ from locust.event import EventHook
 from locust.exception import StopUser
 from locust.runners import STATE_INIT, MasterRunner, WorkerRunner
 
-from mmchaos import options, paths, schema
+from mmchaos import arrivals, options, paths, schema
 from mmchaos.auth import api_key, auth_headers
 from mmchaos.redact import Redactor
 from mmchaos.tables import PartWriter, table_dir
 
-from . import gates, live, shipping, webui
+from . import gates, live, open_loop, shipping, webui
 from .recorder import Recorder
 from .tracing import Tracer
 from .watchers import Watchers
@@ -67,6 +67,7 @@ def register() -> None:
     events.init_command_line_parser.add_listener(_add_arguments)
     events.init.add_listener(_init)
     events.test_start.add_listener(_test_start)
+    events.test_stopping.add_listener(open_loop.test_stopping)
     events.test_stop.add_listener(_test_stop)
     events.quitting.add_listener(_quitting)
     events.quit.add_listener(_quit)
@@ -134,10 +135,24 @@ def _init(environment, **_):
     o = opts(environment)
     if o is None:
         return
+    why = open_loop_problem(environment)
+    if why and not isinstance(runner, WorkerRunner):  # a worker's own options are not the run's (the master's are)
+        log.error("mmchaos: %s", why)
+        raise SystemExit(2)
     if Session.inbox is not None and o.run_id and o.results_dir:
         Session.inbox.open_run(o.run_id, o.results_dir)  # a master started again for a run takes its parts
     Session.auto_results_dir = not o.results_dir
     Session.auto_run_id = not o.run_id
+
+
+def open_loop_problem(environment) -> str | None:
+    """Why this run's open-loop options cannot run (one phrase), or None."""
+    o = opts(environment)
+    why = arrivals.problem(o.rate, o.arrival, o.burstiness, o.max_concurrency, o.shape)
+    why = why[1] if why else None
+    if why is None and o.rate and not all(getattr(u, "open_loop_capable", False) for u in environment.user_classes):
+        why = "--rate paces the realistic mix (locustfiles/embeddings.py); this locustfile's users set their own pace"
+    return why
 
 
 def _end_shape_on_sigterm(environment) -> None:
@@ -166,6 +181,11 @@ def _test_start(environment, **_):
     runner = environment.runner
     Session.sent = 0
     owner = not isinstance(runner, WorkerRunner)
+    if owner and (why := open_loop_problem(environment)):  # the web form's values
+        log.error("mmchaos: %s", why)
+        environment.process_exit_code = 2
+        gevent.spawn(runner.quit if o.headless else runner.stop)
+        return
     if owner:
         # decided here, once: the master sends its options to the workers with the spawn message
         if Session.auto_run_id:
@@ -185,6 +205,7 @@ def _test_start(environment, **_):
                                         headers=auth_headers(),
                                         health_interval=o.health_interval,
                                         metrics_interval=o.metrics_interval).start()
+    open_loop.test_start(environment)  # after the run's options are final: the master's go to its workers next
     if not isinstance(runner, MasterRunner):
         Session.recorder = Recorder(environment, table_writer(environment, "requests"), o.run_id, o.config_name,
                                     o.trial, Session.cut_hook, Session.redactor)
@@ -228,6 +249,13 @@ def _quitting(environment, **_):
         log.error("mmchaos: no request was sent")
         environment.process_exit_code = 2
         return
+    ol = panel.open_loop()
+    if ol is not None:
+        line = open_loop.summary(ol["rate"], ol["arrival"], ol["sent"], ol["due"], panel.outcomes.lags)
+        if ol["held"] is not None and ol["held"] < arrivals.DEFAULT_MIN_RATE_RATIO:
+            log.warning("mmchaos: the generator did not hold the rate: %s", line)
+        else:
+            log.warning("mmchaos: %s", line)
     judged = panel.gates(opts(environment))
     for g in judged:
         if g.state == gates.FAILED:

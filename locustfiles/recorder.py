@@ -66,6 +66,8 @@ class Recorder:
                 "endpoint": ctx.get("endpoint") or name,
                 "t_start": start_time,
                 "latency_ms": response_time,
+                "t_sched": ctx.get("t_sched"),
+                "sched_lag_ms": ctx.get("sched_lag_ms"),
                 "status": status,
                 "outcome": outcome,
                 "error": self.redact(error) if error else None,

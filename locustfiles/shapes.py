@@ -2,6 +2,8 @@
 
 All take the users, spawn rate and run time of Locust's own options (``-u``, ``-r``, ``-t`` or the web form) and
 stop the test when the run time is used (a shape returning None ends the test): every run is bounded in time.
+With ``--rate`` (open loop, open_loop.py) the users are the run's concurrency instead: sized for the rate by
+Little's law from the latency of the last second's answers, never fewer, at most ``--max-concurrency``.
 """
 
 from __future__ import annotations
@@ -9,6 +11,10 @@ from __future__ import annotations
 import math
 
 from locust import LoadTestShape
+
+from mmchaos import arrivals
+
+from . import live
 
 DEFAULT_RUN_TIME = 60.0  # when the user gave no run time: loads here are always bounded
 
@@ -26,6 +32,23 @@ def users_at(shape: str, t: float, users: int, run_time: float) -> int:
 
 class ChaosShape(LoadTestShape):
     use_common_options = True  # users / spawn rate / run time come from the command line or the web form
+    _pool = 0  # open loop: the users so far
+    _seen = (0, 0.0)  # open loop: Locust's count and summed response time of requests at the last tick
+
+    def reset_time(self):
+        super().reset_time()
+        self._pool, self._seen = 0, (0, 0.0)
+
+    def open_loop_users(self, opts) -> int:
+        total = self.runner.stats.total
+        n, rt = total.num_requests, total.total_response_time
+        dn = n - self._seen[0]
+        latency = (rt - self._seen[1]) / dn / 1000 if dn > 0 else None
+        if dn > 0:
+            self._seen = (n, rt)
+        cap = opts.max_concurrency or arrivals.AUTO_MAX_CONCURRENCY
+        self._pool = opts.max_concurrency or arrivals.pool_size(opts.rate, latency, self._pool, cap, live.backlog())
+        return self._pool
 
     def tick(self):
         opts = self.runner.environment.parsed_options
@@ -33,6 +56,9 @@ class ChaosShape(LoadTestShape):
         t = self.get_run_time()
         if t >= run_time:
             return None
+        if getattr(opts, "rate", 0):
+            users = self.open_loop_users(opts)
+            return users, users  # spawned within a second: the pool is there for the arrivals
         users = int(opts.num_users or 1)
         rate = float(opts.spawn_rate or users)
         return users_at(getattr(opts, "shape", "steady"), t, users, run_time), rate

@@ -3,8 +3,11 @@ in the web UI's start form and work headless), and mapped from a campaign file's
 
 from __future__ import annotations
 
+import argparse
 import difflib
 from dataclasses import dataclass
+
+from mmchaos import arrivals
 
 # Qwen3-VL-Embedding's default instruction, sent as the system message of image conversations.
 DEFAULT_INSTRUCTION = "Represent the user's input."
@@ -28,6 +31,7 @@ class Option:
     choices: tuple | None = None
     minimum: float | None = None  # the smallest value allowed
     maximum: float | None = None
+    positive: bool = False  # a value given must be more than 0 (the default 0 means "not given")
 
     @property
     def flag(self) -> str:
@@ -41,6 +45,8 @@ class Option:
             return f"must be {want}, not {value!r}"
         if self.choices is not None and value not in self.choices:
             return f"must be one of {', '.join(map(str, self.choices))}, not {value!r}"
+        if self.positive and not value > 0:
+            return f"must be more than 0, not {value!r}"
         if self.minimum is not None and value < self.minimum:
             return f"must be at least {self.minimum:g}, not {value!r}"
         if self.maximum is not None and value > self.maximum:
@@ -92,6 +98,16 @@ OPTIONS = [
     Option("wait_ms", int, 0, "think time per user between requests, uniform in [0, wait_ms] ms", minimum=0),
     Option("seed", int, 1, "seed of each user's choices (kinds, images): runs are reproducible"),
     Option("shape", str, "steady", "load shape: steady, ramp, spike or soak", choices=SHAPES),
+    # open loop (mmchaos.arrivals): requests sent at the times of an arrival process, by Locust users sized for it
+    Option("rate", float, 0.0, "open loop: requests per second, sent when due whatever the answers take (users are "
+           "sized for it; -u is not used); 0: closed loop, -u users sending back to back", positive=True),
+    Option("arrival", str, "poisson", "open loop: the arrival process of --rate: poisson, constant or gamma",
+           choices=arrivals.ARRIVALS),
+    Option("burstiness", float, 1.0, "open loop, --arrival gamma: the shape of the gaps (1 = Poisson, below 1 "
+           "burstier, above 1 smoother)", positive=True),
+    Option("max_concurrency", int, 0, "open loop: the most requests in flight at once (0: sized for the rate, at "
+           f"most {arrivals.AUTO_MAX_CONCURRENCY})", minimum=0),
+    Option("arrival_lanes", str, "", "Locust's workers in lane order (set by the master)", ui=False),
     Option("max_requests", int, 0, "stop after this many requests per Locust process (0: only the run time)",
            minimum=0),
     Option("results_dir", str, "", "where rows go (empty: results/adhoc/<time>)"),
@@ -109,10 +125,14 @@ OPTIONS = [
     Option("max_server_error_ratio", float, 0.01, "gate: largest share of valid requests that may fail because of the "
            "server after the client's retries (1: no gate)", minimum=0, maximum=1),
     Option("max_p95_ms", float, 0.0, "gate: largest p95 latency of valid requests in ms (0: no gate)", minimum=0),
+    Option("min_rate_ratio", float, arrivals.DEFAULT_MIN_RATE_RATIO, "gate, open loop: smallest share of the "
+           "requests due that were sent (achieved / asked rate; 0: no gate)", minimum=0, maximum=1),
 ]
 BY_NAME = {o.name: o for o in OPTIONS}
-GATES = ("max_crashes", "max_server_error_ratio", "max_p95_ms")
-HARNESS_OWNED = {"model", "seed", "shape", "max_requests", "results_dir", "run_id", "config_name", "trial", *GATES}
+GATES = ("max_crashes", "max_server_error_ratio", "max_p95_ms", "min_rate_ratio")
+OPEN_LOOP = ("rate", "arrival", "burstiness", "max_concurrency")  # [workload] keys of a campaign, not options
+HARNESS_OWNED = {"model", "seed", "shape", "max_requests", "results_dir", "run_id", "config_name", "trial",
+                 "arrival_lanes", *OPEN_LOOP, *GATES}
 
 
 def register(parser) -> None:
@@ -121,8 +141,23 @@ def register(parser) -> None:
             parser.add_argument(o.flag, action="store_true", default=o.default, help=o.help,
                                 include_in_web_ui=o.ui)
         else:
-            parser.add_argument(o.flag, type=o.type, default=o.default, help=o.help, include_in_web_ui=o.ui,
-                                choices=o.choices)
+            parser.add_argument(o.flag, type=_positive(o) if o.positive else o.type, default=o.default, help=o.help,
+                                include_in_web_ui=o.ui, choices=o.choices)
+
+
+def _positive(o: Option):
+    def parse(text: str):
+        try:
+            value = o.type(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        why = o.problem(value)
+        if why:
+            raise argparse.ArgumentTypeError(why)
+        return value
+
+    parse.__name__ = o.type.__name__  # what argparse names in its own messages
+    return parse
 
 
 class OptionError(ValueError):

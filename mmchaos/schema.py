@@ -72,6 +72,10 @@ REQUESTS = pa.schema(
         ("endpoint", pa.string()),
         ("t_start", pa.float64()),  # epoch seconds
         ("latency_ms", pa.float64()),
+        # open loop (--rate): when the arrival was due, and how much later it was sent (a busy generator's lag:
+        # latency as a caller saw it is sched_lag_ms + latency_ms); null in closed loop and for retries
+        ("t_sched", pa.float64()),
+        ("sched_lag_ms", pa.float64()),
         ("status", pa.int32()),  # null when no HTTP status was received
         ("outcome", pa.string()),
         ("error", pa.string()),  # short text, null on success
