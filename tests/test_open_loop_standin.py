@@ -127,7 +127,7 @@ def test_a_campaign_at_a_rate_records_the_schedule_and_reports_it(tmp_path):
     s = scheduled(rows(trial))
     assert len(s) >= 50 and np.allclose(np.diff(s["t_sched"]), 1 / 20, atol=1e-6)
     report = write_report(tmp_path / "results" / "ol").markdown.read_text()
-    assert "## Open-loop arrivals" in report and "| healthy | 20.0 | constant | 1 | 60 | 20" in report
+    assert "## Open-loop arrivals" in report and "| healthy | 20.0 | constant | 1 | " in report
 
 
 @pytest.mark.parametrize("workload, sweep, message", [
