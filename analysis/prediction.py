@@ -3,6 +3,7 @@ and the caveats that go with it, and the check of the model on a sweep point it 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -291,6 +292,52 @@ def held_out_table(exp: pd.DataFrame, fits: HazardFit, confidence: float = I.CON
                              "inside": h.inside, "model": h.model})
     return pd.DataFrame(rows, columns=["config", "point", "trials", "poison_events", "measured", "predicted", "lo",
                                        "hi", "inside", "model"])
+
+
+# --- checked against a measured rate ---------------------------------------------------------------------
+
+
+def rate_check(fits: HazardFit, check: CampaignResults, confidence: float = I.CONFIDENCE, draws: int = 20000,
+               seed: int = I.SEED) -> pd.DataFrame:
+    """The fit checked on a campaign it never saw, run open loop at a rate of its own (``[workload] rate``, the
+    user's): per configuration of both, the crashes per hour of uptime it measured (with their exact interval)
+    against those the fit predicts from the poison events that campaign measured (a predictive interval: p from
+    the fit's uncertainty, then crashes given p), and the same as a count. Swept knobs the check campaign does not
+    set are taken at the fit's reference. Columns: config, rate, trials, uptime_h, poison_events, measured,
+    predicted, lo, hi, inside, per_hour, per_hour_lo, per_hour_hi, predicted_per_hour, predicted_per_hour_lo,
+    predicted_per_hour_hi, model."""
+    exp = exposure(check)
+    rates = check.trials.set_index([check.trials["config"].astype(str), check.trials["trial"]])["workload"].map(
+        lambda w: float(json.loads(w).get("rate") or 0))
+    rows = []
+    rng = np.random.default_rng(seed)
+    a = (1 - confidence) / 2
+    for cfg in fits.configs:
+        f = fits[cfg]
+        t = exp[exp["config"].astype(str) == cfg]
+        if f.model == NO_DATA or not len(t):
+            continue
+        rate = sorted({rates.get((cfg, tr), 0.0) for tr in t["trial"]})
+        grid = pd.DataFrame({k: t[k].astype(float).fillna(f.reference[k]) if k in t else f.reference[k]
+                             for k in f.terms}, index=t.index)
+        e = t["poison_events"].to_numpy(float)
+        uptime_h = float(t["uptime_s"].sum()) / 3600
+        measured = int(t["crashes"].sum())
+        expected = float(f.p_curve(grid)[0] @ e)
+        _, counts = _draw(f, grid, e, draws, rng)
+        lo, hi = np.quantile(counts, [a, 1 - a])
+        per_hour, per_lo, per_hi = (float(x) for x in I.poisson_rate_ci(measured, uptime_h, confidence=confidence))
+        hours = uptime_h if uptime_h > 0 else np.nan
+        rows.append({"config": cfg, "rate": ", ".join(f"{r:g}" for r in rate) if any(rate) else "closed loop",
+                     "trials": len(t), "uptime_h": uptime_h, "poison_events": float(e.sum()), "measured": measured,
+                     "predicted": expected, "lo": float(lo), "hi": float(hi), "inside": bool(lo <= measured <= hi),
+                     "per_hour": per_hour, "per_hour_lo": per_lo, "per_hour_hi": per_hi,
+                     "predicted_per_hour": expected / hours, "predicted_per_hour_lo": lo / hours,
+                     "predicted_per_hour_hi": hi / hours, "model": f.model})
+    return pd.DataFrame(rows, columns=["config", "rate", "trials", "uptime_h", "poison_events", "measured",
+                                       "predicted", "lo", "hi", "inside", "per_hour", "per_hour_lo", "per_hour_hi",
+                                       "predicted_per_hour", "predicted_per_hour_lo", "predicted_per_hour_hi",
+                                       "model"])
 
 
 def parse_share(text: str) -> float:

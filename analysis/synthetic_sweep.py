@@ -61,6 +61,7 @@ def make_sweep_campaign(
     users: int = 8,
     seed: int = 0,
     t0: float = 1_760_000_000.0,
+    rate: float = 0.0,  # written as the workload's open-loop rate (the requests' times are the generator's anyway)
 ) -> Path:
     """Write ``root/name/<config>/t###/`` (one trial per sweep point and repeat); return the campaign folder.
 
@@ -79,7 +80,7 @@ def make_sweep_campaign(
         for trial, (point, _) in enumerate(itertools.product(points, range(trials_per_point))):
             world = _World(cfg, point, duration_s, poison_per_s, reuse, valid_per_s, restart_s, rng)
             folder = camp / cfg.name / S.trial_folder(trial)
-            world.write(folder, name, trial, start, users)
+            world.write(folder, name, trial, start, users, rate)
             truth.append({"config": cfg.name, "trial": trial, "sweep": point, "p": cfg.p_at(point),
                           **world.truth()})
             start += duration_s + 60
@@ -165,7 +166,7 @@ class _World:
         return {"poison_requests": self.poison_requests, "poison_events": self.poison_events,
                 "crashes": len(self.crashes), "uptime_s": self.duration - down}
 
-    def write(self, folder: Path, campaign: str, trial: int, t0: float, users: int) -> None:
+    def write(self, folder: Path, campaign: str, trial: int, t0: float, users: int, rate: float = 0.0) -> None:
         d = pd.DataFrame(self.rows).sort_values("t", ignore_index=True)
         n = len(d)
         rid = [f"mmc-sweep{trial}-0-0-{i}" for i in range(n)]
@@ -199,7 +200,7 @@ class _World:
             "campaign": campaign, "config": self.cfg.name, "trial": trial, "engine": self.cfg.engine,
             "flags": list(self.cfg.flags), "env": {}, "target": "engine", "crash_policy": "restart",
             "workload": {"users": int(self.point.get("users", users)), "duration_s": self.duration,
-                         "shape": "steady", "seed": trial},
+                         "shape": "steady", "seed": trial, **({"rate": rate} if rate else {})},
             "sweep": self.point, "t_start": t0, "t_end": t0 + self.duration, "status": "completed",
         }
         (folder / S.MANIFEST).write_text(json.dumps(manifest, indent=1))

@@ -76,6 +76,34 @@ def traffic(a) -> dict | None:
             "reuse": a.reuse, "knobs": knobs}
 
 
+def _load_check(folder: str | None):
+    """predict --check's campaign, loaded before anything is fitted or printed: a bad folder is one line."""
+    from mmchaos.analysis.results import LoadError, load_results
+
+    if not folder:
+        return None
+    try:
+        return load_results(folder)
+    except LoadError as e:
+        raise PredictError(f"--check: {e}") from e
+
+
+def _rate_check(fits, check, folder: str) -> None:
+    """predict --check: the fit against a campaign it never saw, run at a rate of its own."""
+    from mmchaos.analysis import prediction
+
+    table = prediction.rate_check(fits, check)
+    if not len(table):
+        raise PredictError(f"--check {folder}: none of its configurations is in the fit, or none has a trial")
+    print(f"checked at a measured rate ({int(table['inside'].sum())} of {len(table)} inside): {folder}, not part "
+          "of the fit")
+    for r in table.itertuples(index=False):
+        print(f"  {r.config} at {r.rate} requests/s: measured {r.measured} crashes in {r.uptime_h:.2g} h of uptime "
+              f"= {r.per_hour:.3g}/h [{r.per_hour_lo:.3g}, {r.per_hour_hi:.3g}]; predicted from its "
+              f"{r.poison_events:,.0f} poison events {r.predicted_per_hour:.3g}/h [{r.predicted_per_hour_lo:.3g}, "
+              f"{r.predicted_per_hour_hi:.3g}]{'' if r.inside else ' — OUTSIDE'}")
+
+
 def add_parsers(sub) -> None:
     p = sub.add_parser(
         "predict", help="mean time between crashes at your traffic, per configuration, from a (sweep) campaign",
@@ -87,6 +115,9 @@ def add_parsers(sub) -> None:
     add_traffic_args(p, required=True)
     p.add_argument("--config", action="append", default=[], metavar="NAME",
                    help="only this configuration (repeatable; default: all)")
+    p.add_argument("--check", metavar="CAMPAIGN_DIR",
+                   help="a campaign of the same configurations run at your rate (open loop: [workload] rate), not "
+                        "part of the fit: its crashes per hour, measured, against those the fit predicts there")
 
 
 def run(a, say) -> int:
@@ -104,6 +135,7 @@ def run(a, say) -> int:
         c = load_results(a.results_dir)
     except LoadError as e:
         raise PredictError(str(e)) from e
+    check = _load_check(a.check)
     configs = [str(x) for x in c.configs]
     unknown = [n for n in a.config if n not in configs]
     if unknown:
@@ -128,5 +160,7 @@ def run(a, say) -> int:
     else:
         print("held-out check: not possible (no configuration with poison events at two or more sweep "
               "points)")
+    if check is not None:
+        _rate_check(fits, check, a.check)
     sys.stdout.flush()
     return 0

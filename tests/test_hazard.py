@@ -473,3 +473,48 @@ def test_the_report_fits_the_hazard_and_predicts_on_request(campaign, tmp_path):
     with pytest.raises(report.ReportError, match="traffic to predict at"):
         report.write_report(campaign, tmp_path / "bad", traffic={"rps": -1, "post_render_share": 0.01,
                                                                   "disconnect_share": 0.0})
+
+
+# --- predict checked against a campaign at a rate the fit never saw ----------------------------------------
+
+
+def check_campaign(tmp_path, p_default: float, seed: int):
+    """The user's rate, open loop: three times the sweep's poison traffic, at users = 8, no sweep."""
+    cfgs = [SweepConfig("v0.30-default", p_default), SweepConfig("always", 1.0)]
+    return load_results(make_sweep_campaign(tmp_path, cfgs, {}, name="at-rate", trials_per_point=3, seed=seed,
+                                            poison_per_s=0.15, valid_per_s=3.0, rate=3.15))
+
+
+def test_a_campaign_at_a_new_rate_measures_what_the_fit_predicts(fit, tmp_path):
+    check = P.rate_check(fit, check_campaign(tmp_path, P_DEFAULT, seed=11))
+    assert list(check["config"]) == ["v0.30-default", "always"]  # cache-off was not run at the rate
+    for r in check.itertuples(index=False):
+        assert r.rate == "3.15" and r.trials == 3 and r.measured > 0
+        assert r.inside, r
+        assert r.per_hour_lo <= r.predicted_per_hour <= r.per_hour_hi, r  # crashes per hour, measured directly
+
+
+def test_a_campaign_at_a_new_rate_catches_a_wrong_fit(fit, tmp_path):
+    # the server at the user's rate crashes per poison event three times as often as the sweep said
+    check = P.rate_check(fit, check_campaign(tmp_path, 0.9, seed=12)).set_index("config")
+    assert not check.loc["v0.30-default", "inside"]
+    assert check.loc["v0.30-default", "measured"] > check.loc["v0.30-default", "hi"]
+
+
+def test_predict_check_prints_the_measured_rate_and_refuses_a_bad_folder(campaign, tmp_path, capsys):
+    from mmchaos.harness import cli
+
+    check = tmp_path / "c"
+    check.mkdir()
+    make_sweep_campaign(check, [SweepConfig("always", 1.0)], {}, name="at-rate", trials_per_point=2, seed=5,
+                        poison_per_s=0.15, valid_per_s=3.0, rate=3.15)
+    code = cli.main(["predict", str(campaign), "--rps", "200", "--post-render-4xx", "0.5%",
+                     "--check", str(check / "at-rate")])
+    out = capsys.readouterr().out.splitlines()
+    assert code == 0
+    i = next(i for i, x in enumerate(out) if x.startswith("checked at a measured rate (1 of 1 inside)"))
+    assert out[i + 1].startswith("  always at 3.15 requests/s: measured ") and len(out) == i + 2
+    code = cli.main(["predict", str(campaign), "--rps", "200", "--post-render-4xx", "0.5%",
+                     "--check", str(tmp_path / "none")])
+    err = capsys.readouterr()
+    assert code == 2 and err.out == "" and err.err.strip().startswith("mmchaos: --check: ")
