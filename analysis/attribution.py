@@ -1,4 +1,12 @@
-"""What was sent just before each drift event or crash — so the report can say what triggers it.
+"""What caused each drift event or crash, and what was sent just before it — so the report can say what triggers it.
+
+The cause comes first, in the server's own words (mmchaos/cause_rule.py): the drift line names the request it
+missed (and its ``mm_hash``); the request's image — the one whose ``mm_hash`` the server named, where earlier lines
+told which of a request's images that is — is followed back through the same server's life to the first request
+that carried it and failed after render (columns ``cause*``). A crash takes the cause of the drift line that
+opened its chain (the last one of its server's life). Incidents without that evidence have no cause.
+
+The window statistics below are the second opinion (column ``lift``):
 
 For a drift / cache-miss log line that names our request (X-Request-Id; ``image_hash`` in results.py) we
 look for requests that carried one of its images (``image_hashes``) in the window before it: the poisoners. vLLM's
@@ -18,6 +26,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from mmchaos import cause_rule
+from mmchaos import schema as S
+
 from .intervals import SEED
 from .results import CampaignResults
 from .stats import drift_events
@@ -27,6 +38,8 @@ SAME_IMAGE = "same image"
 WINDOW = "all images in window"
 NO_CASE = "—"
 BACKGROUND_SAMPLES = 500
+MIN_LIFT_EVENTS = 5  # a case is named from window statistics alone only over at least this many incidents
+PRE_RENDER_KINDS = ("malformed_pre",)  # fail before their image is processed: by our catalogue they cannot poison
 
 
 def attribute(c: CampaignResults, window_s: float = DEFAULT_WINDOW_S) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -36,6 +49,7 @@ def attribute(c: CampaignResults, window_s: float = DEFAULT_WINDOW_S) -> tuple[p
     e_ids, rows, matched = index.pairs(events)
     events["match"] = np.where(matched, SAME_IMAGE, WINDOW)
     sent = index.sent(e_ids, rows)
+    events = _with_causes(c, events, index)
     return _per_event(events, sent), _summary(c, events, sent, index)
 
 
@@ -46,6 +60,7 @@ def _events(c: CampaignResults, window_s: float) -> pd.DataFrame:
         "config": d["config"].astype(str).to_numpy(), "trial": d["trial"].to_numpy(), "event": "drift",
         "signature": d["signature"].astype(str).to_numpy(), "t": t, "t_rel": d["t_rel"].to_numpy(),
         "mm_hash": d["image_hash"].astype(object).to_numpy(), "lo": t - window_s, "hi": t,
+        "server_mm_hash": d["mm_hash"].astype(object).to_numpy(), "request_id": d["request_id"].astype(object).to_numpy(),
     })
     cr = c.crashes
     t = cr["t_detected"].to_numpy(dtype=float)
@@ -54,6 +69,7 @@ def _events(c: CampaignResults, window_s: float) -> pd.DataFrame:
         "config": cr["config"].astype(str).to_numpy(), "trial": cr["trial"].to_numpy(), "event": "crash",
         "signature": cr["signature"].astype(object).fillna("(unclassified)").astype(str).to_numpy(),
         "t": t, "t_rel": cr["t_rel"].to_numpy(), "mm_hash": None, "lo": start - window_s, "hi": t,
+        "server_mm_hash": None, "request_id": None,
     })
     ev = pd.concat([drift, crash], ignore_index=True)
     ev["config"] = pd.Categorical(ev["config"], categories=c.configs)
@@ -75,7 +91,7 @@ class _ImageIndex:
     def __init__(self, c: CampaignResults):
         r = c.requests
         img = r.loc[(r["n_images"] > 0) & r["image_hashes"].notna(),
-                    ["config", "trial", "t_start", "kind", "case", "image_hashes"]]
+                    ["config", "trial", "t_start", "kind", "case", "image_hashes", "request_id", "status", "outcome"]]
         self.configs = c.configs
         self.img = img
         self.key = _trial_code(img["config"], img["trial"], c.configs)
@@ -180,6 +196,95 @@ class _Sorted:
         return e_ids, self.order[pos]
 
 
+CAUSE_COLUMNS = ["cause", "cause_kind", "cause_case", "cause_status", "cause_before_s", "cause_request_id",
+                 "named_image"]
+
+
+def _named_images(events: pd.DataFrame) -> list[list[str]]:
+    """Per event, the images (our hashes) the server named: the one its ``mm_hash`` is known to be (learned from
+    lines that named a request with one image), else every image of the request the line named."""
+    learned: dict[str, str] = {}
+    drift = events["event"] == "drift"
+    for mm, ours in events.loc[drift, ["server_mm_hash", "mm_hash"]].itertuples(index=False):
+        if isinstance(mm, str) and isinstance(ours, str) and "," not in ours:
+            learned.setdefault(mm, ours)
+    out = []
+    for mm, ours in events[["server_mm_hash", "mm_hash"]].itertuples(index=False):
+        if isinstance(mm, str) and mm in learned:
+            out.append([learned[mm]])
+        else:
+            out.append([h.strip() for h in ours.split(",")] if isinstance(ours, str) else [])
+    return out
+
+
+def _with_causes(c: CampaignResults, events: pd.DataFrame, index: _ImageIndex) -> pd.DataFrame:
+    """``events`` with the cause columns (CAUSE_COLUMNS; null without evidence)."""
+    events = events.copy()
+    for col in CAUSE_COLUMNS:
+        events[col] = None
+    if not len(events):
+        return events
+    images = _named_images(events)
+    # each event's server life: since the last crash of its trial before it
+    crash_t = events.loc[events["event"] == "crash", ["config", "trial", "t"]]
+    life = np.full(len(events), -np.inf)
+    ref_t = events["t"].to_numpy(dtype=float).copy()  # when its image was missed
+    skip = events["request_id"].to_numpy(dtype=object).copy()  # the request the line named is no cause
+    for i, (cfg, trial, t, kind) in enumerate(events[["config", "trial", "t", "event"]].itertuples(index=False)):
+        same = crash_t[(crash_t["config"] == cfg) & (crash_t["trial"] == trial) & (crash_t["t"] < t)]
+        life[i] = same["t"].max() if len(same) else -np.inf
+    for i in np.flatnonzero((events["event"] == "crash").to_numpy()):
+        # a crash takes the image of the drift line that opened its chain: the last of its server's life
+        cfg, trial, t = events.at[i, "config"], events.at[i, "trial"], events.at[i, "t"]
+        d = events[(events["event"] == "drift") & (events["config"] == cfg) & (events["trial"] == trial)
+                   & (events["t"] <= t) & (events["t"] > life[i])]
+        if len(d):
+            j = d.index[-1]
+            images[i], ref_t[i], skip[i] = images[j], events.at[j, "t"], events.at[j, "request_id"]
+    named = [i for i, im in enumerate(images) if im]
+    for i in named:
+        events.at[i, "named_image"] = ",".join(images[i])
+    if not named or not len(index.img):
+        return events
+    parent, uniques, by_hash = index.hashes()
+    ev_of = np.repeat(named, [len(images[i]) for i in named])
+    codes = uniques.get_indexer([h for i in named for h in images[i]])
+    ev_of, codes = ev_of[codes >= 0], codes[codes >= 0]
+    ev_key = _trial_code(events["config"], events["trial"], index.configs)
+    e, p = by_hash.join(ev_key[ev_of] * max(len(uniques), 1) + codes, life[ev_of], ref_t[ev_of])
+    if not len(e):
+        return events
+    pairs = pd.DataFrame({"event": ev_of[e], "row": parent[p]}).drop_duplicates()
+    img = index.img
+    rid = img["request_id"].to_numpy(dtype=object)[pairs["row"]]
+    pairs = pairs[rid != skip[pairs["event"].to_numpy()]]
+    rows = pairs["row"].to_numpy()
+    kind, case = index.kind[rows], index.case[rows]
+    outcome = img["outcome"].astype(str).to_numpy()[rows]
+    combos = {k: cause_rule.failed_after_render(k[0], None if k[1] == NO_CASE else k[1], k[2])
+              for k in set(zip(kind, case, outcome))}
+    failed = np.array([combos[k] for k in zip(kind, case, outcome)], dtype=bool)
+    answered = (outcome == S.OK) & ~failed
+    found = cause_rule.causes(pairs["event"].to_numpy(), index.t[rows], ref_t[pairs["event"].to_numpy()], failed,
+                              answered)
+    status = img["status"].to_numpy(dtype=float)
+    for ev, k in found.items():
+        r = rows[k]
+        use = cause_rule.Use(float(index.t[r]), str(kind[k]), None if case[k] == NO_CASE else str(case[k]),
+                             None if np.isnan(status[r]) else int(status[r]), str(outcome[k]), rid_of(img, r))
+        t_event = float(events.at[ev, "t"])
+        events.at[ev, "cause"] = cause_rule.describe(use, t_event)
+        events.at[ev, "cause_kind"], events.at[ev, "cause_case"] = use.kind, use.case or NO_CASE
+        events.at[ev, "cause_status"], events.at[ev, "cause_before_s"] = use.status, t_event - use.t
+        events.at[ev, "cause_request_id"] = use.request_id
+    return events
+
+
+def rid_of(img: pd.DataFrame, row: int) -> str | None:
+    v = img["request_id"].iat[row]
+    return None if pd.isna(v) else str(v)
+
+
 def _label(kind, case) -> np.ndarray:
     kind, case = np.asarray(kind, dtype=object), np.asarray(case, dtype=object)
     return np.where(case != NO_CASE, kind + "/" + case, kind)
@@ -203,8 +308,8 @@ def _per_event(events: pd.DataFrame, sent: pd.DataFrame) -> pd.DataFrame:
 def _summary(c: CampaignResults, events: pd.DataFrame, sent: pd.DataFrame, index: _ImageIndex) -> pd.DataFrame:
     """Per config × event type × kind/case: share of events whose window held it, the same share for random
     windows (background) and their ratio (lift)."""
-    cols = ["config", "event", "kind", "case", "events_with", "events", "share_of_events", "background_share",
-            "lift", "requests", "match"]
+    cols = ["config", "event", "kind", "case", "caused", "events_with", "events", "share_of_events",
+            "background_share", "lift", "requests", "match"]
     if not len(events) or not len(sent):
         return pd.DataFrame(columns=cols)
     ev = events[["event_id", "config", "event"]].assign(config=events["config"].astype(str))
@@ -219,9 +324,17 @@ def _summary(c: CampaignResults, events: pd.DataFrame, sent: pd.DataFrame, index
     out["background_share"] = out["background_share"].fillna(0.0)
     with np.errstate(divide="ignore", invalid="ignore"):
         out["lift"] = out["share_of_events"] / out["background_share"]
+    # the cause each incident's evidence names: the first column; a cause seen outside the window gets its row
+    caused = events[events["cause_kind"].notna()].assign(config=lambda d: d["config"].astype(str)) \
+        .groupby(["config", "event", "cause_kind", "cause_case"]).size().rename("caused")
+    caused.index = caused.index.set_names(["config", "event", "kind", "case"])
+    out = out.set_index(["config", "event", "kind", "case"]).join(caused, how="outer").reset_index()
+    out["caused"] = out["caused"].fillna(0).astype(int)
+    out["events"] = out["events"].fillna(pd.Series([n_events.get((a, b), 0) for a, b in
+                                                    zip(out["config"], out["event"])], index=out.index))
     out["config"] = pd.Categorical(out["config"].astype(str), categories=c.configs)
-    return out.sort_values(["config", "event", "lift", "share_of_events"], ascending=[True, True, False, False],
-                           ignore_index=True)[cols]
+    return out.sort_values(["config", "event", "caused", "lift", "share_of_events"],
+                           ascending=[True, True, False, False, False], ignore_index=True)[cols]
 
 
 def _background(events: pd.DataFrame, index: _ImageIndex) -> tuple[pd.Series, pd.Series]:

@@ -71,9 +71,16 @@ def survival(doc, durations, curves, fig, configs) -> None:
 
 
 def attribution(doc, events, summary, window_s) -> None:
-    doc.h(2, "What was sent before each incident")
+    doc.h(2, "What caused each incident, and what was sent before it")
     doc.p(
-        f"For every cache-drift line and every crash, the requests with images sent in the {window_s:g} s before it "
+        "The cause, in the server's own words: a drift line names the request whose image the engine missed (and the "
+        "image's mm_hash); that image is followed back through the same server's life to the first request that "
+        "carried it and failed after render (a post-render 4xx, a client hang-up, a timeout) since its last "
+        "answered use. A crash takes the cause of the drift line that opened its chain. An incident without that "
+        "evidence has no cause ('—'), and a pre-render case, which cannot poison, is never named one."
+    )
+    doc.p(
+        f"Second, for every cache-drift line and every crash, the requests with images sent in the {window_s:g} s before it "
         "(for crashes: before the last healthy moment, up to detection). When the drift line names an mm_hash that "
         "matches a sent image, only requests with that same image count ('same image'); otherwise all image "
         "requests in the window do. 'background' is the same share for windows placed before random image "
@@ -83,20 +90,27 @@ def attribution(doc, events, summary, window_s) -> None:
     if not len(events):
         doc.p("No drift line and no crash was recorded: nothing to attribute.")
         return
-    s = summary[(summary["share_of_events"] >= 0.2) | (summary["lift"] > 1.5)] if len(summary) else summary
+    s = summary[(summary["caused"] > 0) | (summary["share_of_events"] >= 0.2) | (summary["lift"] > 1.5)] \
+        if len(summary) else summary
     if len(s):
         doc.table(pd.DataFrame({
-            "configuration": s["config"].astype(str), "incident": s["event"], "matched by": s["match"],
-            "kind": s["kind"], "malformed case": s["case"],
-            "incidents preceded": [f"{int(a)}/{int(b)}" for a, b in s[["events_with", "events"]].to_numpy()],
+            "configuration": s["config"].astype(str), "incident": s["event"], "kind": s["kind"],
+            "malformed case": s["case"],
+            "named cause of": [f"{int(a)}/{int(b)}" for a, b in s[["caused", "events"]].to_numpy()],
+            "matched by": s["match"].fillna("—"),
+            "incidents preceded": [f"{int(a)}/{int(b)}" if a == a else "—" for a, b in
+                                   s[["events_with", "events"]].to_numpy()],
             "share": s["share_of_events"].map(pct), "background": s["background_share"].map(pct),
             "lift": s["lift"].map(lambda x: "∞" if np.isinf(x) else num(x)),
-        }), caption="Kinds and malformed cases seen before incidents (shown: share at least 20 % or lift above 1.5)")
+        }), caption="Kinds and malformed cases: how many incidents they caused (the server's evidence), then how "
+                    "often they were seen before one (shown: a cause, share at least 20 % or lift above 1.5)")
     shown = events.head(MAX_EVENT_ROWS)
     doc.table(pd.DataFrame({
         "configuration": shown["config"].astype(str), "trial": shown["trial"], "incident": shown["event"],
         "signature": shown["signature"], "at (min)": (shown["t_rel"] / 60).map(num),
-        "mm_hash": shown["mm_hash"].fillna("—"), "matched by": shown["match"], "requests": shown["requests"],
+        "cause": shown["cause"].fillna("—"),
+        "mm_hash": shown["server_mm_hash"].fillna("—"), "image": shown["named_image"].fillna("—"),
+        "matched by": shown["match"], "requests": shown["requests"],
         "sent before": shown["sent"].fillna("—").astype(str).str.slice(0, 300),
         "last one": shown["last_sent"].fillna("—"), "last one, s before": shown["last_before_s"].map(num),
     }), caption=f"Incidents ({len(shown)} of {len(events)} shown)")

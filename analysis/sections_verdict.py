@@ -7,7 +7,7 @@ import datetime as dt
 import pandas as pd
 
 from . import stats
-from .attribution import SAME_IMAGE
+from .attribution import MIN_LIFT_EVENTS, PRE_RENDER_KINDS, SAME_IMAGE
 from .document import Doc
 from .formatting import by_config, ci, integer, num, pct, pct_ci
 from .results import CampaignResults
@@ -89,17 +89,30 @@ def finding(cfg, v, cr, dr, attribution, cst, baseline) -> str:
         parts.append(f"{int(dr['drift_events'])} cache-drift line(s)")
     a = attribution[(attribution["config"] == cfg)] if len(attribution) else attribution
     for event in ("crash", "drift"):
-        top = a[(a["event"] == event) & (a["share_of_events"] >= 0.5) & (a["lift"] > 1.5)] if len(a) else a
+        what_events = "crashes" if event == "crash" else "drift lines"
+        mine = a[a["event"] == event] if len(a) else a
+        caused = mine[mine["caused"] > 0] if len(mine) else mine
+        if len(caused):  # the server named the image: its first post-render failure is the cause
+            t = caused.iloc[0]
+            parts.append(f"{int(t['caused'])} of {int(t['events'])} {what_events} caused by {_what(t)} (the image "
+                         "the server named had failed after render there first)")
+            continue
+        # no evidence: a window statistic names a case only from enough incidents, and never one that cannot poison
+        top = mine[(mine["share_of_events"] >= 0.5) & (mine["lift"] > 1.5) & (mine["events"] >= MIN_LIFT_EVENTS)
+                   & ~mine["kind"].isin(PRE_RENDER_KINDS)] if len(mine) else mine
         if len(top):
             t = top.iloc[0]
-            what = t["kind"] + ("" if t["case"] == "—" else f"/{t['case']}")
             how = "with the same image" if t["match"] == SAME_IMAGE else "(any image)"
-            parts.append(f"{'crashes' if event == 'crash' else 'drift lines'} were preceded {how} by {what} in "
+            parts.append(f"{what_events} were preceded {how} by {_what(t)} in "
                          f"{t['share_of_events']:.0%} of cases vs {t['background_share']:.0%} of random windows")
     if cfg in cst.index and cfg != baseline:
         r = cst.loc[cfg]
         parts.append(f"latency p50 {num(r['p50_ratio'])}× and throughput {num(r['throughput_ratio'])}× {baseline}'s")
     return "; ".join(parts) + "."
+
+
+def _what(t) -> str:
+    return t["kind"] + ("" if t["case"] == "—" else f"/{t['case']}")
 
 
 def verdicts(doc: Doc, verdict: pd.DataFrame) -> None:

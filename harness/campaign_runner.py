@@ -299,6 +299,8 @@ class CampaignRunner:
             elif locust.poll() not in (None, 0) and not counter.requests and not result.crashes:
                 # Locust could not start (a bad option, a locustfile that does not load): its own reason
                 result.status, result.error = FAILED, f"Locust could not run: {locust_reason(folder)}"
+            elif self.camp.workload["trace"]:
+                pass  # judged by what it sent, once Locust has written it (below)
             elif locust.poll() is not None and not result.crashes and not self.camp.workload["max_requests"] \
                     and ran < self.camp.workload["duration"]:
                 # Locust ended before its run time (-t counts from after its start-up): stopped (SIGINT) or
@@ -329,7 +331,33 @@ class CampaignRunner:
             server.stop()
             if locust_code is not None and locust_code < 0 and result.status == COMPLETED and not result.crashes:
                 result.status = INTERRUPTED  # Locust was killed by a signal, not by the end of its run
+            if self.camp.workload["trace"] and locust is not None and result.status == COMPLETED:
+                self._replay_status(folder, result, locust_code, manifest)
             self._finish(folder, manifest, result, locust_code)
+
+    def _replay_status(self, folder: Path, result: TrialResult, locust_code: int | None, manifest: dict) -> None:
+        """A replay is completed when it sent its whole log, however short against ``duration``; cut by
+        ``duration``, it is completed too and says how much it did not send; stopped early, it is interrupted."""
+        try:
+            replay = json.loads((folder / schema.REPLAY).read_text())
+        except (OSError, ValueError):
+            replay = None
+        if replay is not None:
+            manifest["replay"] = replay
+        if replay is not None and replay.get("complete"):
+            return
+        if replay is not None and replay.get("cut_by_run_time"):
+            result.error = f"replay cut at the {self.camp.workload['duration']} s duration: " \
+                           f"{replay['not_sent']:,} of {replay['requests']:,} requests not sent"
+        elif result.crashes:
+            if replay is not None:
+                result.error = result.error or f"replay ended with the crash: {replay['not_sent']:,} of " \
+                                               f"{replay['requests']:,} requests not sent"
+        else:
+            result.status = INTERRUPTED
+            sent = f"{replay['sent']:,} of {replay['requests']:,} requests sent" if replay else "nothing sent"
+            result.error = f"replay stopped before the end of its log ({sent}; exit code {locust_code}; " \
+                           "see locust.log)"
 
     def _restart(self, server: Server, target: Target, folder: Path, watch, cfg, trial,
                  result: TrialResult) -> Server | None:

@@ -64,21 +64,22 @@ class ChaosUser(FastHttpUser):
         self._netloc, self._base_path = url.netloc, url.path.rstrip("/")
         self._abort_connect = connections.LookedUpOnce()
 
-    def _decide_retry(self, status: int | None, outcome: str, resp, retries: int) -> dict | None:
+    def _decide_retry(self, status: int | None, outcome: str, resp, retries: int, policy: str) -> dict | None:
         """Whether the client sends this request again: the retry-relevant headers if so, else None."""
         headers = _retry_headers(resp)
-        return headers if retry_policy.should_retry(self.retry_policy, retries, status, outcome, headers) else None
+        return headers if retry_policy.should_retry(policy, retries, status, outcome, headers) else None
 
-    def _post(self, payload: bytes, headers: dict, name: str, ctx: dict, req: BuiltRequest, retries: int):
+    def _post(self, payload: bytes, headers: dict, name: str, ctx: dict, req: BuiltRequest, retries: int,
+              policy: str, last: bool):
         self.connection.reconnects = 0
         with self.client.request("POST", req.path, data=payload, headers=headers, name=name, context=ctx,
                                  catch_response=True) as resp:
             status = resp.status_code or None
             error = getattr(resp, "error", None)
             outcome = outcome_of(status, error, False)
-            retry = self._decide_retry(status, outcome, resp, retries)
+            retry = self._decide_retry(status, outcome, resp, retries, policy)
             # what the row says beyond Locust's own: the request event fires with this context when the block ends
-            resp.request_meta["context"].update(reconnects=self.connection.reconnects, final=retry is None)
+            resp.request_meta["context"].update(reconnects=self.connection.reconnects, final=retry is None and last)
             expected = req.meta.expected_status
             if as_built(status, outcome, expected):
                 resp.success()
@@ -91,7 +92,7 @@ class ChaosUser(FastHttpUser):
         return status, resp, retry
 
     def _abort(self, payload: bytes, headers: dict, name: str, ctx: dict, path: str, t0: float, retries: int,
-               after: float):
+               after: float, policy: str, last: bool):
         """Send on a connection of its own and hang up after --abort-after-ms: the server sees the client
         disconnect mid-request, as when a caller times out. A server that answers first is recorded as such,
         and a retryable answer is retried as any other (the caller's timeout is per attempt, as the SDK's)."""
@@ -117,8 +118,8 @@ class ChaosUser(FastHttpUser):
         failed = resp.error is not None and not isinstance(resp.error, TimeoutError)
         status = resp.status_code or None
         # only an answer is retried: the hang-up itself is what was asked for
-        retry = self._decide_retry(status, outcome_of(status, None, False), resp, retries) if status else None
-        ctx["final"] = retry is None
+        retry = self._decide_retry(status, outcome_of(status, None, False), resp, retries, policy) if status else None
+        ctx["final"] = retry is None and last
         self.environment.events.request.fire(
             request_type="POST", name=name, response_time=(time.perf_counter() - p0) * 1000,
             response_length=len(body), response=resp, context=ctx, exception=resp.error if failed else None,
@@ -126,18 +127,25 @@ class ChaosUser(FastHttpUser):
         return status, resp, retry
 
     def send(self, req: BuiltRequest, *, abort: bool = False, abort_after_ms: float | None = None,
-             t_sched: float | None = None, **ctx_extra) -> tuple[int | None, object]:
+             t_sched: float | None = None, recorded: tuple[str, int, bool] | None = None,
+             **ctx_extra) -> tuple[int | None, object]:
         """POST ``req`` as the client would, retries included; returns the last attempt's (status or None,
         response). Locust's stats count an attempt as a success when it got what it was built to get (a
         malformed case's expected status, an abort's disconnect). An abort hangs up after ``abort_after_ms``
         (default ``--abort-after-ms``). With ``--trace``, each attempt is traced as it goes out. ``t_sched``: the
-        epoch time an open-loop arrival was due; the first attempt's row says it and how late it went out."""
+        epoch time an open-loop arrival was due; the first attempt's row says it and how late it went out.
+        ``recorded``: one attempt of a recorded request and its retries, sent as recorded (a replay): (the
+        ``request_group`` of its rows, its attempt number, whether a recorded attempt follows); no retry is added.
+        Returns then at once: the recording, not this client, decides what is sent next."""
         template, urls = req.template()
         payload = fill_template(template, urls)
         after = self.abort_after if abort_after_ms is None else abort_after_ms / 1000
         kind = req.meta.kind
         name = f"{req.path} [{kind}]" if req.meta.case is None else f"{req.path} [{kind}/{req.meta.case}]"
-        group, retries = None, 0
+        group, retries, policy, last = None, 0, self.retry_policy, True
+        if recorded is not None:
+            group, attempt, more = recorded
+            retries, policy, last = attempt - 1, retry_policy.NONE, not more
         while True:
             plugin.take_budget(self.environment)
             self.seq += 1
@@ -153,9 +161,10 @@ class ChaosUser(FastHttpUser):
             plugin.trace(ctx, template, urls, after * 1000 if abort else None)
             try:
                 if abort:
-                    status, resp, retry = self._abort(payload, headers, name, ctx, req.path, t0, retries, after)
+                    status, resp, retry = self._abort(payload, headers, name, ctx, req.path, t0, retries, after,
+                                                      policy, last)
                 else:
-                    status, resp, retry = self._post(payload, headers, name, ctx, req, retries)
+                    status, resp, retry = self._post(payload, headers, name, ctx, req, retries, policy, last)
             except GreenletExit:
                 # Locust is stopping this user mid-request (the run ended): the request still gets its row
                 plugin.cut(self.environment, ctx, t0, (time.time() - t0) * 1000)
@@ -164,6 +173,7 @@ class ChaosUser(FastHttpUser):
                 break
             gevent.sleep(retry_policy.delay(retries, self.jitter.random(), retry))  # the client's backoff
             retries += 1
+        self.last_group = group  # a replay links the recorded retries that follow to it
         if status is None and not abort and self.refused_backoff:
             # nobody answering (refused, reset, timed out): back off as a real client would, instead of
             # spinning thousands of refused requests per second while the server is down

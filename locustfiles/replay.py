@@ -6,16 +6,20 @@
 ``--replay`` names a folder a run kept its trace in (a campaign trial, an ad-hoc run) or a JSONL request log
 (docs/request-log.md). Each recorded user (a log's session) is one Locust user that sends its requests one after
 the other, on one connection, at the recorded offsets divided by ``--replay-speed`` (1: as recorded; 2: twice as
-fast; 0: as fast as possible). An abort hangs up after its recorded delay. Every request is sent once, as recorded
-(a recorded retry is a request of its own: no retries are added), and is a row as usual, its kind and case carried
-over. The run ends when every user has sent its last request (or at ``-t``). One process only (no --processes or
-workers): lanes are handed out by this process.
+fast; 0: as fast as possible). An abort hangs up after its recorded delay. A request is retried as
+``--retry-policy`` says (default ``openai``, as for the mix), each attempt a row linked by ``request_group``; a
+request recorded with its retries (a trace's attempts, a log's ``retry_of``) is sent as recorded, attempt by
+attempt, none added. Every row carries its kind and case over. The run ends when every user has sent its last
+request (or at ``-t``: the requests not sent are counted). It writes ``replay.json`` in the results folder: how many
+requests the log holds and how many were sent, and whether the whole log was (``complete``) or ``-t`` cut it. One
+process only (no --processes or workers): lanes are handed out by this process.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 
 import gevent
 from gevent.event import Event
@@ -23,7 +27,8 @@ from locust import LoadTestShape, constant, events, task
 from locust.exception import StopUser
 from locust.runners import MasterRunner, WorkerRunner
 
-from mmchaos import retry_policy
+from mmchaos import schema
+from mmchaos.files import write_json_atomic
 from mmchaos.locustfiles import plugin
 from mmchaos.locustfiles.chaos_user import ChaosUser
 from mmchaos.payloads.replay_plan import ReplayPlan, ReplayError
@@ -47,7 +52,10 @@ class Replay:
     failed = False
     taken = 0
     done = 0
+    sent = 0  # recorded requests sent (attempts of a recorded retry each count; added retries do not)
+    cut = False  # -t ended the run before the last request was sent
     t0: float | None = None
+    t_done: float | None = None
     finished = Event()
 
     @classmethod
@@ -76,8 +84,9 @@ class Replay:
 
 @events.test_start.add_listener
 def _start(environment, **_):
-    Replay.taken = Replay.done = 0
-    Replay.t0 = None
+    Replay.taken = Replay.done = Replay.sent = 0
+    Replay.t0 = Replay.t_done = None
+    Replay.cut = False
     Replay.finished = Event()
     if Replay.plan is not None:
         # the server's model name (given, or read from /v1/models when the test started): a body recorded for
@@ -85,11 +94,24 @@ def _start(environment, **_):
         Replay.plan.model = environment.parsed_options.model or None
 
 
+@events.test_stop.add_listener
+def _stop(environment, **_):
+    """What was sent of the log: a campaign's trial is completed when all of it was, whatever ``-t`` was."""
+    plan, o = Replay.plan, environment.parsed_options
+    if plan is None or not getattr(o, "results_dir", None) or Replay.t0 is None:
+        return
+    write_json_atomic(Path(o.results_dir) / schema.REPLAY, {
+        "source": Replay.source, "requests": len(plan), "sent": Replay.sent, "not_sent": len(plan) - Replay.sent,
+        "complete": Replay.finished.is_set(), "cut_by_run_time": Replay.cut and not Replay.finished.is_set(),
+        "t_first": Replay.t0, "t_done": Replay.t_done, "speed": o.replay_speed,
+    })
+
+
 class ReplayUser(ChaosUser):
     wait_time = constant(0)
 
     def on_start(self):
-        self.retry_policy = retry_policy.NONE  # a trace holds every attempt that was sent
+        self.groups: dict[str, str] = {}  # recorded request_group -> the request_group of its replayed rows
         plan = Replay.plan
         if plan is None or Replay.taken >= len(plan.lanes):
             self.lane = None
@@ -105,13 +127,24 @@ class ReplayUser(ChaosUser):
             for step in self.lane:
                 if o.replay_speed > 0:  # the recorded schedule, not a synchronisation
                     gevent.sleep(max(0.0, Replay.t0 + step.offset / o.replay_speed - time.time()))
-                self.send(step.request, abort=step.abort_after_ms is not None, abort_after_ms=step.abort_after_ms)
+                self.send(step.request, abort=step.abort_after_ms is not None, abort_after_ms=step.abort_after_ms,
+                          recorded=self._recorded(step.recorded))
+                Replay.sent += 1
+                if step.recorded is not None and step.recorded.attempt == 1:
+                    self.groups[step.recorded.group] = self.last_group
             self.lane = None
             Replay.done += 1
             if Replay.done >= len(Replay.plan.lanes):
+                Replay.t_done = time.time()
                 Replay.finished.set()
         Replay.finished.wait()  # a user whose lane is done waits for the others (the shape then ends the run)
         raise StopUser()
+
+    def _recorded(self, r):
+        """How ChaosUser.send sends a recorded attempt: its replayed group, attempt number, whether more follow."""
+        if r is None:
+            return None
+        return self.groups.get(r.group), r.attempt, r.more
 
 
 class ReplayShape(LoadTestShape):
@@ -121,6 +154,9 @@ class ReplayShape(LoadTestShape):
         environment = self.runner.environment
         plan = Replay.ensure(environment)
         run_time = environment.parsed_options.run_time
-        if plan is None or Replay.finished.is_set() or (run_time and self.get_run_time() >= run_time):
+        if plan is None or Replay.finished.is_set():
+            return None
+        if run_time and self.get_run_time() >= run_time:
+            Replay.cut = True
             return None
         return len(plan.lanes), max(1, len(plan.lanes))

@@ -16,6 +16,7 @@ written incrementally (see tables.py) so a crash of anything loses at most a sec
     server.log                  the server's combined stdout/stderr
     manifest.json               what was run (versions, flags, workload, seeds, git revision, machine)
     workers.json                with Locust workers: each one's parts, and those lost mid-run (WORKERS)
+    replay.json                 a replay: how much of its trace or log was sent (REPLAY)
 """
 
 from __future__ import annotations
@@ -190,6 +191,7 @@ SERVER_LOG = "server.log"
 LOCUST_LOG = "locust.log"
 MANIFEST = "manifest.json"
 WORKERS = "workers.json"  # a Locust master's ledger: each worker of the run, and those lost mid-run
+REPLAY = "replay.json"  # a replay's account: the log's requests, those sent, whether all of it was
 CAMPAIGN_MANIFEST = "campaign.json"
 
 

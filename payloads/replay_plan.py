@@ -1,5 +1,9 @@
 """What a replay sends: a trace (a run's folder) or a request log (JSONL), as lanes of steps. A lane is one
-recorded user: its requests in order, each at its offset from the first request of the whole trace."""
+recorded user: its requests in order, each at its offset from the first request of the whole trace.
+
+A request whose retries were recorded (a trace's attempts of one ``request_group``, a log's lines with
+``retry_of``) is sent as recorded, attempt by attempt, with no retry added; any other request is one the client
+retries by its own policy (``--retry-policy``), as the recorded client would have had it failed."""
 
 from __future__ import annotations
 
@@ -31,10 +35,20 @@ class TracedRequest(NamedTuple):
 
 
 @dataclass(frozen=True)
+class Recorded:
+    """One attempt of a request whose retries were recorded."""
+
+    group: str  # the recorded request_group (the first attempt's request_id)
+    attempt: int  # 1, 2, ... in sending order
+    more: bool  # a later recorded attempt follows
+
+
+@dataclass(frozen=True)
 class Step:
     offset: float  # seconds after the trace's first request
     request: TracedRequest
     abort_after_ms: float | None
+    recorded: Recorded | None = None  # None: a request the replaying client retries by its policy
 
 
 class ReplayPlan:
@@ -42,7 +56,8 @@ class ReplayPlan:
         self.trace, self.model = trace, model
         t = trace.requests
         t0 = float(t["t_start"].min())
-        self.lanes = [[self._step(i, t0) for i in lane] for lane in trace.lanes()]
+        recorded = _recorded_attempts(t)
+        self.lanes = [[self._step(i, t0, recorded.get(i)) for i in lane] for lane in trace.lanes()]
 
     @classmethod
     def load(cls, path: str | Path, model: str | None = None) -> ReplayPlan:
@@ -58,7 +73,7 @@ class ReplayPlan:
     def __len__(self) -> int:
         return len(self.trace)
 
-    def _step(self, i: int, t0: float) -> Step:
+    def _step(self, i: int, t0: float, recorded: Recorded | None) -> Step:
         r = self.trace.requests.loc[i]
         case = None if pd.isna(r["case"]) else r["case"]
         expected = None if pd.isna(r["expected_status"]) else int(r["expected_status"])
@@ -67,7 +82,7 @@ class ReplayPlan:
                            expected_status=expected)
         after = r["abort_after_ms"]
         return Step(float(r["t_start"]) - t0, TracedRequest(r["endpoint"], meta, self, i),
-                    None if pd.isna(after) else float(after))
+                    None if pd.isna(after) else float(after), recorded)
 
     def with_model(self, template: bytes) -> bytes:
         """The body for a server that serves ``model`` under another name than the recorded one: only the model
@@ -82,3 +97,17 @@ class ReplayPlan:
             return template
         body["model"] = self.model
         return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def _recorded_attempts(requests: pd.DataFrame) -> dict[int, Recorded]:
+    """The attempts of every request recorded with its retries (a group of more than one row), by row index."""
+    if "request_group" not in requests:
+        return {}
+    group = requests["request_group"].astype(object).where(requests["request_group"].notna(), requests["request_id"])
+    sizes = group.map(group.value_counts())
+    out = {}
+    for g, rows in requests[sizes > 1].groupby(group[sizes > 1], sort=False):
+        order = list(rows.sort_values(["t_start", "seq"], kind="stable").index)
+        for n, i in enumerate(order, 1):
+            out[i] = Recorded(str(g), n, n < len(order))
+    return out

@@ -3,6 +3,8 @@
 
     {"t": 0.0, "session": "u1", "endpoint": "/v1/embeddings", "body": {...}, "status": 400}
     {"t": 0.8, "session": "u1", "body": {...}, "disconnect_after_ms": 40}
+    {"t": 1.0, "session": "u2", "body": {...}, "status": 503, "request_id": "a"}
+    {"t": 1.5, "session": "u2", "body": {...}, "retry_of": "a"}
 
 Only ``body`` is required. An image URL in the body (``image_url.url``) may be a data URL, an http(s) or file URL
 (sent as it is: the server reads it), or a file path, relative to the log (sent as a base64 data URL of the file).
@@ -28,7 +30,7 @@ from .pool import MIME, DataURL, ImageRef, ImageURL, content_hash
 from .traces import Trace, TraceError
 
 FIELDS = {"t", "endpoint", "body", "status", "disconnect_after_ms", "session", "kind", "case", "expected_status",
-          "request_id"}
+          "request_id", "retry_of"}
 SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 DATA_URL = re.compile(r"^data:([^;,]+);base64,(.*)$", re.S)
 EXTENSION = {mime: fmt for fmt, mime in MIME.items()}  # image/jpeg -> jpeg: a file's name says its type
@@ -49,7 +51,7 @@ def read(path: Path | str) -> Trace:
     except (OSError, UnicodeDecodeError) as e:
         raise LogError(f"cannot read {path}: {e}") from e
     images: dict[str, dict] = {}
-    rows, sessions = [], {}
+    rows, sessions, retries = [], {}, {}
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -58,6 +60,7 @@ def read(path: Path | str) -> Trace:
         except ValueError as e:
             raise LogError(f"{path}:{n}: not JSON ({e})") from e
         rows.append(_request(rec, f"{path}:{n}", path.parent, images, sessions, n))
+        _link_retry(rows[-1], rec, f"{path}:{n}", retries)
     if not rows:
         raise LogError(f"{path}: no requests")
     return Trace.of(pd.DataFrame(rows), images.values())
@@ -95,6 +98,24 @@ def _request(rec, where: str, root: Path, images: dict, sessions: dict, n: int) 
         "images": ",".join(u.ref.hash for u in urls) or None,
         "image_hashes": ",".join(u.ref.hash for u in urls) or None,
     }
+
+
+def _link_retry(row: dict, rec: dict, where: str, groups: dict) -> None:
+    """A line with ``retry_of`` is the client's retry of an earlier line of its session (named by its
+    ``request_id``): one request group, attempts in file order. Replay sends such a group as recorded."""
+    of = rec.get("retry_of")
+    if of is None:
+        groups.setdefault(row["request_id"], [row["request_id"], row["user_id"], 1])
+        row["request_group"] = row["request_id"]
+        return
+    if not isinstance(of, str) or of not in groups:
+        raise LogError(f"{where}: 'retry_of' must be the request_id of an earlier line, not {of!r}")
+    group = groups[of]
+    if group[1] != row["user_id"]:
+        raise LogError(f"{where}: 'retry_of' {of!r} names a line of another session (a client retries its own)")
+    group[2] += 1
+    row["request_group"], row["attempt"] = group[0], group[2]
+    groups.setdefault(row["request_id"], group)  # a retry of this retry is the same request
 
 
 def _int(rec: dict, key: str, where: str) -> int | None:
@@ -217,11 +238,15 @@ def write(trace: Trace, path: Path | str) -> int:
     lines = []
     t0 = float(trace.requests["t_start"].min())
     lane = {k: i for i, k in enumerate(dict.fromkeys(trace.lane_keys()))}
+    ids = set(trace.requests["request_id"].astype(str))
     for i, r in trace.requests.iterrows():
         refs = [_file_of(trace, h, folder, files) for h in trace.image_hashes(i)]
         body = json.loads(fill_template(trace.requests.at[i, "body"], refs))
         rec = {"t": round(float(r["t_start"]) - t0, 6), "session": f"s{lane[trace.lane_keys()[i]]}",
                "endpoint": r["endpoint"], "body": body, "kind": r["kind"], "request_id": r["request_id"]}
+        group = r.get("request_group")
+        if isinstance(group, str) and group != r["request_id"] and group in ids:
+            rec["retry_of"] = group  # the client's retry of the request it names
         for key in ("case", "expected_status", "status"):
             if r.get(key) is not None and not pd.isna(r.get(key)):
                 rec[key] = r[key] if key == "case" else int(r[key])

@@ -26,8 +26,8 @@ from .pool import DataURL, ImageRef, ImageURL, PoolImage, content_hash, url_text
 
 IMAGE, GENERATED, FRESH, DERIVED, URL = schema.IMAGE_FORMS
 # what a trace takes from the rows of the same requests
-ROW_COLUMNS = ("request_id", "worker", "user_id", "seq", "attempt", "t_start", "endpoint", "kind", "case", "probe",
-               "expected_status", "status", "outcome", "image_hashes")
+ROW_COLUMNS = ("request_id", "worker", "user_id", "seq", "attempt", "request_group", "t_start", "endpoint", "kind",
+               "case", "probe", "expected_status", "status", "outcome", "image_hashes")
 
 
 class TraceError(ValueError):

@@ -53,6 +53,12 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
         REQUESTS.labels(self.path, str(status)).inc()
 
+    def _drift_line(self, named: bool) -> None:
+        # as vLLM: the request by its X-Request-Id (prefixed), when the drift is a poisoned image's
+        rid = self.headers.get("X-Request-Id") if named else None
+        print(f"WARNING [core.py:1868] Multi-modal cache miss for request embd-{rid or 'x'} (mm_hashes=['ab12cd34ef']): "
+              "P0/P1 cache drift; returning a retryable response so the items are resent with data.", flush=True)
+
     def do_GET(self):
         if self.path == "/health":
             self._send(503 if self.opts.unhealthy else 200, "" if not self.opts.unhealthy else "unhealthy", "text/plain")
@@ -89,8 +95,7 @@ class Handler(BaseHTTPRequestHandler):
         poisoned = self.opts.crash_after_poison and Handler.poisoned & set(_image_urls(body) if isinstance(body, dict)
                                                                          else [])
         if (self.opts.die_after and count > self.opts.die_after) or late or poisoned:
-            print("WARNING [core.py:1868] Multi-modal cache miss for request embd-x (mm_hashes=['ab12cd34ef']): "
-                  "P0/P1 cache drift; returning a retryable response so the items are resent with data.", flush=True)
+            self._drift_line(poisoned)
             print("    assert req_state.detokenizer is not None\nAssertionError", flush=True)
             os._exit(1)
         if not isinstance(body, dict) or ("input" not in body and "messages" not in body):
@@ -118,9 +123,7 @@ class Handler(BaseHTTPRequestHandler):
                 missed = Handler.poisoned & set(urls)
                 Handler.poisoned -= missed
             if missed:
-                print("WARNING [core.py:1868] Multi-modal cache miss for request embd-x (mm_hashes=['ab12cd34ef']): "
-                      "P0/P1 cache drift; returning a retryable response so the items are resent with data.",
-                      flush=True)
+                self._drift_line(True)
                 return self._send(503, {"error": {"message": "Multi-modal processor cache miss.", "code": 503}})
         if body.get("encoding_format", "float") not in ("float", "base64"):
             return self._send(400, {"error": {"message": "bad encoding_format", "code": 400}})

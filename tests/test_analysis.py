@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
+import pandas as pd
 import pytest
 
 from mmchaos.analysis import intervals as I
@@ -319,7 +320,7 @@ def test_report_end_to_end(built):
     assert not list(res.out_dir.glob(".*tmp*"))
     md = res.markdown.read_text()
     for section in ("## Summary", "## Verdict per configuration", "## Crashes", "## Cost of the workaround",
-                    "## What was sent before each incident", "## Side by side: the two campaigns"):
+                    "## What caused each incident, and what was sent before it", "## Side by side: the two campaigns"):
         assert section in md
     assert "before/default" in md and "after/default" in md
     assert "(survival.png)" in md
@@ -418,3 +419,102 @@ def test_a_drift_line_matches_every_image_of_the_request_it_names(tmp_path):
     [ev] = events.to_dict("records")
     assert ev["match"] == SAME_IMAGE and ev["requests"] == 2  # the poisoner (h1) and the request itself
     assert "malformed_post/dimensions ×1" in ev["sent"] and "valid_image" not in ev["sent"]
+
+
+# --- the cause, in the server's own words (issue 23) ---------------------------------------------------------
+
+
+def test_the_cause_is_the_first_post_render_failure_of_the_image_the_server_named(hand):
+    events, summary = attribute(load_results(hand), window_s=10)
+    drift = events[(events["event"] == "drift") & (events["request_id"] == "mmc-r-0-0-5")].iloc[0]
+    assert drift["cause"] == "malformed_post/dimensions (HTTP 400), 4.1 s before"
+    assert (drift["cause_kind"], drift["cause_case"], drift["cause_status"]) == ("malformed_post", "dimensions", 400)
+    assert drift["cause_before_s"] == pytest.approx(4.1) and drift["named_image"] == "h1"
+    # the crash takes the cause of the drift line that opened its chain; it is 6 s before the crash
+    crash = events[events["event"] == "crash"].iloc[0]
+    assert crash["cause_kind"] == "malformed_post" and crash["cause_before_s"] == pytest.approx(6.0)
+    # a drift line naming no request of ours, with an mm_hash never seen with one: no evidence, no cause
+    unknown = events[(events["event"] == "drift") & events["request_id"].isna()].iloc[0]
+    assert pd.isna(unknown["cause"])
+    s = summary[summary["config"] == "buggy"].set_index(["event", "kind", "case"])
+    assert s.loc[("drift", "malformed_post", "dimensions"), "caused"] == 1
+    assert s.loc[("crash", "malformed_post", "dimensions"), "caused"] == 1
+    assert s.loc[("crash", "valid_image", "—"), "caused"] == 0  # in the window, caused nothing
+    assert list(summary.columns[:5]) == ["config", "event", "kind", "case", "caused"]  # lift comes after
+
+
+def _trial_with(camp, requests, drift_lines, crashes=()):
+    write_trial(camp, "a", 0, manifest={}, health=health([1, 2]), requests=requests, crashes=list(crashes),
+                log_events=[{"t": T0 + t, "signature": "cache_drift", "fatal": False, "mm_hash": mm,
+                             "request_id": rid, "line": f"drift embd-{rid}"} for t, mm, rid in drift_lines])
+    events, summary = attribute(load_results(camp), window_s=10)
+    return events.set_index(events["t_rel"].round(3)).sort_index(), summary
+
+
+def test_a_cause_is_the_named_image_s_not_another_image_s_of_the_request(tmp_path):
+    """A line naming a one-image request tells which image an mm_hash is; a later line with that mm_hash naming
+    a two-image request is the image's, not the other image's (poisoned too, but never missed)."""
+    events, _ = _trial_with(tmp_path / "c", [
+        req(1, "malformed_post", S.HTTP_ERROR, 400, "h1", "dimensions", 400),
+        req(2, "valid_image", S.HTTP_ERROR, 503, "h1", request_id="mmc-r-0-0-2"),
+        req(3, "abort", S.ABORTED, None, "h2"),
+        req(4, "malformed_post", S.HTTP_ERROR, 400, "h1", "dimensions", 400),
+        req(5, "multi_image", S.HTTP_ERROR, 503, "h2,h1", request_id="mmc-r-0-0-5"),
+    ], [(2.1, "aa" * 8, "mmc-r-0-0-2"), (5.1, "aa" * 8, "mmc-r-0-0-5")])
+    first, second = events.loc[2.1], events.loc[5.1]
+    assert first["cause_before_s"] == pytest.approx(1.1) and first["named_image"] == "h1"
+    # h1's 503 at 2 s was no answer: the poison at 1 s still stands, first
+    assert second["named_image"] == "h1" and second["cause_kind"] == "malformed_post"
+    assert second["cause_before_s"] == pytest.approx(4.1)
+
+
+def test_no_cause_without_a_post_render_failure_since_the_images_last_answer(tmp_path):
+    """The image was answered after its poison (the engine held it then); a pre-render case does not poison; the
+    request the line names is not its own cause (it timed out); a poison of an earlier server life is gone."""
+    events, _ = _trial_with(tmp_path / "c", [
+        req(1, "malformed_post", S.HTTP_ERROR, 400, "h1", "dimensions", 400),
+        req(2, "valid_image", hashes="h1"),
+        req(3, "malformed_pre", S.HTTP_ERROR, 400, "h1", "content_unknown_type", 400),
+        req(4, "valid_image", S.TIMEOUT, None, "h1", request_id="mmc-r-0-0-4"),
+        req(10, "abort", S.ABORTED, None, "h3"),
+        req(30, "valid_image", S.HTTP_ERROR, 503, "h3", request_id="mmc-r-0-0-30"),
+    ], [(4.5, "bb" * 8, "mmc-r-0-0-4"), (30.1, "cc" * 8, "mmc-r-0-0-30")],
+        crashes=[{"t_detected": T0 + 20, "t_last_healthy": T0 + 19, "reason": "process_exit",
+                  "signature": "detokenizer_assert", "exit_code": 1, "restart": 0}])
+    assert pd.isna(events.loc[4.5, "cause"])
+    assert pd.isna(events.loc[30.1, "cause"])  # the abort at 10 s was the server's before the crash at 20 s
+
+
+def test_plain_words_name_the_cause_and_never_a_pre_render_case_from_two_incidents(tmp_path):
+    """The issue's case: two crashes, a pre-render case in both windows; the drift lines name an image whose
+    post-render 400 came 30 s earlier, outside every window."""
+    camp = tmp_path / "words"
+    for trial in (0, 1):
+        write_trial(camp, "v", trial, manifest={"t_start": T0, "t_end": T0 + 600}, health=health([1, 50]), requests=[
+            req(10, "malformed_post", S.HTTP_ERROR, 400, "h1", "dimensions", 400),
+            *[req(11 + i, "valid_image", hashes=f"k{i}") for i in range(20)],
+            req(39, "malformed_pre", S.HTTP_ERROR, 400, "h5", "content_unknown_type", 400),
+            req(40, "valid_image", S.CONNECTION_ERROR, None, "h1", request_id=f"mmc-r-0-{trial}-40"),
+        ], log_events=[{"t": T0 + 40.1, "signature": "cache_drift", "fatal": False, "mm_hash": "dd" * 8,
+                        "request_id": f"mmc-r-0-{trial}-40", "line": "drift"}],
+            crashes=[{"t_detected": T0 + 41, "t_last_healthy": T0 + 40.5, "reason": "process_exit",
+                      "signature": "detokenizer_assert", "exit_code": 1, "restart": 0}])
+    md = report.write_report(camp).markdown.read_text()
+    words = md.split("In plain words:")[1].split("\n\n")[1]
+    assert "2 of 2 crashes caused by malformed_post/dimensions" in words, words
+    assert "malformed_pre" not in words, words
+    assert "malformed_post/dimensions (HTTP 400), 30.1 s before" in md  # the incidents table's cause column
+
+
+def test_a_pre_render_case_is_never_named_by_lift_and_lift_needs_five_incidents(tmp_path):
+    """Crashes without a drift line (no evidence): a valid kind seen before both is not named from two; a
+    malformed_pre seen before all six is never named."""
+    camp = tmp_path / "lift"
+    for trial in range(6):
+        write_trial(camp, "v", trial, manifest={"t_start": T0, "t_end": T0 + 600}, health=health([1, 50]), requests=[
+            *[req(1 + i, "text", hashes=None) for i in range(30)],
+            req(39, "malformed_pre", S.HTTP_ERROR, 400, "h5", "content_unknown_type", 400),
+        ], crashes=[{"t_detected": T0 + 41, "t_last_healthy": T0 + 40.5, "reason": "process_exit",
+                     "signature": "detokenizer_assert", "exit_code": 1, "restart": 0}])
+    words = report.write_report(camp).markdown.read_text().split("In plain words:")[1].split("\n\n")[1]
+    assert "preceded" not in words and "caused" not in words, words

@@ -21,6 +21,8 @@ from PIL import Image
 
 from conftest import TESTS, standin_server
 from locust_run import locust, rows
+from mmchaos.analysis.results import load_results
+from mmchaos.analysis.verdict import verdicts
 from mmchaos.harness import repro_script
 from mmchaos.payloads import request_log
 from mmchaos.payloads.traces import Trace
@@ -83,15 +85,22 @@ def test_a_replay_sends_the_same_bytes_in_each_users_order(recorded, tmp_path):
                    users=1, seconds=120)
     assert r.returncode == 0, r.stdout[-2000:]
     replayed = rows(tmp_path)
-    assert len(replayed) == len(trace)
+    t = trace.requests
+    # every recorded request once; a request recorded with its retries is sent as recorded, attempt by attempt
+    assert replayed["request_group"].nunique() == t["request_group"].nunique() == (t["attempt"] == 1).sum()
+    recorded = collections.Counter(n for n in t.groupby("request_group").size() if n > 1)
+    sizes = collections.Counter(replayed.groupby("request_group").size())
+    assert recorded and all(sizes[n] >= k for n, k in recorded.items()), (recorded, sizes)
+    # rows beyond the recording are retries the replaying client added, as its policy says, of requests the
+    # recording holds no retry of (here: the run that recorded them ended before their retry)
+    assert (replayed["attempt"] > 1).sum() - (t["attempt"] > 1).sum() == len(replayed) - len(t) >= 0
     original = {hashlib.sha256(trace.payload(i)).hexdigest() for i in range(len(trace))}
     again = {h for _, h in _received(tmp_path / "bodies.txt")}
     assert again <= original and len(again) > 0.9 * len(original)  # the recorded bytes, nothing else
-    for lane in trace.lanes():  # each recorded user's kinds, in order, as one replay user sent them
-        kinds = list(trace.requests.loc[lane, "kind"])
-        users = replayed.sort_values(["user_id", "seq"]).groupby("user_id")["kind"].agg(list)
-        assert kinds in list(users)
-    assert (replayed.groupby("user_id")["attempt"].max() == 1).all()  # no retries added to a recording
+    firsts = replayed[replayed["attempt"] == 1].sort_values(["user_id", "seq"]).groupby("user_id")["kind"].agg(list)
+    for lane in trace.lanes():  # each recorded user's requests, in order, as one replay user sent them
+        kinds = [k for k, a in zip(t.loc[lane, "kind"], t.loc[lane, "attempt"]) if a == 1]
+        assert kinds in list(firsts)
 
 
 def test_a_replay_of_nothing_says_so_and_exits_2(tmp_path, standin):
@@ -154,8 +163,12 @@ def test_a_hand_written_request_log_replays_a_poison_then_reuse(tmp_path):
                    seconds=60)
         died = s.exit_code()
     df = rows(tmp_path / "out")
-    assert list(df.sort_values("t_start")["status"].fillna(0)) == [400, 0] and died == 1, r.stdout[-2000:]
-    gaps = df.sort_values("t_start")["t_start"].diff().dropna()
+    firsts = df[df["attempt"] == 1].sort_values("t_start")
+    assert list(firsts["status"].fillna(0)) == [400, 0] and died == 1, r.stdout[-2000:]
+    # the reuse found no server; the client retried it as the OpenAI SDK does (2 retries), in its group
+    again = df[df["attempt"] > 1]
+    assert len(again) == 2 and set(again["request_group"]) == {firsts["request_id"].iloc[1]}
+    gaps = firsts["t_start"].diff().dropna()
     assert 1.4 <= gaps.iloc[0] < 3  # the recorded 1.5 s, as recorded (--replay-speed 1)
 
 
@@ -167,6 +180,8 @@ def test_a_hand_written_request_log_replays_a_poison_then_reuse(tmp_path):
     ('{"body": {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "nope.png"}}]}]}}',
      "image nope.png"),
     ("not json", "not JSON"),
+    ('{"body": {}, "retry_of": "zz"}', "'retry_of' must be the request_id of an earlier line"),
+    ('{"body": {}, "session": "b", "retry_of": "log-1"}', "names a line of another session"),
 ])
 def test_a_bad_request_log_is_one_line_naming_the_line(tmp_path, line, needle):
     (tmp_path / "log.jsonl").write_text('{"body": {"input": "ok"}}\n' + line + "\n")
@@ -186,7 +201,69 @@ def test_a_campaign_workload_can_replay_a_request_log(tmp_path):
     assert r.returncode == 0, r.stderr
     [result] = run(f, tmp_path / "results")
     assert result.status == "completed" and [c.signature for c in result.crashes] == ["detokenizer_assert"]
-    assert result.requests == 2
+    sent = read_table(tmp_path / "results" / "standin" / "v030" / "t000", "requests").to_pandas()
+    assert (sent["attempt"] == 1).sum() == 2  # the log's two requests (the reuse then retried: nobody answered)
+
+
+def _replay_campaign(tmp_path: Path, flags: list[str], duration: int = 30) -> Path:
+    f = write_campaign(tmp_path, duration=duration,
+                       configs=f'[[config]]\nname = "v032"\nflags = {json.dumps(flags)}\n')
+    f.write_text(f.read_text().replace(f'locustfile = "{TESTS.parent / "locustfiles/embeddings.py"}"',
+                                       'trace = "production.jsonl"'))
+    return f
+
+
+def test_a_replayed_log_is_judged_as_a_retrying_client_sees_its_server(tmp_path):
+    """A stand-in playing 0.32.0 answers the reuse of a poisoned image with the retryable 503 once: the replay
+    retries it as the OpenAI SDK does (a row per attempt, one group), so the verdict is the one the mix gets,
+    survives with retryable errors; and the trial, which sent its whole log well before its 30 s, is completed."""
+    _hand_written_log(tmp_path)
+    [result] = run(_replay_campaign(tmp_path, ["--miss-after-poison"]), tmp_path / "results")
+    assert result.status == "completed" and result.error is None, result
+    trial = tmp_path / "results" / "standin" / "v032" / "t000"
+    sent = read_table(trial, "requests").to_pandas().sort_values("t_start", ignore_index=True)
+    assert list(sent["status"]) == [400, 503, 200] and list(sent["attempt"]) == [1, 1, 2]
+    assert sent.at[2, "request_group"] == sent.at[1, "request_id"] and list(sent["final"]) == [True, False, True]
+    assert manifest(trial)["status"] == "completed" and manifest(trial)["replay"]["complete"]
+    assert manifest(trial)["replay"]["sent"] == manifest(trial)["replay"]["requests"] == 2
+    v = verdicts(load_results(tmp_path / "results" / "standin")).set_index("config").loc["v032"]
+    assert v["verdict"] == "retryable" and v["normal_ok"] == "ok", v["evidence"]
+
+
+def test_a_log_that_records_its_clients_retries_is_replayed_as_recorded(tmp_path):
+    """A log that says which line retries which (``retry_of``) is sent as recorded: no retry added to it, its
+    attempts one group."""
+    data = _png(tmp_path / "cat.png", (200, 30, 30))
+    url = "data:image/png;base64," + base64.b64encode(data).decode()
+    body = {"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}]}
+    lines = [{"t": 0, "body": {**body, "dimensions": 5}, "status": 400},  # one session: sent in this order
+             {"t": 0.5, "body": body, "status": 503, "request_id": "first"},
+             {"t": 1.0, "body": body, "retry_of": "first", "status": 200}]
+    log = tmp_path / "retries.jsonl"
+    log.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    with standin_server(tmp_path / "s.log", "--miss-after-poison") as s:
+        r = locust("locustfiles/replay.py", s.base_url, tmp_path / "out", "--replay", str(log), "--replay-speed", "0",
+                   users=1, seconds=60)
+    assert r.returncode == 0, r.stdout[-2000:]
+    sent = rows(tmp_path / "out").sort_values("t_start", ignore_index=True)
+    assert list(sent["status"]) == [400, 503, 200] and list(sent["attempt"]) == [1, 1, 2]
+    assert sent.at[2, "request_group"] == sent.at[1, "request_id"] and list(sent["final"]) == [True, False, True]
+    # export keeps the link: the log written back says which line retries which
+    again = tmp_path / "again.jsonl"
+    request_log.write(Trace.load(tmp_path / "out"), again)
+    assert [json.loads(x).get("retry_of") for x in again.read_text().splitlines()] == \
+        [None, None, sent.at[1, "request_id"]]
+
+
+def test_a_replay_longer_than_its_duration_is_cut_and_says_what_it_did_not_send(tmp_path):
+    body = {"model": "m", "input": "hello"}
+    (tmp_path / "production.jsonl").write_text("\n".join(json.dumps(x) for x in [
+        {"t": 0, "body": body}, {"t": 0.5, "body": body}, {"t": 600, "body": body}]) + "\n")
+    [result] = run(_replay_campaign(tmp_path, [], duration=4), tmp_path / "results")
+    assert result.status == "completed" and result.error == "replay cut at the 4 s duration: 1 of 3 requests not " \
+        "sent", result
+    trial = tmp_path / "results" / "standin" / "v032" / "t000"
+    assert manifest(trial)["replay"]["cut_by_run_time"] and manifest(trial)["replay"]["not_sent"] == 1
 
 
 # --- minimize ---------------------------------------------------------------------------------------------------
