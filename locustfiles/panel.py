@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import re
 import time
-from collections import deque
+from collections import OrderedDict, deque
 
 from dataclasses import asdict
 
-from mmchaos import arrivals, schema
+from mmchaos import arrivals, cause_rule, schema
 from mmchaos.health_rule import HANG, NO_ANSWER, OK, HealthRule, health_state
 from mmchaos.logtail import LogTail
 from mmchaos.signatures import Signatures
@@ -26,6 +26,8 @@ from .panel_outcomes import CATEGORIES, Attempt, Outcomes, clean
 MM_CACHE_METRIC = re.compile(r"^vllm:\w*mm\w*cache_(hits|queries)(?:_total)?$")
 RECENT_S = 10.0  # window of the "last 10 s" hit rate
 MAX_EVENTS = 500  # kept; the tab shows the newest first
+USES_PER_IMAGE = 32  # an image's latest requests kept to find an incident's cause (cause_rule)
+REQUESTS_KEPT = 20000  # request id -> its images, for the drift lines that name a request
 SHOWN_EVENTS = 200
 SHOWN_SEGMENTS = 30
 LOG_POLL_S = 0.25
@@ -58,6 +60,12 @@ class Panel:
         self.options: dict = {}  # the run's mmchaos options, as the run started (form changes included)
         self.crashes = 0
         self.drift_lines = 0
+        # standalone: every attempt's images, so an incident names its cause (a master sees counts only)
+        self.uses: dict[str, deque[cause_rule.Use]] = {}
+        self.images_of: OrderedDict[str, list[str]] = OrderedDict()
+        self.image_of_mm: dict[str, str] = {}  # vLLM's mm_hash -> our image, learned from one-image requests
+        self.last_cause: str | None = None  # of the last drift line of this server's life: its crash's
+        self.pending: dict[str, tuple[dict, object]] = {}  # a drift line's request not answered yet: its event, match
         # health
         self.watchers = None
         self.watching = False
@@ -83,9 +91,10 @@ class Panel:
         return self.rule.last_ok
 
     # events
-    def _event(self, t: float, event: str, signature: str, source: str, detail: str) -> dict:
+    def _event(self, t: float, event: str, signature: str, source: str, detail: str,
+               cause: str | None = None) -> dict:
         e = {"t": t, "event": event, "signature": signature, "source": source,
-             "detail": clean(self.redact(detail), 500)}
+             "detail": clean(self.redact(detail), 500), "cause": cause}
         self.events.append(e)
         key = (event, signature)
         self.event_counts[key] = self.event_counts.get(key, 0) + 1
@@ -94,17 +103,47 @@ class Panel:
     # outcomes (standalone: from the request event; master: from the workers' reports)
     def on_attempt(self, a: Attempt) -> None:
         self.outcomes.add(a)
+        images = a.image_hashes.split(",") if a.image_hashes else []
         if a.drift:
-            self._drift_event({"t": a.t, "kind": a.kind, "error": a.error, "signature": a.drift})
+            cause = self._cause(images, a.t or time.time(), a.request_id)
+            self._drift_event({"t": a.t, "kind": a.kind, "error": a.error, "signature": a.drift}, cause)
+        if a.request_id and images:
+            self.images_of[a.request_id] = images
+            while len(self.images_of) > REQUESTS_KEPT:
+                self.images_of.popitem(last=False)
+        if a.request_id in self.pending:  # the drift line came before its request's answer
+            event, m = self.pending.pop(a.request_id)
+            event["cause"] = self._cause(self._named_images(m), event["t"], a.request_id)
+            if self.open_crash is not None and self.open_crash["cause"] is None:
+                self.open_crash["cause"] = self.last_cause
+        if a.t is not None:
+            use = cause_rule.Use(a.t, a.kind, a.case, a.status, a.outcome, a.request_id)
+            for h in images:
+                self.uses.setdefault(h, deque(maxlen=USES_PER_IMAGE)).append(use)
+
+    def _cause(self, images: list[str], t: float, request_id: str | None) -> str | None:
+        """The incident's cause (mmchaos/cause_rule.py) among the uses of the images the server named."""
+        uses = [u for h in images for u in self.uses.get(h, ()) if u.request_id != request_id or u.request_id is None]
+        found = cause_rule.cause(uses, t)
+        self.last_cause = cause_rule.describe(found, t) if found else None
+        return self.last_cause
+
+    def _named_images(self, m) -> list[str]:
+        """The images a drift line names: the one its mm_hash is known to be, else all of its request's."""
+        images = self.images_of.get(m.request_id or "", [])
+        if m.mm_hash and len(images) == 1:
+            self.image_of_mm.setdefault(m.mm_hash, images[0])
+        known = self.image_of_mm.get(m.mm_hash or "")
+        return [known] if known else images
 
     def on_worker_report(self, client_id: str, report: dict) -> None:
         self.workers.add(client_id)
         for d in self.outcomes.merge(report):
             self._drift_event(d)
 
-    def _drift_event(self, d: dict) -> None:
+    def _drift_event(self, d: dict, cause: str | None = None) -> None:
         self._event(d.get("t") or time.time(), "drift", d.get("signature") or "cache_miss_503", "response",
-                    f"{d.get('kind')}: HTTP 503 {d.get('error') or ''}")
+                    f"{d.get('kind')}: HTTP 503 {d.get('error') or ''}", cause)
 
     # health (the watchers' on_health callback)
     def on_health(self, row: dict) -> None:
@@ -125,16 +164,18 @@ class Panel:
                 self._event(t, "recovered", "", "health", f"/health ok again after {t - self.open_crash['t']:.1f} s")
                 self.open_crash = None
                 self.epoch_fatal = []
+                self.uses, self.last_cause = {}, None  # a new server's life: its caches start empty
             return
         detail = f"/health: {state}" + (f" ({err})" if err else "")
         if crash == HANG:
             self.crashes += 1
             self.open_crash = self._event(t, "crash", HANG, "health",
-                                          f"{detail} for {t - silent_since:.0f} s after ok" if silent_since else detail)
+                                          f"{detail} for {t - silent_since:.0f} s after ok" if silent_since else detail,
+                                          self.last_cause)
         elif crash:
             self.crashes += 1
             self.open_crash = self._event(t, "crash", self._crash_signature(), "health",
-                                          f"{detail}, after ok at {clock(last_ok)}")
+                                          f"{detail}, after ok at {clock(last_ok)}", self.last_cause)
         elif state != NO_ANSWER and last_ok is None and self.polls == 1:
             self._event(t, "down", self._crash_signature(), "health", f"{detail} when the run started")
 
@@ -171,7 +212,13 @@ class Panel:
             detail = clean(m.line, 500)
             if m.mm_hash and m.mm_hash not in detail:
                 detail = f"[mm_hash {m.mm_hash}] {detail}"
-            self._event(now, event, sig.name, "server log", detail)
+            named = self._named_images(m) if sig.drift else []
+            cause = self._cause(named, now, m.request_id) if named else None
+            e = self._event(now, event, sig.name, "server log", detail, cause)
+            if sig.drift and not named and m.request_id:
+                self.pending[m.request_id] = (e, m)
+                while len(self.pending) > MAX_EVENTS:
+                    self.pending.pop(next(iter(self.pending)))
             if sig.fatal:
                 self.epoch_fatal.append(m)
                 if self.open_crash is not None and self.open_crash["signature"] != HANG:

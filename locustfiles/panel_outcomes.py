@@ -55,6 +55,8 @@ class Attempt:
     t: float | None
     drift: str | None  # the drift signature of a cache-miss answer
     lag_ms: float | None = None  # open loop: how late the arrival was sent (first attempts only)
+    image_hashes: str | None = None  # comma-joined content hashes of its images (the cause of a drift is one's)
+    request_id: str | None = None
 
     @property
     def category(self) -> str:
@@ -70,13 +72,13 @@ def classify_request(sigs: Signatures, response, context, exception, start_time=
     error = None if outcome == schema.OK else outcomes.error_text(response, exception, status)
     return Attempt(ctx.get("kind") or "other", ctx.get("case"), status, outcome, ctx.get("expected_status"),
                    bool(ctx.get("final", True)), error, start_time, sigs.drift_answer(status, error),
-                   ctx.get("sched_lag_ms"))
+                   ctx.get("sched_lag_ms"), ctx.get("image_hashes"), ctx.get("request_id"))
 
 
 def cut_attempt(context, start_time=None) -> Attempt:
     ctx = context or {}
     return Attempt(ctx.get("kind") or "other", ctx.get("case"), None, schema.CUT, ctx.get("expected_status"), True,
-                   None, start_time, None, ctx.get("sched_lag_ms"))
+                   None, start_time, None, ctx.get("sched_lag_ms"), ctx.get("image_hashes"), ctx.get("request_id"))
 
 
 class Outcomes:

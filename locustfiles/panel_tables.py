@@ -20,7 +20,7 @@ TABLES = [
     {"key": TAB_EVENTS, "structure": [
         {"key": "time", "title": "Time (since start)"}, {"key": "event", "title": "Event"},
         {"key": "signature", "title": "Signature"}, {"key": "source", "title": "Source"},
-        {"key": "detail", "title": "Detail"}]},
+        {"key": "cause", "title": "Cause (the image the server named)"}, {"key": "detail", "title": "Detail"}]},
     {"key": TAB_OUTCOMES, "structure": [
         {"key": "kind", "title": "Kind"}, {"key": "total", "title": "Total"}, {"key": "ok", "title": "ok"},
         {"key": "c4xx", "title": "4xx"}, {"key": "c503", "title": "503"}, {"key": "c5xx", "title": "other 5xx"},
@@ -39,7 +39,8 @@ def tables(panel: Panel, st: dict) -> list[dict]:
     """The rows of the four tabs (``extended_stats`` of /stats/requests), from ``panel.state(...)``."""
     t0 = panel.t_start or 0.0
     ev = [{"time": clock(e["t"]) + (f" (+{e['t'] - t0:.1f} s)" if panel.t_start else ""), "event": e["event"],
-           "signature": e["signature"], "source": e["source"], "detail": e["detail"]} for e in st["events"]]
+           "signature": e["signature"], "source": e["source"], "cause": e.get("cause") or "",
+           "detail": e["detail"]} for e in st["events"]]
     if not ev:
         ev = [{"time": clock(st["now"]), "event": "(none yet)", "detail": "no crash, drift or classified log "
                "line so far" + ("" if panel.server_log else "; pass --server-log to classify the server's log")}]

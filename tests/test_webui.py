@@ -385,3 +385,40 @@ def test_categories():
     assert category(None, "connection_error") == "refused"
     assert category(None, "timeout") == "timeout"
     assert category(None, "aborted") == "aborted"
+
+
+def test_drift_and_crash_events_name_their_cause_by_the_image_the_server_named(tmp_path):
+    """The panel applies the report's cause rule live: the drift line names the reuse (not answered yet when the
+    line is read), whose image had failed after render in the poison 400; the crash after it takes that cause,
+    and the events tab shows it in its own column."""
+    from mmchaos.logtail import LogTail
+
+    log = tmp_path / "server.log"
+    log.write_text("INFO startup\n")
+    p = _panel(str(log))
+    tail = LogTail(log)
+    tail.skip_to_end()
+    p.on_health({"t": 1.0, "ok": True, "status": 200, "error": None})
+
+    def ctx(kind, rid, hashes, **extra):
+        return {"kind": kind, "request_id": rid, "image_hashes": hashes, **extra}
+
+    _request(p, _resp(200, "{}"), ctx("valid_image", "mmc-ab-0-1-1", "h1"), 10.0)
+    _request(p, _resp(400, "dimensions"), ctx("malformed_post", "mmc-ab-0-1-2", "h1", case="dimensions",
+                                              expected_status=400), 11.0)
+    _request(p, _resp(400, "bad type"), ctx("malformed_pre", "mmc-ab-0-2-1", "h2", case="content_unknown_type",
+                                            expected_status=400), 11.5)
+    with open(log, "a") as f:
+        f.write("WARNING [core.py:1868] Multi-modal cache miss for request embd-mmc-ab-0-1-3 "
+                "(mm_hashes=['0123456789ab']): P0/P1 cache drift; returning a retryable response\n")
+    p.read_log(tail)
+    [drift] = [e for e in p.state()["events"] if e["event"] == "drift"]
+    assert drift["cause"] is None  # the line came before the answer of the request it names
+    _request(p, SimpleNamespace(status_code=0, text="", error=ConnectionRefusedError("refused")),
+             ctx("valid_image", "mmc-ab-0-1-3", "h1"), 12.0)
+    assert drift["cause"].startswith("malformed_post/dimensions (HTTP 400), "), drift
+    p.on_health({"t": 13.0, "ok": False, "status": None, "error": "ConnectionRefusedError"})
+    [crash] = [e for e in p.state()["events"] if e["event"] == "crash"]
+    assert crash["cause"] == drift["cause"]
+    [tab] = [t for t in panel_tables.tables(p, p.state()) if t["key"] == panel_tables.TAB_EVENTS]
+    assert [r["cause"] for r in tab["data"] if r["event"] in ("drift", "crash")] == [drift["cause"]] * 2
