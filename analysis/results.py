@@ -38,9 +38,11 @@ _CATEGORICAL = {
     "metrics": ("name", "labels"),
     "log_events": ("signature",),
     "crashes": ("reason", "signature"),
+    "faults": ("fault", "kind", "target", "source", "outcome"),
 }
 # Which column of each table is "when", for t_rel.
-_TIME_COLUMN = {"requests": "t_start", "health": "t", "metrics": "t", "log_events": "t", "crashes": "t_detected"}
+_TIME_COLUMN = {"requests": "t_start", "health": "t", "metrics": "t", "log_events": "t", "crashes": "t_detected",
+                "faults": "t_injected"}
 _TRIAL_MARKERS = (S.MANIFEST, S.SERVER_LOG, *S.TABLE_DIRS.values())
 # Tables a finished trial always has rows in; crashes and log_events have no folder when nothing happened.
 _ALWAYS_WRITTEN = ("requests", "health", "metrics")
@@ -54,7 +56,7 @@ class LoadError(ValueError):
 class CampaignResults:
     """One campaign (or several combined, see :func:`combine`) as tidy tables.
 
-    ``requests``, ``health``, ``metrics``, ``log_events``, ``crashes``: the schema.py tables, plus
+    ``requests``, ``health``, ``metrics``, ``log_events``, ``crashes``, ``faults``: the schema.py tables, plus
     ``campaign``, ``config`` (categorical in ``configs`` order), ``trial`` and ``t_rel``.
     ``trials``: one row per trial folder: campaign, config, trial, trial_dir, status, engine, target, flags
     (space-joined), env, workload and sweep (JSON text; sweep: knob -> value of the trial's sweep point, {}
@@ -72,6 +74,7 @@ class CampaignResults:
     metrics: pd.DataFrame
     log_events: pd.DataFrame
     crashes: pd.DataFrame
+    faults: pd.DataFrame = field(default_factory=pd.DataFrame)  # empty without columns: made by hand, no faults
     warnings: list[str] = field(default_factory=list)
 
     def table(self, name: str) -> pd.DataFrame:

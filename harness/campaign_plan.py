@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from mmchaos import arrivals, options, paths, schema
+from mmchaos import arrivals, faults, options, paths, schema
+from mmchaos.redact import split_command
 from mmchaos.options import SHAPES, OptionError, did_you_mean
 from mmchaos.payloads.replay_plan import ReplayPlan
 from mmchaos.payloads.traces import TraceError
@@ -75,7 +76,19 @@ CONFIG_KEYS = {
     "flags": (list, []),
     "env": (dict, {}),
 }
-SECTIONS = {"campaign": CAMPAIGN_KEYS, "workload": WORKLOAD_KEYS, "crash": CRASH_KEYS, "config": CONFIG_KEYS}
+# [[fault]]: one fault injected into every trial (mmchaos/faults.py); its parameters are keys of the table too
+FAULT_KEYS = {
+    "kind": (str, None),
+    "target": (str, ""),
+    "rank": (int, 0),
+    "at": ((int, float), -1),  # -1: not given (after_requests then)
+    "after_requests": (int, -1),
+    "duration": ((int, float), 0),
+    "name": (str, ""),
+    **{p: ((int, float), -1) for kind in faults.PARAMETERS.values() for p in kind},
+}
+SECTIONS = {"campaign": CAMPAIGN_KEYS, "workload": WORKLOAD_KEYS, "crash": CRASH_KEYS, "config": CONFIG_KEYS,
+            "fault": FAULT_KEYS}
 SWEEP = "sweep"  # [sweep]: knob = [values], one or two knobs; every combination is a point
 MAX_SWEEP_KNOBS = 2
 
@@ -112,6 +125,7 @@ class CampaignPlan:
     crash: dict
     configs: list[Config] = field(default_factory=list)
     sweep: dict[str, list] = field(default_factory=dict)  # knob -> values, as in [sweep]
+    faults: list[faults.Fault] = field(default_factory=list)  # [[fault]]: injected into every trial
 
     @property
     def points(self) -> list[dict]:
@@ -214,8 +228,9 @@ def load(path: str | Path, check_flags: bool = True) -> CampaignPlan:
     c = ck.section(data["campaign"], "campaign")
     w = ck.section(data.get("workload", {}), "workload")
     crash = ck.section(data.get("crash", {}), "crash")
-    if SWEEP in data and "policy" not in data.get("crash", {}):
-        crash["policy"] = "restart"  # a sweep measures crashes per exposure: keep loading after a crash
+    if (SWEEP in data or data.get("fault")) and "policy" not in data.get("crash", {}):
+        # a sweep measures crashes per exposure, a fault what follows it: keep loading after a crash
+        crash["policy"] = "restart"
     raw_configs = data.get("config", [])
     if not isinstance(raw_configs, list) or not raw_configs:
         raise ck.fail("no [[config]] tables: name at least one flag configuration")
@@ -274,7 +289,7 @@ def load(path: str | Path, check_flags: bool = True) -> CampaignPlan:
     camp = CampaignPlan(
         name=c["name"], path=path, description=c["description"], trials=c["trials"], target=c["target"],
         command=c["command"], url=c["url"], model=c["model"], seed=c["seed"], workload=w, crash=crash,
-        configs=configs, sweep=sweep,
+        configs=configs, sweep=sweep, faults=_check_faults(data.get("fault", []), c, configs, w, ck),
     )
     if check_flags and c["target"] == "engine":
         check_engine_flags(camp, ck)
@@ -480,6 +495,56 @@ def _sweep_value_problem(knob: str, value) -> str | None:
         return None if ok else f"rate must be more than 0 requests per second, not {value!r}"
     name = f"weight_{knob}" if knob in options.WEIGHTS else knob
     return options.BY_NAME[name].problem(value)
+
+
+def _check_faults(raw, c: dict, configs: list[Config], w: dict, ck: _Checker) -> list[faults.Fault]:
+    """[[fault]] tables: each well-formed (mmchaos.faults.problem), due within the load, and aimed at a process
+    every configuration's server has and mmchaos starts (never an attached server's)."""
+    if not isinstance(raw, list):
+        raise ck.fail("fault must be an array of tables: [[fault]]", section="fault")
+    out = []
+    for i, table in enumerate(raw):
+        f = ck.section(table, "fault", i)
+        params = {p: f[p] for kind in faults.PARAMETERS.values() for p in kind if f[p] != -1}
+        at = f["at"] if f["at"] != -1 else None
+        after = f["after_requests"] if f["after_requests"] != -1 else None
+        fault = faults.Fault(f["kind"], f["target"], f["rank"], at, after, f["duration"], params, f["name"])
+        where = f"fault {i + 1} ({fault.kind})"
+        if at is None and after is None:
+            raise ck.fail(f"{where}: say when: at = seconds after the load starts, or after_requests = N",
+                          "kind", "fault", i)
+        why = faults.problem(fault)
+        if why:
+            key = next((k for k in table if k in why), "kind")
+            raise ck.fail(f"{where}: {why}", key, "fault", i)
+        if at is not None and at >= w["duration"]:
+            raise ck.fail(f"{where}: at = {at:g} s is not within the load's {w['duration']:g} s", "at", "fault", i)
+        if fault.is_process:
+            _check_fault_process(fault, where, c, configs, ck, i)
+        if any(x.name == fault.name for x in out):
+            raise ck.fail(f"two faults are named '{fault.name}': name them apart", "name", "fault", i)
+        out.append(fault)
+    return out
+
+
+def _check_fault_process(f: faults.Fault, where: str, c: dict, configs: list[Config], ck: _Checker, i: int) -> None:
+    if c["target"] == "attach":
+        raise ck.fail(f"{where}: an attached server's processes are not mmchaos's to signal; process faults need a "
+                      "server mmchaos starts (target = \"engine\" or \"command\")", "target", "fault", i)
+    from .server import api_server_count, tensor_parallel_size
+
+    for cfg in configs:
+        argv = [*split_command(cfg.command or c["command"]), *cfg.flags]
+        tp, fronts = tensor_parallel_size(argv), api_server_count(argv)
+        if f.target == faults.TP_WORKER and tp < 2:
+            raise ck.fail(f"{where}: config '{cfg.name}' runs with tensor parallel size 1: it has no tp_worker (its "
+                          "model runs inside the engine core; target engine_core, or add "
+                          "--tensor-parallel-size 2)", "target", "fault", i)
+        if f.target == faults.TP_WORKER and f.rank >= tp:
+            raise ck.fail(f"{where}: config '{cfg.name}' has TP ranks 0-{tp - 1}, not {f.rank}", "rank", "fault", i)
+        if f.target == faults.API_SERVER and f.rank >= fronts:
+            raise ck.fail(f"{where}: config '{cfg.name}' runs {fronts} API server(s) (--api-server-count): it has no "
+                          f"api_server rank {f.rank}", "rank", "fault", i)
 
 
 def _check_crash(crash: dict, ck: _Checker) -> None:

@@ -33,6 +33,8 @@ from mmchaos.tables import PART_GLOB, PartWriter, compact, read_table, table_dir
 
 from . import crash_watch, distributed, engines, provenance
 from .campaign_plan import CampaignPlan, Config, Run
+from .fault_injector import FaultInjector
+from .fault_proxy import FaultProxy, ProxyError
 from .processes import stop_group
 from .server import Server, ServerError, Target
 
@@ -110,7 +112,10 @@ def make_target(camp: CampaignPlan, cfg: Config) -> Target:
 
 
 def locust_argv(camp: CampaignPlan, cfg: Config, trial: int, folder: Path, base_url: str, model: str,
-                run_id: str, point: dict | None = None, repeat: int | None = None) -> list[str]:
+                run_id: str, point: dict | None = None, repeat: int | None = None,
+                watch_url: str = "") -> list[str]:
+    """Locust's command line for a trial; ``base_url`` is where the users send (the fault proxy, when the trial has
+    network faults), ``watch_url`` where /health and /metrics are polled (the server itself)."""
     w = camp.workload_at(point or {})
     # the same seed for the same repeat at every sweep point: points differ by their knobs, not by chance
     seed = camp.seed + (trial if repeat is None else repeat)
@@ -129,6 +134,8 @@ def locust_argv(camp: CampaignPlan, cfg: Config, trial: int, folder: Path, base_
                  "--max-concurrency", str(w["max_concurrency"]), "--min-rate-ratio", "0"]
     if w["trace"]:
         argv += ["--replay", w["trace"], "--replay-speed", str(w["replay_speed"])]
+    if watch_url and watch_url != base_url:
+        argv += ["--watch-url", watch_url]
     return argv
 
 
@@ -181,7 +188,7 @@ class CampaignRunner:
             "name": self.camp.name, "description": self.camp.description, "file": str(self.camp.path),
             "configs": [c.name for c in self.camp.configs], "trials": self.camp.trials,
             "workload": self.camp.workload, "crash": self.camp.crash, "target": self.camp.target,
-            "sweep": self.camp.sweep,
+            "sweep": self.camp.sweep, "faults": [f.to_dict() for f in self.camp.faults],
         })
         for run in self.camp.runs():
             cfg, trial = run.config, run.trial
@@ -208,6 +215,7 @@ class CampaignRunner:
             "env": self.redactor.env(cfg.env), "target": target.mode, "target_detail": target.describe(self.redactor),
             "workload": {**(w := self.camp.workload_at(point or {})), "mix": locust_options.effective_mix(w["mix"])},
             "sweep": dict(point or {}), "repeat": trial if repeat is None else repeat,
+            "faults": [f.to_dict() for f in self.camp.faults],
             "seed": self.camp.seed + (trial if repeat is None else repeat), "crash_policy": self.camp.crash,
             "git_rev": provenance.git_revision(),
             "machine": provenance.machine(), "tools": provenance.tool_versions(), **extra,
@@ -217,6 +225,15 @@ class CampaignRunner:
         """Record a process group we started as soon as it exists: whoever finds the trial folder (a user after
         mmchaos itself was killed, a test) knows which processes were ours without looking them up by name."""
         manifest[key] = [*manifest.get(key, []), pgid]
+        self._write(folder / schema.MANIFEST, manifest)
+
+    def _bind_processes(self, injector: FaultInjector, server: Server, manifest: dict, folder: Path,
+                        restart: int) -> None:
+        """The server's processes by role, recorded as it becomes healthy: the only pids a fault may go to."""
+        identities = server.processes()
+        injector.bind(identities, restart)
+        manifest["processes"] = [*manifest.get("processes", []),
+                                 *({**i.row(), "restart": restart} for i in identities.values())]
         self._write(folder / schema.MANIFEST, manifest)
 
     def run_trial(self, cfg: Config, trial: int, folder: Path, point: dict | None = None,
@@ -233,6 +250,8 @@ class CampaignRunner:
         crash_cfg = self.camp.crash
         server = Server(target, folder / schema.SERVER_LOG, redactor=self.redactor)
         locust = None
+        proxy = None  # the fault proxy between Locust and the server, when the trial has network faults
+        injector = None
         local_workers = None  # [workload] processes: this machine's Locust workers, a process group of their own
         watch = None
         t_load = None
@@ -250,7 +269,20 @@ class CampaignRunner:
                 return result
             watch = crash_watch.CrashWatch(server, folder, self.sigs, hang_after=crash_cfg["hang_after"])
             watch.healthy_at(server.healthy_at)
-            argv = locust_argv(self.camp, cfg, trial, folder, server.base_url, model, run_id, point, repeat)
+            load_url = server.base_url
+            if self.camp.faults:
+                if any(not f.is_process for f in self.camp.faults):
+                    try:
+                        proxy = FaultProxy(server.host, server.port, seed=self.camp.seed + trial).start()
+                    except ProxyError as e:
+                        result.status, result.error = FAILED, str(e)
+                        return result
+                    load_url = proxy.url
+                    manifest["fault_proxy"] = proxy.url
+                injector = FaultInjector(self.camp.faults, folder, proxy)
+                self._bind_processes(injector, server, manifest, folder, 0)
+            argv = locust_argv(self.camp, cfg, trial, folder, load_url, model, run_id, point, repeat,
+                               watch_url=server.base_url)
             dist = distributed.Distribution.of(self.camp.workload)
             if dist:
                 argv += dist.master_args()
@@ -274,6 +306,9 @@ class CampaignRunner:
                     overran = True
                     dump_greenlets(locust)
                     break
+                if injector is not None:
+                    for row in injector.tick(time.time(), time.time() - t_load, counter.requests):
+                        self._report(config=cfg.name, trial=trial, phase=f"fault: {row['fault']} ({row['outcome']})")
                 crash = watch.check()
                 if crash:
                     result.crashes.append(crash)
@@ -285,6 +320,8 @@ class CampaignRunner:
                         break
                     server = new
                     self._record_pgid(manifest, folder, "server_pgids", server.pgid)
+                    if injector is not None:
+                        self._bind_processes(injector, server, manifest, folder, watch.restart)
                 counter.update()
                 self._report(config=cfg.name, trial=trial, phase="load", elapsed=time.time() - t_load,
                              requests=counter.requests, unexpected=counter.errors, crashes=len(result.crashes))
@@ -315,6 +352,8 @@ class CampaignRunner:
         finally:
             if t_load is not None:
                 manifest["t_load_end"] = time.time()  # before the stops: a trial's clock is its load
+            if injector is not None:
+                injector.finish(time.time())  # a stopped process continued, the proxy's faults off: then the stops
             # Locust on SIGTERM stops its users and flushes its recorder; whatever of its group is left after the
             # grace is killed (a forked worker too: it was ours)
             locust_code = stop_group(locust, LOCUST_GRACE) if locust else None
@@ -329,6 +368,8 @@ class CampaignRunner:
             if watch:
                 watch.finish()
             server.stop()
+            if proxy is not None:
+                proxy.stop()
             if locust_code is not None and locust_code < 0 and result.status == COMPLETED and not result.crashes:
                 result.status = INTERRUPTED  # Locust was killed by a signal, not by the end of its run
             if self.camp.workload["trace"] and locust is not None and result.status == COMPLETED:

@@ -55,6 +55,17 @@ def tensor_parallel_size(flags: list[str]) -> int:
     return 1
 
 
+def api_server_count(flags: list[str]) -> int:
+    """vLLM's --api-server-count (-asc): API server processes in front of the engine (1 by default)."""
+    for i, f in enumerate(flags):
+        for name in ("--api-server-count", "-asc"):
+            if f == name and i + 1 < len(flags):
+                return int(flags[i + 1])
+            if f.startswith(name + "="):
+                return int(f.split("=", 1)[1])
+    return 1
+
+
 PLACEHOLDER = re.compile(r"\{(host|port|model)\}")  # the only ones: JSON flags keep every other brace
 
 
@@ -289,6 +300,15 @@ class Server:
         r = requests.get(self.base_url + "/v1/models", timeout=timeout, headers=auth_headers(self.api_key))
         r.raise_for_status()
         return r.json()["data"][0]["id"]
+
+    def processes(self) -> dict:
+        """role -> identity of the vLLM processes we launched (none when attached: they are not ours)."""
+        from .server_processes import DEFAULT_PREFIX, identify
+
+        if self.pgid is None or self.proc is None:
+            return {}
+        prefix = self.target.env.get("VLLM_PROCESS_NAME_PREFIX") or os.environ.get("VLLM_PROCESS_NAME_PREFIX")
+        return identify(self.pgid, self.proc.pid, prefix or DEFAULT_PREFIX)
 
     # -- stopping --------------------------------------------------------------------------------------------
     def group_pids(self) -> list[int]:

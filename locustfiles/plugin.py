@@ -201,7 +201,7 @@ def _test_start(environment, **_):
         if Session.inbox is not None:
             Session.inbox.open_run(o.run_id, o.results_dir)
         if not o.no_watch and environment.host:
-            Session.watchers = Watchers(environment.host, lambda table: table_writer(environment, table),
+            Session.watchers = Watchers(o.watch_url or environment.host, lambda table: table_writer(environment, table),
                                         headers=auth_headers(),
                                         health_interval=o.health_interval,
                                         metrics_interval=o.metrics_interval).start()

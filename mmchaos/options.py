@@ -117,6 +117,8 @@ OPTIONS = [
     Option("health_interval", float, 0.25, "seconds between /health polls", minimum=0.01),
     Option("metrics_interval", float, 1.0, "seconds between /metrics scrapes", minimum=0.01),
     Option("no_watch", bool, False, "do not poll /health and /metrics"),
+    Option("watch_url", str, "", "poll /health and /metrics at this base URL instead of --host (the server itself, "
+           "when the users load it through a fault proxy)", ui=False),
     Option("no_trace", bool, False, "do not keep the trace (what each request sent, to replay or minimize it)"),
     Option("server_log", str, "", "the server's log file: the web UI's mmchaos panel tails it and names crashes "
            "and drift by the log signatures (empty: none)"),
@@ -132,7 +134,7 @@ BY_NAME = {o.name: o for o in OPTIONS}
 GATES = ("max_crashes", "max_server_error_ratio", "max_p95_ms", "min_rate_ratio")
 OPEN_LOOP = ("rate", "arrival", "burstiness", "max_concurrency")  # [workload] keys of a campaign, not options
 HARNESS_OWNED = {"model", "seed", "shape", "max_requests", "results_dir", "run_id", "config_name", "trial",
-                 "arrival_lanes", *OPEN_LOOP, *GATES}
+                 "arrival_lanes", "watch_url", *OPEN_LOOP, *GATES}
 
 
 def register(parser) -> None:

@@ -11,6 +11,7 @@ written incrementally (see tables.py) so a crash of anything loses at most a sec
     metrics/part-*.parquet      Prometheus samples (METRICS)
     log_events/part-*.parquet   classified server-log lines (LOG_EVENTS)
     crashes/part-*.parquet      crash events (CRASHES)
+    faults/part-*.parquet       faults injected into the server or the network (FAULTS)
     trace/part-*.parquet        what each request sent, to send it again (TRACE)
     trace_images/part-*.parquet the trace's images, each once (TRACE_IMAGES)
     server.log                  the server's combined stdout/stderr
@@ -136,6 +137,28 @@ CRASHES = pa.schema(
     ]
 )
 
+# Faults mmchaos injected (mmchaos/faults.py says what each kind is): one row per fault of a campaign's plan or
+# fired by hand in the web UI, whether or not it could be injected.
+FAULT_INJECTED = "injected"  # the signal was sent / the proxy took it up
+FAULT_TARGET_GONE = "target_gone"  # the process it names was no longer alive (the server had died or restarted)
+FAULT_NOT_REACHED = "not_reached"  # the trial ended before it was due
+FAULT_FAILED = "failed"  # the signal or the proxy refused (the detail says why)
+FAULT_OUTCOMES = (FAULT_INJECTED, FAULT_TARGET_GONE, FAULT_NOT_REACHED, FAULT_FAILED)
+FAULTS = pa.schema(
+    [
+        ("fault", pa.string()),  # its name (the campaign's, else its label: "kill tp_worker:1 at 20 s")
+        ("kind", pa.string()),  # mmchaos.faults.KINDS
+        ("target", pa.string()),  # tp_worker:1, engine_core, api_server:0, network
+        ("source", pa.string()),  # campaign | web_ui
+        ("t_injected", pa.float64()),  # epoch seconds: the signal sent, the proxy's fault switched on
+        ("t_cleared", pa.float64()),  # SIGCONT sent / the proxy's fault off; null for a kill
+        ("target_pid", pa.int64()),  # the recorded pid it went to; null for the network
+        ("restart", pa.int32()),  # which server of the trial it went to (0: the first, as in CRASHES)
+        ("outcome", pa.string()),  # FAULT_OUTCOMES
+        ("detail", pa.string()),  # the parameters, the process title, or why it could not be injected
+    ]
+)
+
 # The trace: exactly what each request attempt sent, so that it can be sent again byte for byte (replay, minimize).
 # Only what REQUESTS does not hold (when it was sent, its kind and case are there, joined by worker, user_id and
 # seq): the body, with each image data URL swapped for a slot (payloads.bodies.body_template), its images, stored
@@ -179,6 +202,7 @@ TABLES = {
     "metrics": METRICS,
     "log_events": LOG_EVENTS,
     "crashes": CRASHES,
+    "faults": FAULTS,
     "trace": TRACE,
     "trace_images": TRACE_IMAGES,
 }
