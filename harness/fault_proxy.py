@@ -41,7 +41,7 @@ class ProxyError(Exception):
     """The proxy could not start (one line)."""
 
 
-@dataclass
+@dataclass(eq=False)  # one per connection, kept in a set by identity
 class _Conn:
     client: socket.socket
     upstream: socket.socket | None = None
@@ -148,6 +148,7 @@ class FaultProxy:
             up = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             up.setblocking(False)
             conn.upstream = up
+            self._set_rcvbuf(conn, self._params(SLOW_READ) is not None)  # before connect: the window it offers
             try:
                 await self._loop.sock_connect(up, self.upstream)
             except OSError:

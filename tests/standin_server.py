@@ -11,6 +11,10 @@ its next request into it). ``--miss-after-poison`` plays vLLM 0.32: an image who
 answered once with the retryable 503 cache miss the next time it comes; ``--crash-after-poison`` plays vLLM 0.30: it
 dies (with 0.30's log lines) when that image comes again. ``--body-log FILE`` appends each POST's X-Request-Id and
 the sha256 of its body, as received.
+
+``--tensor-parallel-size N`` plays vLLM's process tree for the fault tests: a child titled ``VLLM::EngineCore``
+with N children titled ``VLLM::Worker_TP<rank>``; when a worker dies the engine core exits, when the engine core
+dies the server does (vLLM's log lines), and an embedding request waits while a worker is stopped (SIGSTOP).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import hashlib
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -87,6 +92,8 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(200, {"count": 8, "max_model_len": 4096, "tokens": list(range(8))})
         if self.path != "/v1/embeddings":
             return self._send(404, {"error": "not found"})
+        while ENGINE.workers and any(_stopped(pid) for pid in ENGINE.workers):
+            time.sleep(0.05)  # a stalled worker: the request waits for it, as a collective would
         with self.lock:
             Handler.count += 1
             count = Handler.count
@@ -145,6 +152,51 @@ def _image_urls(body: dict) -> list[str]:
     return urls
 
 
+class ENGINE:
+    core: "subprocess.Popen | None" = None
+    workers: list[int] = []
+
+
+# the fake engine core: its workers are sleeps titled as vLLM's; it exits when one of them dies, as vLLM's does
+CORE = """
+import os, subprocess, sys, time
+ws = [subprocess.Popen(["VLLM::Worker_TP%d" % r, "100000"], executable="/bin/sleep") for r in range(int(sys.argv[1]))]
+print("WORKERS", " ".join(str(w.pid) for w in ws), flush=True)
+while True:
+    for r, w in enumerate(ws):
+        if w.poll() is not None:
+            print("ERROR [multiproc_executor.py:1] Worker proc VLLM::Worker_TP%d died unexpectedly, shutting down "
+                  "executor." % r, flush=True)
+            [x.kill() for x in ws]
+            sys.exit(1)
+    time.sleep(0.05)
+"""
+
+
+def _start_engine(tp: int) -> None:
+    ENGINE.core = subprocess.Popen(["VLLM::EngineCore", "-c", CORE, str(tp)], executable=sys.executable,
+                                   stdout=subprocess.PIPE, text=True)
+    ENGINE.workers = [int(x) for x in ENGINE.core.stdout.readline().split()[1:]]
+
+    def watch():
+        for line in ENGINE.core.stdout:
+            print(line, end="", flush=True)
+        ENGINE.core.wait()
+        print("ERROR [core_client.py:1] Engine core proc EngineCore died unexpectedly, shutting down client.",
+              flush=True)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def _stopped(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "T"
+    except OSError:
+        return False
+
+
 def _on_sigterm(*_):
     raise KeyboardInterrupt
 
@@ -165,8 +217,11 @@ def main() -> None:
     p.add_argument("--body-log", default="", help="append 'request-id sha256(body)' of each POST to this file")
     p.add_argument("--limit-mm-per-prompt", type=json.loads, default={}, help="JSON, as vLLM's (checked, unused)")
     p.add_argument("--echo-key", action="store_true", help="quote the API key in 400 answers (a careless server)")
+    p.add_argument("--tensor-parallel-size", type=int, default=0, help="play vLLM's engine core and N TP workers")
     opts = p.parse_args()
     Handler.opts = opts
+    if opts.tensor_parallel_size:
+        _start_engine(opts.tensor_parallel_size)
     srv = ThreadingHTTPServer((opts.host, opts.port), Handler)
     srv.daemon_threads = True
     # like vLLM (uvicorn), shut down on SIGTERM through a handler: a stopped (SIGSTOPped) process does not run it

@@ -1,0 +1,258 @@
+"""Server-side faults without vLLM: the [[fault]] table as `campaign check` reads it, the processes found by role,
+the fault proxy's network faults on real sockets, and faults injected into a stand-in server's process tree."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import TESTS, standin_server
+from mmchaos import faults, schema
+from mmchaos.harness import campaign_plan, campaign_runner
+from mmchaos.harness.fault_proxy import FaultProxy
+from mmchaos.harness.server_processes import alive, identify
+from mmchaos.tables import read_table
+
+STANDIN = f"{sys.executable} {TESTS / 'standin_server.py'} --port {{port}}"
+
+
+def _campaign(tmp_path: Path, fault: str, *, flags: str = '["--tensor-parallel-size", "2"]', target: str = "command",
+              duration: int = 30, policy: str = "restart", extra: str = "") -> Path:
+    where = f'command = "{STANDIN}"' if target == "command" else 'url = "http://127.0.0.1:9"'
+    f = tmp_path / "f.toml"
+    f.write_text(f'''
+[campaign]
+name = "faults"
+trials = 1
+target = "{target}"
+{where}
+
+[workload]
+locustfile = "{TESTS.parent / 'locustfiles/embeddings.py'}"
+users = 2
+spawn_rate = 2
+duration = {duration}
+{extra}
+[workload.options]
+image_preset = "small"
+pool_size = 8
+
+[crash]
+policy = "{policy}"
+startup_timeout = 30
+
+[[config]]
+name = "tp2"
+flags = {flags}
+
+{fault}''')
+    return f
+
+
+@pytest.mark.parametrize(
+    "fault, needle",
+    [
+        ('[[fault]]\nkind = "kill"\ntarget = "tp_worker"\nat = 5\n', None),
+        ('[[fault]]\nkind = "explode"\nat = 5\n', "kind 'explode' is not a fault"),
+        ('[[fault]]\nkind = "kill"\ntarget = "gpu"\nat = 5\n', "target = one of tp_worker, engine_core, api_server"),
+        ('[[fault]]\nkind = "kill"\ntarget = "tp_worker"\n', "say when"),
+        ('[[fault]]\nkind = "kill"\ntarget = "tp_worker"\nat = 60\n', "not within the load's 30 s"),
+        ('[[fault]]\nkind = "stop"\ntarget = "tp_worker"\nat = 5\n', "a stop lasts: give duration"),
+        ('[[fault]]\nkind = "kill"\ntarget = "tp_worker"\nrank = 2\nat = 5\n', "has TP ranks 0-1, not 2"),
+        ('[[fault]]\nkind = "kill"\ntarget = "api_server"\nrank = 1\nat = 5\n', "runs 1 API server(s)"),
+        ('[[fault]]\nkind = "latency"\nat = 5\nduration = 2\n', "a latency needs latency_ms"),
+        ('[[fault]]\nkind = "reset"\nat = 5\nduration = 2\nlatency_ms = 5\n', "reset takes no 'latency_ms'"),
+        ('[[fault]]\nkind = "kill"\ntarget = "tp_worker"\nat = 5\nafter_requests = 3\n', "not both"),
+    ],
+)
+def test_fault_tables_are_checked_in_one_line(tmp_path, fault, needle):
+    f = _campaign(tmp_path, fault)
+    r = subprocess.run([sys.executable, "-m", "mmchaos.harness.cli", "campaign", "check", str(f)], capture_output=True,
+                       text=True, timeout=60)
+    if needle is None:
+        assert r.returncode == 0, r.stderr
+        return
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and needle in lines[0] and str(f) in lines[0], r.stderr
+
+
+@pytest.mark.parametrize(
+    "flags, target, needle",
+    [
+        ("[]", "command", "runs with tensor parallel size 1: it has no tp_worker"),
+        ("[]", "attach", "an attached server's processes are not mmchaos's to signal"),
+    ],
+)
+def test_a_fault_on_a_process_the_server_does_not_have_is_refused(tmp_path, flags, target, needle):
+    f = _campaign(tmp_path, '[[fault]]\nkind = "kill"\ntarget = "tp_worker"\nat = 5\n', flags=flags, target=target)
+    r = subprocess.run([sys.executable, "-m", "mmchaos.harness.cli", "campaign", "check", str(f)], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_a_fault_table_defaults_the_crash_policy_to_restart(tmp_path):
+    plan = campaign_plan.load(_campaign(tmp_path, '[[fault]]\nkind = "kill"\ntarget = "engine_core"\nat = 5\n',
+                                        policy="restart"))
+    assert plan.faults[0].role() == "engine_core" and plan.faults[0].name == "kill engine_core at 5 s"
+    f = tmp_path / "f.toml"
+    f.write_text(f.read_text().replace('policy = "restart"\n', ""))
+    assert campaign_plan.load(f).crash["policy"] == "restart"
+
+
+def test_processes_are_found_by_role_in_our_group_only(tmp_path):
+    with standin_server(tmp_path / "s.log", "--tensor-parallel-size", "2") as server:
+        found = identify(server.pgid, server.proc.pid)
+        assert sorted(found) == ["api_server:0", "engine_core", "tp_worker:0", "tp_worker:1"]
+        core = psutil.Process(found["engine_core"].pid)
+        assert found["api_server:0"].pid == server.proc.pid and core.ppid() == server.proc.pid
+        assert {found[f"tp_worker:{r}"].pid for r in (0, 1)} == {c.pid for c in core.children()}
+        # a process titled as vLLM's outside our group is not ours
+        other = subprocess.Popen(["VLLM::Worker_TP7", "100"], executable="/bin/sleep", start_new_session=True)
+        try:
+            assert "tp_worker:7" not in identify(server.pgid, server.proc.pid)
+        finally:
+            other.kill()
+            other.wait()
+        worker = found["tp_worker:1"]
+        psutil.Process(worker.pid).kill()
+        psutil.Process(worker.pid).wait(10)
+        assert not alive(worker)
+
+
+# -- the fault proxy ---------------------------------------------------------------------------------------------
+class _Upstream:
+    """A loopback server answering each request line with ``size`` bytes; records when each answer was written."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.written: list[float] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            c.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)  # a send buffer smaller than the answer
+            threading.Thread(target=self._one, args=(c,), daemon=True).start()
+
+    def _one(self, c):
+        with c:
+            try:
+                while c.recv(1 << 16):
+                    c.sendall(b"x" * self.size)
+                    self.written.append(time.monotonic())
+            except OSError:
+                return
+
+
+def _ask(port: int, timeout: float = 20, want: int = 1) -> tuple[bytes, float]:
+    t0 = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(b"GET\n")
+        got = b""
+        while len(got) < want:
+            chunk = s.recv(1 << 16)
+            if not chunk:
+                break
+            got += chunk
+    return got, time.monotonic() - t0
+
+
+@pytest.fixture
+def proxied():
+    up = _Upstream(200_000)
+    proxy = FaultProxy("127.0.0.1", up.port).start()
+    yield up, proxy
+    proxy.stop()
+    up.sock.close()
+
+
+def test_the_proxy_listens_on_loopback_and_passes_bytes_unchanged(proxied):
+    up, proxy = proxied
+    assert proxy.host == "127.0.0.1" and proxy.url == f"http://127.0.0.1:{proxy.port}"
+    got, _ = _ask(proxy.port, want=200_000)
+    assert got == b"x" * 200_000
+
+
+def test_latency_and_bandwidth_slow_each_answer(proxied):
+    up, proxy = proxied
+    proxy.switch_on("l", faults.LATENCY, {"latency_ms": 400, "jitter_ms": 0})
+    got, took = _ask(proxy.port, want=200_000)
+    assert got == b"x" * 200_000 and took >= 0.4
+    proxy.switch_off("l")
+    proxy.switch_on("b", faults.BANDWIDTH, {"kbps": 100})
+    got, took = _ask(proxy.port, want=200_000)
+    assert got == b"x" * 200_000 and took >= 1.5  # 200 kB at 100 kB/s: about 2 s, never less than the cap allows
+
+
+def test_reset_after_n_bytes_resets_the_client(proxied):
+    up, proxy = proxied
+    proxy.switch_on("r", faults.RESET, {"after_bytes": 1000})
+    got = b""
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=20) as s:
+        s.sendall(b"GET\n")
+        with pytest.raises(ConnectionResetError):
+            while True:
+                chunk = s.recv(1 << 16)
+                assert chunk, "closed with FIN, not reset"
+                got += chunk
+    assert len(got) == 1000 and proxy.counts["resets"] == 1
+
+
+def test_silence_accepts_and_never_answers_until_it_ends(proxied):
+    up, proxy = proxied
+    proxy.switch_on("s", faults.SILENCE, {})
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=20) as s:
+        s.sendall(b"GET\n")
+        s.settimeout(1.0)
+        with pytest.raises(TimeoutError):
+            s.recv(1)  # connected (accepted), and nothing comes back
+        assert up.written == []  # the request never reached the server
+        proxy.switch_off("s")
+        s.settimeout(20)
+        try:  # when the silence ends the connection it held is closed (reset: its request was never read)
+            assert s.recv(1) == b""
+        except ConnectionResetError:
+            pass
+    assert _ask(proxy.port, want=200_000)[0] == b"x" * 200_000  # and new ones are served again
+
+
+def test_a_slow_reader_holds_the_servers_writes_back(proxied):
+    up, proxy = proxied
+    up.size = 2_000_000  # more than the kernel's socket buffers hold
+    proxy.switch_on("w", faults.SLOW_READ, {"kbps": 400})
+    t0 = time.monotonic()
+    got, _ = _ask(proxy.port, want=2_000_000)
+    assert got == b"x" * 2_000_000
+    # the server's sendall could only finish as the proxy read: 2 MB at 400 kB/s less the buffers' worth
+    assert up.written and up.written[0] - t0 >= 2.0
+
+
+# -- faults injected into the stand-in's process tree ------------------------------------------------------------
+def test_kill_of_a_tp_worker_is_a_row_a_crash_and_a_restart(tmp_path):
+    fault = ('[[fault]]\nkind = "kill"\ntarget = "tp_worker"\nrank = 1\nafter_requests = 20\n\n'
+             '[[fault]]\nkind = "kill"\ntarget = "engine_core"\nafter_requests = 100000\n')
+    f = _campaign(tmp_path, fault, duration=60, extra="max_requests = 200\n")
+    [result] = campaign_runner.CampaignRunner(campaign_plan.load(f), tmp_path / "results").run()
+    trial = tmp_path / "results" / "faults" / "tp2" / "t000"
+    rows = read_table(trial, "faults").to_pandas().set_index("fault")
+    import json
+
+    manifest = json.loads((trial / schema.MANIFEST).read_text())
+    first = {p["role"]: p["pid"] for p in manifest["processes"] if p["restart"] == 0}
+    kill = rows.loc["kill tp_worker:1 after 20 requests"]
+    assert kill["outcome"] == schema.FAULT_INJECTED and kill["target_pid"] == first["tp_worker:1"]
+    assert result.crashes and result.crashes[0].signature == "worker_died"
+    assert {p["restart"] for p in manifest["processes"]} >= {0, 1}  # the restarted server's processes recorded too
+    assert rows.loc["kill engine_core after 100000 requests", "outcome"] == schema.FAULT_NOT_REACHED
