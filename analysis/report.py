@@ -20,7 +20,8 @@ from mmchaos.files import write_files_atomic
 
 from . import hazard, open_loop, prediction, sections_hazard, sections_incidents, sections_performance
 from . import sections_run
-from . import sections_verdict, stats
+from . import sections_faults, sections_verdict, stats
+from .fault_effects import fault_effects
 from .attribution import DEFAULT_WINDOW_S, attribute
 from .exposure import exposure
 from .document import Doc
@@ -162,7 +163,8 @@ def build(c: CampaignResults, baseline: str, window_s: float = DEFAULT_WINDOW_S,
     lat = stats.latency_table(c, _groups=groups)
     tput = stats.throughput(c)
     cost = stats.workaround_cost(c, baseline, _groups=groups)
-    verdict = verdicts(c)
+    effects = fault_effects(c)
+    verdict = verdicts(c, effects)
     durations = first_crash_durations(c.trials, c.requests, c.crashes)
     curves = {cfg: {w: kaplan_meier(d[w], d["crashed"]) for w in ("time_s", "requests")}
               for cfg, d in durations.groupby("config", observed=True)}
@@ -187,6 +189,7 @@ def build(c: CampaignResults, baseline: str, window_s: float = DEFAULT_WINDOW_S,
     sections_run.what_was_run(doc, c)
     if compared:
         sections_run.side_by_side(doc, c, verdict, crash, lat, tput)
+    sections_faults.faults(doc, effects)
     sections_incidents.crashes(doc, c, crash, figs["crash_rates"])
     sections_hazard.hazard_section(doc, c, fits, figs["hazard"], held, predicted)
     sections_incidents.survival(doc, durations, curves, figs["survival"], c.configs)

@@ -12,8 +12,9 @@ import pandas as pd
 from mmchaos import schema as S
 from mmchaos.outcomes import causes
 from mmchaos.signatures import Signatures
-from mmchaos.verdict_rule import CHECKS, NOT_EXERCISED, Counts, attempt_counts, judge
+from mmchaos.verdict_rule import CHECKS, FAILS, NOT_EXERCISED, Counts, attempt_counts, judge
 
+from .fault_effects import FAILS as FAULT_FAILS, fault_axis, fault_effects, outside_faults
 from .results import CampaignResults
 from .stats import drift_events, status_label
 
@@ -31,9 +32,11 @@ def drift_answers(requests: pd.DataFrame) -> np.ndarray:
     return out
 
 
-def counts_by_config(c: CampaignResults) -> dict[str, Counts]:
-    """The verdict's counts per configuration, from all its trials."""
-    r = c.requests
+def counts_by_config(c: CampaignResults, effects: pd.DataFrame | None = None) -> dict[str, Counts]:
+    """The verdict's counts per configuration, from all its trials (outside the outages of injected faults:
+    ``effects``, analysis.fault_effects, judges those)."""
+    effects = effects if effects is not None else pd.DataFrame()
+    r = outside_faults(c.requests, effects, "t_start")
     final = r["final"].fillna(True) if "final" in r else pd.Series(True, index=r.index)
     rows = pd.DataFrame({
         "config": r["config"].astype(str), "kind": r["kind"].astype(str),
@@ -47,9 +50,10 @@ def counts_by_config(c: CampaignResults) -> dict[str, Counts]:
         cfg, kind, case, status, outcome, expected, fin, drift = key
         out[cfg] += attempt_counts(kind, None if pd.isna(case) else case, None if pd.isna(status) else int(status),
                                    outcome, None if pd.isna(expected) else int(expected), bool(fin), bool(drift), int(n))
-    h = c.health.assign(failed=~c.health["ok"].fillna(False).astype(bool))
+    h = outside_faults(c.health, effects, "t")
+    h = h.assign(failed=~h["ok"].fillna(False).astype(bool))
     polls = h.groupby("config", observed=True)["failed"].agg(["size", "sum"])
-    crashes = c.crashes.groupby("config", observed=True).size()
+    crashes = outside_faults(c.crashes, effects, "t_detected").groupby("config", observed=True).size()
     drift = drift_events(c).groupby("config", observed=True).size()
     for cfg in c.configs:
         n, failed = polls.loc[cfg] if cfg in polls.index else (0, 0)
@@ -86,16 +90,26 @@ def _details(c: CampaignResults, cfg: str) -> dict[str, str]:
     return out
 
 
-def verdicts(c: CampaignResults) -> pd.DataFrame:
+def verdicts(c: CampaignResults, effects: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per config: ``verdict`` (fails / retryable / clean), ``title``, the state of each check (ok,
-    failed, not exercised), ``evidence`` (a sentence per check) and ``not_exercised`` (their titles)."""
+    failed, not exercised), ``evidence`` (a sentence per check) and ``not_exercised`` (their titles).
+
+    With faults injected, ``faults`` is the fault axis (fails / recovers / not_exercised; analysis.fault_effects):
+    the rule judges the load outside the faults' outages, and a configuration that fails a fault fails."""
+    effects = fault_effects(c) if effects is None else effects
+    axis = fault_axis(effects)
     rows = []
-    for cfg, counts in counts_by_config(c).items():
+    for cfg, counts in counts_by_config(c, effects).items():
         v = judge(counts)
         details = _details(c, cfg)
-        row = {"config": cfg, "verdict": v.level, "title": v.title, **{n: st for n, (st, _) in v.checks.items()}}
+        level, title = v.level, v.title
+        fault_level, fault_lines = axis.get(str(cfg), ("", []))
+        if fault_level == FAULT_FAILS:
+            level, title = FAILS, "fails a fault"
+        row = {"config": cfg, "verdict": level, "title": title, "faults": fault_level,
+               **{n: st for n, (st, _) in v.checks.items()}}
         row["evidence"] = [f"{CHECKS[n][0]}: {st} — {why}" + (f"; {details[n]}" if n in details else "")
-                           for n, (st, why) in v.checks.items()]
+                           for n, (st, why) in v.checks.items()] + [f"fault: {x}" for x in fault_lines]
         row["not_exercised"] = [CHECKS[n][0] for n, (st, _) in v.checks.items() if st == NOT_EXERCISED]
         rows.append(row)
     return pd.DataFrame(rows)

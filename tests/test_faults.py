@@ -3,6 +3,7 @@ the fault proxy's network faults on real sockets, and faults injected into a sta
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -18,6 +19,9 @@ from mmchaos import faults, schema
 from mmchaos.harness import campaign_plan, campaign_runner
 from mmchaos.harness.fault_proxy import FaultProxy
 from mmchaos.harness.server_processes import alive, identify
+from mmchaos.analysis.fault_effects import fault_effects
+from mmchaos.analysis.results import load_results
+from mmchaos.analysis.verdict import verdicts
 from mmchaos.tables import read_table
 
 STANDIN = f"{sys.executable} {TESTS / 'standin_server.py'} --port {{port}}"
@@ -243,12 +247,12 @@ def test_a_slow_reader_holds_the_servers_writes_back(proxied):
 def test_kill_of_a_tp_worker_is_a_row_a_crash_and_a_restart(tmp_path):
     fault = ('[[fault]]\nkind = "kill"\ntarget = "tp_worker"\nrank = 1\nafter_requests = 20\n\n'
              '[[fault]]\nkind = "kill"\ntarget = "engine_core"\nafter_requests = 100000\n')
-    f = _campaign(tmp_path, fault, duration=60, extra="max_requests = 200\n")
+    # the stand-in answers in 20 ms: the run ends at its 400th request (a minute bounds it), well after the restart
+    f = _campaign(tmp_path, fault, duration=60, extra="max_requests = 400\n",
+                  flags='["--tensor-parallel-size", "2", "--delay-ms", "20"]')
     [result] = campaign_runner.CampaignRunner(campaign_plan.load(f), tmp_path / "results").run()
     trial = tmp_path / "results" / "faults" / "tp2" / "t000"
     rows = read_table(trial, "faults").to_pandas().set_index("fault")
-    import json
-
     manifest = json.loads((trial / schema.MANIFEST).read_text())
     first = {p["role"]: p["pid"] for p in manifest["processes"] if p["restart"] == 0}
     kill = rows.loc["kill tp_worker:1 after 20 requests"]
@@ -256,3 +260,14 @@ def test_kill_of_a_tp_worker_is_a_row_a_crash_and_a_restart(tmp_path):
     assert result.crashes and result.crashes[0].signature == "worker_died"
     assert {p["restart"] for p in manifest["processes"]} >= {0, 1}  # the restarted server's processes recorded too
     assert rows.loc["kill engine_core after 100000 requests", "outcome"] == schema.FAULT_NOT_REACHED
+
+    # what the report says followed it: the server exited (the crash the watcher saw), came back, served again
+    c = load_results(tmp_path / "results" / "faults")
+    e = fault_effects(c).set_index("fault")
+    k = e.loc["kill tp_worker:1 after 20 requests"]
+    assert k["exited_after_s"] == pytest.approx(result.crashes[0].t_detected - kill["t_injected"])
+    assert "worker_died" in k["exit"] and k["served_again_after_s"] > k["exited_after_s"]
+    assert k["verdict"] == "recovers" and k["health_200_without_service_s"] < 30
+    assert e.loc["kill engine_core after 100000 requests", "verdict"] == "not_injected"
+    v = verdicts(c, fault_effects(c)).iloc[0]
+    assert v["faults"] == "recovers" and v["stays_up"] == "ok"  # the crash the kill caused is the fault's, not a bug
