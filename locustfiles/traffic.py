@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import numpy as np
 from mmchaos.payloads import bodies as build
-from mmchaos.payloads import catalogue, fresh, malformed
+from mmchaos.payloads import catalogue, fresh, malformed, video, video_cases
 from mmchaos.payloads.reuse import ReuseModel
 from mmchaos.payloads.shared_pool import shared_pool
 
@@ -63,6 +63,7 @@ class Traffic:
         except ValueError as e:
             raise TrafficConfigError(str(e)) from e
         self.instruction = o.instruction or None
+        self.videos = video.pool(o.image_seed)
 
 
 class UserTraffic:
@@ -77,6 +78,7 @@ class UserTraffic:
         self.user_id = user_id
         self.worker_index = worker_index
         self.fresh_n = 0
+        self.fresh_videos = 0
 
     def image(self):
         d = self.sampler.draw()
@@ -84,6 +86,30 @@ class UserTraffic:
             self.fresh_n += 1  # unique per user and worker: fresh images never repeat across the run
             return fresh.fresh_image(self.t.pool[d.index], f"{self.worker_index}-{self.user_id}-{self.fresh_n}")
         return self.t.pool[d.index]
+
+    def video(self) -> video.Video:
+        """A clip of the video pool (uniform: four clips are all hot), or with --fresh-fraction a never-sent one."""
+        base = self.t.videos[int(self.rng.integers(len(self.t.videos)))]
+        if self.rng.random() < self.t.o.fresh_fraction:
+            self.fresh_videos += 1  # unique per user and worker, as fresh images
+            spec = video.POOL_SPECS[int(self.rng.integers(len(video.POOL_SPECS)))]
+            return video.fresh(spec, (self.worker_index * 100_000 + self.user_id) * 1_000_000 + self.fresh_videos)
+        return base
+
+    def _with_video(self, kind: str) -> bool:
+        share = self.t.o.video_share
+        return share > 0 and kind in ("malformed_pre", "malformed_post", "abort") and self.rng.random() < share
+
+    def _video_request(self, kind: str) -> build.BuiltRequest:
+        ins = self.t.instruction
+        if kind in ("video", "abort"):
+            req = video_cases.valid(self.model, self.video(), self._text(), instruction=ins,
+                                    encoding_format=self._format())
+            return req if kind == "video" else req._replace(meta=replace(req.meta, kind="abort"))
+        if kind == "malformed_post":
+            return video_cases.malformed(video_cases.POISON_CASE, self.model, self.video(), instruction=ins)
+        name = video_cases.PRE_CASES[int(self.rng.integers(len(video_cases.PRE_CASES)))]
+        return video_cases.malformed(name, self.model, self.video(), instruction=ins, seed=self.fresh_videos)
 
     def _format(self) -> str:
         return "base64" if self.rng.random() < self.t.o.base64_fraction else "float"
@@ -98,6 +124,8 @@ class UserTraffic:
 
     def build(self, kind: str) -> build.BuiltRequest:
         o, ins = self.t.o, self.t.instruction
+        if kind == "video" or self._with_video(kind):
+            return self._video_request(kind)
         if kind in ("valid_image", "abort"):
             req = build.image_request(self.model, self.image(), self._text(), instruction=ins,
                                       encoding_format=self._format())

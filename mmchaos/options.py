@@ -62,6 +62,7 @@ WEIGHTS = {
     "multi_image": (8, "several images in one message"),
     "batch": (5, "several inputs in one request"),
     "tokenize": (3, "/tokenize of an image conversation (renders, never runs)"),
+    "video": (3, "one small synthetic video (mp4 or webm) + text, chat form"),
     "malformed_pre": (5, "malformed request rejected before rendering (does not poison)"),
     "malformed_post": (10, "malformed request rejected after rendering a pooled image (poisons P0)"),
     "abort": (7, "valid image request abandoned by the client after --abort-after-ms"),
@@ -85,6 +86,8 @@ OPTIONS = [
     Option("batch_size", int, 4, "inputs per batch request", minimum=1),
     Option("base64_fraction", float, 0.1, "share of embedding requests asking encoding_format=base64", minimum=0,
            maximum=1),
+    Option("video_share", float, 0.2, "share of malformed and abort requests that carry a video instead of an image "
+           "(a broken video, the post-render 400, an abandoned video request)", minimum=0, maximum=1),
     Option("abort_after_ms", int, 40, "the abort kind gives up (disconnects) after this many ms", minimum=1),
     Option("malformed_cases", str, "", "comma-separated malformed case names to use (empty: all)"),
     Option("cases_file", str, "", "TOML file with extra malformed cases"),

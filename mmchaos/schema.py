@@ -46,12 +46,13 @@ KINDS = (
     "multi_image",
     "batch",
     "tokenize",
+    "video",  # one or several videos (+ text), chat form: video_url parts
     "malformed_pre",
     "malformed_post",
     "abort",
     "probe",
 )
-VALID_KINDS = ("valid_image", "text", "multi_image", "batch", "tokenize")  # requests that should succeed
+VALID_KINDS = ("valid_image", "text", "multi_image", "batch", "tokenize", "video")  # requests that should succeed
 MALFORMED_KINDS = ("malformed_pre", "malformed_post")
 # Requests that can leave the API server's cache (P0) ahead of the engine's (P1): post-render failures, client
 # aborts; in the probes, the steps of those names (and /tokenize, which poisoned before vLLM #38545).
@@ -89,6 +90,8 @@ REQUESTS = pa.schema(
         ("n_images", pa.int16()),
         ("image_ids", pa.string()),  # comma-separated pool ids
         ("image_hashes", pa.string()),  # comma-separated content hashes (sha256[:16] of the encoded bytes)
+    ("n_videos", pa.int16()),
+    ("video_hashes", pa.string()),  # comma-separated sha256[:16] of each video file, as for images
         ("request_bytes", pa.int64()),
         ("response_bytes", pa.int64()),
     ]

@@ -16,6 +16,7 @@ Shapes (vLLM 0.30 ``entrypoints/pooling/embed/protocol.py``):
   reject it with a 400, which is itself worth recording).
 * ``/tokenize``: ``{"model", "messages", "add_generation_prompt": false}`` -- the same conversation as the
   embedding request, rendered but never run.
+* video (+ text): the chat form with ``video_url`` parts (data URLs, or file URLs the server may read).
 """
 
 from __future__ import annotations
@@ -23,12 +24,14 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from mmchaos import schema
 from mmchaos.options import DEFAULT_INSTRUCTION
 
 from .pool import DataURL, PoolImage
+from .video import Video
 
 EMBEDDINGS_PATH = "/v1/embeddings"
 TOKENIZE_PATH = "/tokenize"
@@ -40,6 +43,7 @@ class RequestMeta:
     kind: str  # one of mmchaos.schema.KINDS
     image_ids: tuple[str, ...] = ()
     image_hashes: tuple[str, ...] = ()
+    video_hashes: tuple[str, ...] = ()  # the videos' (payloads.video.digest), in order
     n_inputs: int = 1  # embeddings asked for (batch size; text list length)
     case: str | None = None  # malformed case name
     expected_status: int | None = None  # malformed cases: the status the catalogue expects
@@ -61,6 +65,8 @@ class RequestMeta:
             "n_images": self.n_images,
             "image_ids": ",".join(self.image_ids) or None,
             "image_hashes": ",".join(self.image_hashes) or None,
+            "n_videos": len(self.video_hashes),
+            "video_hashes": ",".join(self.video_hashes) or None,
         }
 
 
@@ -144,6 +150,36 @@ def image_part(image: PoolImage) -> dict:
 
 def text_part(text: str) -> dict:
     return {"type": "text", "text": text}
+
+
+def video_part(url: str) -> dict:
+    """A ``video_url`` part: a video's data URL (``Video.data_url``) or a file URL the server may read."""
+    return {"type": "video_url", "video_url": {"url": url}}
+
+
+def video_request(
+    model: str,
+    videos: Sequence[Video],
+    text: str | None = None,
+    *,
+    instruction: str | None = DEFAULT_INSTRUCTION,
+    encoding_format: str = "float",
+    file_folder: Path | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> BuiltRequest:
+    """One embedding of one or several videos (+ text) in one user message, chat form: kind ``video``. With
+    ``file_folder`` (a folder the server allows: ``--allowed-local-media-path``) the videos go as file URLs."""
+    if not videos:
+        raise ValueError("video_request needs at least one video")
+    content = [video_part(v.file_url(file_folder) if file_folder else v.data_url) for v in videos]
+    if text is not None:
+        content.append(text_part(text))
+    messages = [{"role": "user", "content": content}]
+    if instruction is not None:
+        messages.insert(0, {"role": "system", "content": [text_part(instruction)]})
+    body = _body(model, encoding_format, extra, messages=messages)
+    meta = RequestMeta(kind="video", video_hashes=tuple(v.hash for v in videos))
+    return BuiltRequest(EMBEDDINGS_PATH, body, meta)
 
 
 def conversation(

@@ -48,7 +48,9 @@ def locust_rows(df):
 ONLY = {f"--weight-{k.replace('_', '-')}": "0" for k in WEIGHTS}
 
 
-def only(**weights: int) -> list[str]:
-    """Locust arguments for a mix of just these kinds, e.g. only(valid_image=3, malformed_post=1)."""
-    args = {**ONLY, **{f"--weight-{k.replace('_', '-')}": str(w) for k, w in weights.items()}}
+def only(video_share: float = 0.0, **weights: int) -> list[str]:
+    """Locust arguments for a mix of just these kinds, e.g. only(valid_image=3, malformed_post=1); the malformed
+    requests and aborts carry images only, unless ``video_share`` says otherwise."""
+    args = {**ONLY, **{f"--weight-{k.replace('_', '-')}": str(w) for k, w in weights.items()},
+            "--video-share": str(video_share)}
     return [x for kv in args.items() for x in kv]

@@ -150,7 +150,7 @@ def test_check_and_run_refuse_a_bad_sweep_alike(tmp_path):
 def test_every_weight_zero_at_a_point_is_refused(tmp_path):
     f = sweep_campaign(tmp_path, sweep="malformed_post = [0, 1]")
     text = f.read_text().replace("abort = 0", "abort = 0\n" + "\n".join(
-        f"{k} = 0" for k in ("valid_image", "text", "multi_image", "batch", "tokenize")))
+        f"{k} = 0" for k in ("valid_image", "text", "multi_image", "batch", "tokenize", "video")))
     f.write_text(text)
     with pytest.raises(campaign_plan.CampaignError, match=r"at malformed_post=0 every kind's weight is 0"):
         campaign_plan.load(f)

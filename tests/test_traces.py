@@ -274,9 +274,10 @@ def crashed_trial(tmp_path_factory):
     """A trial of a mix with post-render 400s on a small hot pool, on a stand-in that dies as 0.30.0 does."""
     tmp = tmp_path_factory.mktemp("minimize")
     f = write_campaign(tmp, duration=10, configs='[[config]]\nname = "v030"\nflags = ["--crash-after-poison"]\n')
-    f.write_text(f.read_text().replace("pool_size = 16", 'pool_size = 4\nfresh_fraction = 0.0\n'
+    # images only (the stand-in's crash is an image's): no video kind, no video in the poisons
+    f.write_text(f.read_text().replace("pool_size = 16", 'pool_size = 4\nfresh_fraction = 0.0\nvideo_share = 0.0\n'
                                        'malformed_cases = "dimensions_unsupported"')
-                 .replace("[workload.options]", "[workload.mix]\nmalformed_pre = 0\n\n[workload.options]"))
+                 .replace("[workload.options]", "[workload.mix]\nmalformed_pre = 0\nvideo = 0\n\n[workload.options]"))
     [result] = run(f, tmp / "results")
     assert result.crashes, "the stand-in did not crash"
     return tmp / "results" / "standin" / "v030" / "t000"
