@@ -6,11 +6,11 @@ A fault's *outage* runs from its injection to the first request started after it
 of its trial if none was). Its verdict (the fault axis of a configuration's verdict):
 
 - ``fails``: it *wedged* the server (/health answered 200 for ``WEDGE_S`` or more of the outage: Kubernetes'
-  default liveness probe, 10 s × 3 failures, would not have fired), or it lost data silently (2xx answers shorter
-  than half their kind's usual size in the trial), or the server was not serving again ``recover_within`` seconds
-  after it (the fault's own bound, default ``DEFAULT_RECOVER_S``);
+  default liveness probe, 10 s × 3 failures, would not have fired), or the server was not serving again
+  ``DEFAULT_RECOVER_S`` after it (2xx bodies are not checked: a silent loss in one is not seen here);
 - ``recovers``: the server served again within the bound (whether it restarted or rode it out);
-- ``undecided``: not serving again when its trial ended, sooner than the bound after it (a longer load decides);
+- ``undecided``: the server had served no request before it nor after (its start, not the fault, stalled it);
+  or not serving again when its trial ended, sooner than the bound after it (a longer load decides);
 - ``not_injected``: its row says it was not (target gone, not reached, refused): it judges nothing.
 """
 
@@ -25,6 +25,7 @@ from .stats import drift_events
 
 WEDGE_S = 30.0  # a liveness probe of periodSeconds 10 and failureThreshold 3 (Kubernetes' defaults) fires after 30 s
 DEFAULT_RECOVER_S = 180.0
+CRASH_SLACK_S = 5.0
 FAILS, RECOVERS, UNDECIDED, NOT_INJECTED = "fails", "recovers", "undecided", "not_injected"
 _VALID = tuple(S.VALID_KINDS)
 
@@ -48,6 +49,7 @@ def _longest_ok_run(polls: pd.DataFrame, start: float, end: float) -> float:
 
 
 def fault_effects(c: CampaignResults, recover_within: dict[str, float] | None = None) -> pd.DataFrame:
+    # recover_within: fault name -> its bound in seconds (DEFAULT_RECOVER_S for the others)
     """One row per fault row of every trial, with what followed it (see the module's docstring)."""
     f = c.faults
     if f is None or f.empty:
@@ -57,8 +59,11 @@ def fault_effects(c: CampaignResults, recover_within: dict[str, float] | None = 
         else {}
     drift = drift_events(c)
     rows = []
-    for fr in f.sort_values("t_injected").itertuples():
+    f = f.sort_values("t_injected")
+    for i, fr in enumerate(f.itertuples()):
         cfg, trial = str(fr.config), int(fr.trial)
+        later = f.iloc[i + 1:]
+        later = later[(later["config"].astype(str) == cfg) & (later["trial"] == trial) & later["t_injected"].notna()]
         row = {"config": cfg, "trial": trial, "fault": fr.fault, "kind": fr.kind, "target": fr.target,
                "t_injected": fr.t_injected,
                "target_pid": fr.target_pid, "at_s": fr.t_rel, "outcome": fr.outcome}
@@ -70,23 +75,32 @@ def fault_effects(c: CampaignResults, recover_within: dict[str, float] | None = 
         h = c.health[(c.health["config"] == cfg) & (c.health["trial"] == trial)]
         end = trial_end.get((cfg, trial))
         end = float(end) if end is not None and not pd.isna(end) else float(max(r["t_start"].max(), h["t"].max()))
+        if len(later):  # what follows the next fault is that fault's
+            end = min(end, float(later["t_injected"].iloc[0]))
         done = r["t_start"] + r["latency_ms"].fillna(0) / 1000
-        ok_after = r[(r["outcome"] == S.OK) & (r["t_start"] >= t0) & r["kind"].isin(_VALID)]
-        served = float(done[ok_after.index].min()) if len(ok_after) else None
-        outage_end = served if served is not None else end
+        ok_new = (r["outcome"] == S.OK) & r["kind"].isin(_VALID)
+        first_ok = done[ok_new & (r["t_start"] >= t0)].min()
+        # a crash is this fault's when it came before the server served again (or within CRASH_SLACK_S of that:
+        # a request can slip through while a killed server is going down)
+        cut_off = end if pd.isna(first_ok) else min(end, float(first_ok) + CRASH_SLACK_S)
         cr = c.crashes[(c.crashes["config"] == cfg) & (c.crashes["trial"] == trial)
-                       & (c.crashes["t_detected"] >= t0) & (c.crashes["t_detected"] <= outage_end + 1)]
+                       & (c.crashes["t_detected"] >= t0) & (c.crashes["t_detected"] <= cut_off)]
         crash = cr.sort_values("t_detected").iloc[0] if len(cr) else None
+        since = float(crash["t_detected"]) if crash is not None else t0  # served again: by the restarted server
+        served = done[ok_new & (r["t_start"] >= since)].min()
+        served = float(served) if not pd.isna(served) and served <= end else None
+        # the server this fault hit had answered before it (else a stall is the server's start, not the fault)
+        before = r[ok_new & (done <= t0)]
+        outage_end = served if served is not None else end
         blind = _longest_ok_run(h, t0, outage_end)
         hit = r[((r["t_start"] >= t0) & (r["t_start"] <= outage_end)) | ((r["t_start"] < t0) & (done > t0))]
         final = hit["final"].fillna(True).astype(bool) if "final" in hit else pd.Series(True, index=hit.index)
         failed = hit[final & ~hit["outcome"].isin([S.OK, S.CUT, S.ABORTED]) & hit["kind"].isin(_VALID)]
         groups = hit.loc[~final & (hit["outcome"] != S.OK), "request_group"].dropna().unique()
         cured = r[r["request_group"].isin(groups) & (r["outcome"] == S.OK)]["request_group"].nunique()
-        short = _short_answers(r[r["t_start"] >= t0 - 1], r)
         d = drift[(drift["config"] == cfg) & (drift["trial"] == trial) & (drift["t"] >= t0)] if len(drift) else drift
         bound = float(bounds.get(fr.fault, DEFAULT_RECOVER_S))
-        row.update({"outage_end": outage_end, 
+        row.update({"outage_end": outage_end, "served_before": len(before) > 0,
             "exited_after_s": float(crash["t_detected"] - t0) if crash is not None else None,
             "exit": (f"{crash['reason']}" + (f" ({crash['signature']})" if crash["signature"] else "")
                      + (f", exit code {int(crash['exit_code'])}" if not pd.isna(crash["exit_code"]) else ""))
@@ -94,30 +108,19 @@ def fault_effects(c: CampaignResults, recover_within: dict[str, float] | None = 
             "served_again_after_s": served - t0 if served is not None else None,
             "health_200_without_service_s": blind,
             "failed": len(failed), "cut": int((hit["outcome"] == S.CUT).sum()), "cured_by_retries": int(cured),
-            "short_2xx": int(short), "drift_after": len(d), "recover_within_s": bound,
+"drift_after": len(d), "recover_within_s": bound,
         })
         row["verdict"], row["why"] = _judge(row, bound, blind, end - t0)
         rows.append(row)
     return pd.DataFrame(rows)
 
 
-def _short_answers(rows: pd.DataFrame, all_rows: pd.DataFrame) -> int:
-    """2xx answers under half the median size of their kind's 2xx answers in the trial: data lost unseen."""
-    ok = all_rows[(all_rows["outcome"] == S.OK) & all_rows["response_bytes"].notna()]
-    if ok.empty:
-        return 0
-    usual = ok.groupby("kind", observed=True)["response_bytes"].median()
-    mine = rows[(rows["outcome"] == S.OK) & rows["response_bytes"].notna()]
-    limit = mine["kind"].map(usual).astype(float) / 2
-    return int((mine["response_bytes"].astype(float) < limit).sum())
-
-
 def _judge(row: dict, bound: float, blind: float, left: float) -> tuple[str, str]:
+    if not row["served_before"] and row["served_again_after_s"] is None:
+        return UNDECIDED, "the server had answered no request before it, nor after: the fault is not what stalled it"
     if blind >= WEDGE_S:
         return FAILS, (f"wedged: /health answered 200 for {blind:.0f} s while nothing was served (a liveness probe "
                        f"would not fire)")
-    if row["short_2xx"]:
-        return FAILS, f"{row['short_2xx']} 2xx answers were cut short: data lost without an error"
     back = row["served_again_after_s"]
     if back is None and left < bound:
         return UNDECIDED, (f"not serving again when the trial ended {left:.0f} s after it, before the {bound:g} s "

@@ -536,12 +536,10 @@ def _check_fault_process(f: faults.Fault, where: str, c: dict, configs: list[Con
     for cfg in configs:
         argv = [*split_command(cfg.command or c["command"]), *cfg.flags]
         tp, fronts = tensor_parallel_size(argv), api_server_count(argv)
-        if f.target == faults.TP_WORKER and tp < 2:
-            raise ck.fail(f"{where}: config '{cfg.name}' runs with tensor parallel size 1: it has no tp_worker (its "
-                          "model runs inside the engine core; target engine_core, or add "
-                          "--tensor-parallel-size 2)", "target", "fault", i)
         if f.target == faults.TP_WORKER and f.rank >= tp:
-            raise ck.fail(f"{where}: config '{cfg.name}' has TP ranks 0-{tp - 1}, not {f.rank}", "rank", "fault", i)
+            ranks = "TP rank 0 only (tensor parallel size 1)" if tp == 1 else f"TP ranks 0-{tp - 1}"
+            raise ck.fail(f"{where}: config '{cfg.name}' has {ranks}, not {f.rank}: it has no tp_worker:{f.rank} "
+                          "(add --tensor-parallel-size, or aim at a rank it has)", "rank", "fault", i)
         if f.target == faults.API_SERVER and f.rank >= fronts:
             raise ck.fail(f"{where}: config '{cfg.name}' runs {fronts} API server(s) (--api-server-count): it has no "
                           f"api_server rank {f.rank}", "rank", "fault", i)

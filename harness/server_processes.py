@@ -2,7 +2,7 @@
 
 vLLM names its processes with setproctitle (``vllm/utils/system_utils.py``: ``<prefix>::<name>``, the prefix
 ``VLLM`` unless ``VLLM_PROCESS_NAME_PREFIX`` says otherwise): ``EngineCore``, ``Worker_TP<rank>``,
-``APIServer_<index>`` (only with ``--api-server-count`` > 1; with one, the API server is the engine core's parent,
+``Worker`` on a CPU server of TP=1, ``APIServer_<index>`` (only with ``--api-server-count`` > 1; with one, the API server is the engine core's parent,
 which keeps its command line: the process we launched, or its child under a wrapper script). The titles are read from ``/proc/<pid>/cmdline`` (what setproctitle rewrites), and
 the tree is checked too: a worker is a child of the engine core, the engine core and the API servers descend from
 the process we launched. Only members of the process group we launched are looked at, so a process that is not
@@ -45,7 +45,9 @@ def _title(p: psutil.Process) -> str:
 
 def identify(pgid: int, leader_pid: int, prefix: str = DEFAULT_PREFIX) -> dict[str, Identity]:
     """role -> identity of every vLLM process of the group ``pgid`` (whose leader we launched)."""
-    title_re = re.compile(rf"^{re.escape(prefix)}::(EngineCore|Worker_TP(\d+)|APIServer_(\d+))\b")
+    # a worker's title carries _TP<rank> only when TP > 1 (and _DP/_PP... parts of other parallelisms); on CPU a
+    # TP=1 server runs its model in one worker too (the mp executor: OpenMP needs it), titled plain "Worker"
+    title_re = re.compile(rf"^{re.escape(prefix)}::(EngineCore|Worker((?:_[A-Z]+\d+)*)|APIServer_(\d+))(\s|$)")
     found: dict[str, Identity] = {}
     members = {p.pid: p for p in group_members(pgid)}
     for pid, p in members.items():
@@ -54,8 +56,9 @@ def identify(pgid: int, leader_pid: int, prefix: str = DEFAULT_PREFIX) -> dict[s
             continue
         if m.group(1) == "EngineCore":
             role = ENGINE_CORE
-        elif m.group(2) is not None:
-            role = f"{TP_WORKER}:{int(m.group(2))}"
+        elif m.group(1).startswith("Worker"):
+            tp = re.search(r"_TP(\d+)", m.group(2))
+            role = f"{TP_WORKER}:{int(tp.group(1)) if tp else 0}"
         else:
             role = f"{API_SERVER}:{int(m.group(3))}"
         try:

@@ -160,7 +160,9 @@ class ENGINE:
 # the fake engine core: its workers are sleeps titled as vLLM's; it exits when one of them dies, as vLLM's does
 CORE = """
 import os, subprocess, sys, time
-ws = [subprocess.Popen(["VLLM::Worker_TP%d" % r, "100000"], executable="/bin/sleep") for r in range(int(sys.argv[1]))]
+n = int(sys.argv[1])  # vLLM titles its workers Worker_TP<rank> when TP > 1, plain Worker (CPU, TP=1) else
+ws = [subprocess.Popen(["VLLM::Worker_TP%d" % r if n > 1 else "VLLM::Worker", "100000"], executable="/bin/sleep")
+      for r in range(n)]
 print("WORKERS", " ".join(str(w.pid) for w in ws), flush=True)
 while True:
     for r, w in enumerate(ws):

@@ -90,12 +90,13 @@ def test_fault_tables_are_checked_in_one_line(tmp_path, fault, needle):
 @pytest.mark.parametrize(
     "flags, target, needle",
     [
-        ("[]", "command", "runs with tensor parallel size 1: it has no tp_worker"),
+        ("[]", "command", "has TP rank 0 only (tensor parallel size 1), not 1: it has no tp_worker:1"),
         ("[]", "attach", "an attached server's processes are not mmchaos's to signal"),
     ],
 )
 def test_a_fault_on_a_process_the_server_does_not_have_is_refused(tmp_path, flags, target, needle):
-    f = _campaign(tmp_path, '[[fault]]\nkind = "kill"\ntarget = "tp_worker"\nat = 5\n', flags=flags, target=target)
+    f = _campaign(tmp_path, '[[fault]]\nkind = "kill"\ntarget = "tp_worker"\nrank = 1\nat = 5\n', flags=flags,
+                  target=target)
     r = subprocess.run([sys.executable, "-m", "mmchaos.harness.cli", "campaign", "check", str(f)], capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
@@ -128,6 +129,8 @@ def test_processes_are_found_by_role_in_our_group_only(tmp_path):
         psutil.Process(worker.pid).kill()
         psutil.Process(worker.pid).wait(10)
         assert not alive(worker)
+    with standin_server(tmp_path / "s1.log", "--tensor-parallel-size", "1") as server:  # CPU's TP=1: one "Worker"
+        assert sorted(identify(server.pgid, server.proc.pid)) == ["api_server:0", "engine_core", "tp_worker:0"]
 
 
 # -- the fault proxy ---------------------------------------------------------------------------------------------
