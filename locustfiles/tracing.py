@@ -104,11 +104,11 @@ class Tracer:
     def _flush_loop(self) -> None:
         while True:
             gevent.sleep(self.interval)  # the flush period, as the recorder's
-            self.flush()
+            self.flush(pause=lambda: gevent.sleep(0))
 
-    def flush(self) -> None:
-        self.images.flush()  # images first: a trace row never names an image a crash left unwritten
-        self.requests.flush()
+    def flush(self, pause=None) -> None:
+        self.images.flush(pause)  # images first: a trace row never names an image a crash left unwritten
+        self.requests.flush(pause)
 
     def close(self) -> None:
         if self._closed:

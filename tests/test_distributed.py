@@ -360,3 +360,36 @@ def test_a_master_started_again_takes_the_rows_its_workers_send_again(tmp_path, 
     assert ledger["lost"] == [] and sorted(pid_of(r["worker"]) for r in ledger["workers"]) == \
         sorted(w.pid for w in workers)
     assert_no_orphans({first.pid, second.pid, *(w.pid for w in workers)}, reaper)
+
+
+def test_a_flush_that_gives_way_writes_the_same_rows_in_slices_and_loses_none_when_interrupted(tmp_path):
+    import pyarrow.parquet as pq
+
+    from mmchaos.tables import SLICE, PartWriter
+
+    rows = [{"request_id": f"r{i}", "kind": "text", "t_start": float(i)} for i in range(2 * SLICE + 7)]
+    w = PartWriter(tmp_path / "q", schema.REQUESTS)
+    pauses = []
+    for r in rows:
+        w.add(r)
+    assert w.flush(pause=lambda: pauses.append(1)) == len(rows)
+    assert len(pauses) == 2  # between three slices
+    [part] = (tmp_path / "q").glob("part-*.parquet")
+    assert pq.ParquetFile(part).num_row_groups == 3
+    assert [r["request_id"] for r in pq.read_table(part).to_pylist()] == [r["request_id"] for r in rows]
+
+    class Killed(BaseException):
+        pass
+
+    def killed():
+        raise Killed
+
+    w2 = PartWriter(tmp_path / "k", schema.REQUESTS)
+    for r in rows:
+        w2.add(r)
+    with pytest.raises(Killed):
+        w2.flush(pause=killed)  # a greenlet killed in its pause: the rows go back
+    w2.add({"request_id": "late", "kind": "text"})
+    assert w2.flush() == len(rows) + 1 and not list((tmp_path / "k").glob("part-*000001.parquet"))
+    [part] = (tmp_path / "k").glob("part-*.parquet")
+    assert [r["request_id"] for r in pq.read_table(part).to_pylist()] == [r["request_id"] for r in rows] + ["late"]
