@@ -34,14 +34,15 @@ CHROMIUM := /usr/bin/chromium
 browser:
 	@test -x $(CHROMIUM) || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium)
 
-# Three pytest lanes, two at a time (tests/run_lanes.py): the fast tests start at once, the engines, the model and
-# the browser install beside them, then the real-vLLM tests in two lanes (own servers / the session's shared ones)
+# Every lane, two at a time (tests/run_lanes.py): the unit then the integration lane start at once, the engines, the
+# model and the browser install beside them, then the real-vLLM tests in two lanes (own servers / the session's
+# shared ones). The unit lane builds the docs site too (tests/test_docs.py).
 test: setup
 	$(BIN)/python tests/run_lanes.py --prepare "$(MAKE) --no-print-directory -j3 engines browser"
 
-# the fast tests alone (no vLLM)
+# the unit lane alone: in-process, no server, no vLLM (a minute or two)
 unit: setup
-	$(BIN)/python -m pytest -ra -m "not engine"
+	$(BIN)/python -m pytest -ra -m unit
 
 # the docs site (mkdocs-material) into site/, strict: a broken link, anchor or page fails (tests/test_docs.py builds
 # it in `make test` too)

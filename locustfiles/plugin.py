@@ -108,7 +108,9 @@ def take_budget(environment) -> None:
     if budget and Session.sent >= budget:
         runner = environment.runner
         if runner is not None and not isinstance(runner, WorkerRunner):
-            runner.quit() if opts(environment).headless else runner.stop()
+            # in a greenlet of its own: stopping the users kills this one, which would leave a quit half done (a
+            # run without a shape, e.g. the probes, then went on to its run time)
+            gevent.spawn(runner.quit if opts(environment).headless else runner.stop)
         raise StopUser()
     Session.sent += 1
 

@@ -1,12 +1,15 @@
-"""`make test`: the suite in three pytest lanes, two at a time on the 2-core machines it runs on.
+"""`make test`: every lane of the suite (tests/conftest.py puts each test in one), two at a time on the 2-core
+machines it runs on.
 
-- the stand-in lane: the fast tests (``-m "not engine"``), started first;
+- the unit lane (``-m unit``: in-process, a minute or two), then the integration lane (``-m integration``: stand-in
+  servers, Locust, the mmchaos command, campaigns), one after the other, started first;
 - the first engine lane: the tests against real vLLM that start their own servers (``-m "engine and not
   shared_server"``), printed as it goes. What it needs (``--prepare``: `make engines browser`, minutes on a fresh
-  machine) is installed while the stand-in lane runs, and the lane starts when that is done;
+  machine) is installed while the unit and integration lanes run, and the lane starts when that is done;
 - the second engine lane: the tests that share the session's servers and the demo campaign (``shared_server``, set
-  by tests/conftest.py: a shared server is started once only within one pytest process), started when the stand-in
-  lane is done and its core is free. A vLLM start is ~30 s of mostly one core: two engine lanes overlap them.
+  by tests/conftest.py: a shared server is started once only within one pytest process), started when the
+  integration lane is done and its core is free. A vLLM start is ~30 s of mostly one core: two engine lanes overlap
+  them.
 
 The reports of the lanes not printed as they go are printed at the end. Exit code 0 only when every lane passes.
 Each lane is a pytest process in a process group of its own, started here (not by a shell's ``&``, which would start
@@ -29,7 +32,8 @@ import pytest
 from mmchaos.harness.processes import stop_group
 
 ROOT = Path(__file__).resolve().parent.parent
-LANES = {"stand-in": ["-m", "not engine", "--durations=15"],
+LANES = {"unit": ["-m", "unit", "--durations=10"],
+         "integration": ["-m", "integration", "--durations=15"],
          "engine, own servers": ["-m", "engine and not shared_server", "--durations=20"],
          "engine, shared servers": ["-m", "engine and shared_server", "--durations=20"]}
 STOP_GRACE_S = 30
@@ -62,24 +66,28 @@ def main(prepare: str, extra: list[str]) -> int:
             with open(logs[lane], "wb") as out:
                 return subprocess.Popen(argv, cwd=ROOT, start_new_session=True, stdout=out, stderr=subprocess.STDOUT)
 
-        standin = start("stand-in")
-        procs = [standin]
+        procs = [start("unit")]
         codes = {}
         try:
             if prepare:
-                print(f"the stand-in lane runs; meanwhile: {prepare}", flush=True)
+                print(f"the unit and integration lanes run; meanwhile: {prepare}", flush=True)
                 procs.append(subprocess.Popen(shlex.split(prepare), cwd=ROOT, start_new_session=True))
-                codes["prepare"] = procs[-1].wait()
+            # the unit lane, then the integration lane in its slot, while the engines install
+            codes["unit"] = procs[0].wait()
+            procs.append(start("integration"))
+            integration = procs[-1]
+            if prepare:
+                codes["prepare"] = procs[1].wait()
             if not codes.get("prepare"):
                 own = start("engine, own servers", live=True)
                 procs.append(own)
-                codes["stand-in"] = standin.wait()
+                codes["integration"] = integration.wait()
                 shared = start("engine, shared servers")
                 procs.append(shared)
                 codes["engine, own servers"] = own.wait()
                 codes["engine, shared servers"] = shared.wait()
             else:
-                codes["stand-in"] = standin.wait()
+                codes["integration"] = integration.wait()
         except KeyboardInterrupt:
             _stop(procs)
             print("\ntests interrupted: every lane stopped", flush=True)

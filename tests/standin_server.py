@@ -15,6 +15,9 @@ the sha256 of its body, as received.
 ``--tensor-parallel-size N`` plays vLLM's process tree for the fault tests: a child titled ``VLLM::EngineCore``
 with N children titled ``VLLM::Worker_TP<rank>``; when a worker dies the engine core exits, when the engine core
 dies the server does (vLLM's log lines), and an embedding request waits while a worker is stopped (SIGSTOP).
+
+``in_process(*args)`` serves it from a thread of the calling process instead (the unit lane's Locust tests), each
+server with state of its own; it takes every option but those that end the process.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
@@ -49,6 +53,16 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, *args):  # keep the log for our own lines
         pass
 
+    def say(self, line: str) -> None:
+        print(line, flush=True)
+
+    def die(self) -> None:
+        os._exit(1)
+
+    def hang_up(self) -> None:
+        """No answer: the connection is closed (a dead server's)."""
+        self.close_connection = True
+
     def _send(self, status: int, body: dict | str, ctype: str = "application/json") -> None:
         data = (json.dumps(body) if isinstance(body, dict) else body).encode()
         self.send_response(status)
@@ -61,10 +75,13 @@ class Handler(BaseHTTPRequestHandler):
     def _drift_line(self, named: bool) -> None:
         # as vLLM: the request by its X-Request-Id (prefixed), when the drift is a poisoned image's
         rid = self.headers.get("X-Request-Id") if named else None
-        print(f"WARNING [core.py:1868] Multi-modal cache miss for request embd-{rid or 'x'} (mm_hashes=['ab12cd34ef']): "
-              "P0/P1 cache drift; returning a retryable response so the items are resent with data.", flush=True)
+        self.say(f"WARNING [core.py:1868] Multi-modal cache miss for request embd-{rid or 'x'} "
+                 "(mm_hashes=['ab12cd34ef']): P0/P1 cache drift; returning a retryable response so the items are "
+                 "resent with data.")
 
     def do_GET(self):
+        if getattr(self, "dead", False):
+            return self.hang_up()
         if self.path == "/health":
             self._send(503 if self.opts.unhealthy else 200, "" if not self.opts.unhealthy else "unhealthy", "text/plain")
         elif self.path == "/v1/models":
@@ -75,6 +92,8 @@ class Handler(BaseHTTPRequestHandler):
             self._send(404, {"error": "not found"})
 
     def do_POST(self):
+        if getattr(self, "dead", False):
+            return self.hang_up()
         n = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(n)
         if self.opts.body_log:
@@ -94,17 +113,18 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(404, {"error": "not found"})
         while ENGINE.workers and any(_stopped(pid) for pid in ENGINE.workers):
             time.sleep(0.05)  # a stalled worker: the request waits for it, as a collective would
+        own = type(self)  # this server's state (a server in a thread of a test has a class of its own)
         with self.lock:
-            Handler.count += 1
-            count = Handler.count
-            Handler.first = getattr(Handler, "first", None) or time.monotonic()
-        late = self.opts.die_after_s and time.monotonic() - Handler.first > self.opts.die_after_s
-        poisoned = self.opts.crash_after_poison and Handler.poisoned & set(_image_urls(body) if isinstance(body, dict)
-                                                                         else [])
+            own.count += 1
+            count = own.count
+            own.first = getattr(own, "first", None) or time.monotonic()
+        late = self.opts.die_after_s and time.monotonic() - own.first > self.opts.die_after_s
+        poisoned = self.opts.crash_after_poison and own.poisoned & set(_image_urls(body) if isinstance(body, dict)
+                                                                     else [])
         if (self.opts.die_after and count > self.opts.die_after) or late or poisoned:
             self._drift_line(poisoned)
-            print("    assert req_state.detokenizer is not None\nAssertionError", flush=True)
-            os._exit(1)
+            self.say("    assert req_state.detokenizer is not None\nAssertionError")
+            return self.die()
         if not isinstance(body, dict) or ("input" not in body and "messages" not in body):
             return self._send(400, {"error": {"message": "input or messages required", "code": 400}})
         urls = _image_urls(body)
@@ -120,15 +140,15 @@ class Handler(BaseHTTPRequestHandler):
             if self.opts.echo_key:
                 msg += f" (request {self.path} with key {self.opts.api_key})"
             if self.opts.error_text:
-                print(f"ERROR [serving.py:1] request failed: {msg}", flush=True)  # servers log what they answer
+                self.say(f"ERROR [serving.py:1] request failed: {msg}")  # servers log what they answer
             if self.opts.miss_after_poison or self.opts.crash_after_poison:
                 with self.lock:
-                    Handler.poisoned.update(urls)
+                    own.poisoned.update(urls)
             return self._send(400, {"error": {"message": msg, "code": 400}})
         if self.opts.miss_after_poison:
             with self.lock:
-                missed = Handler.poisoned & set(urls)
-                Handler.poisoned -= missed
+                missed = own.poisoned & set(urls)
+                own.poisoned -= missed
             if missed:
                 self._drift_line(True)
                 return self._send(503, {"error": {"message": "Multi-modal processor cache miss.", "code": 503}})
@@ -203,7 +223,7 @@ def _on_sigterm(*_):
     raise KeyboardInterrupt
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser()
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)
@@ -220,7 +240,63 @@ def main() -> None:
     p.add_argument("--limit-mm-per-prompt", type=json.loads, default={}, help="JSON, as vLLM's (checked, unused)")
     p.add_argument("--echo-key", action="store_true", help="quote the API key in 400 answers (a careless server)")
     p.add_argument("--tensor-parallel-size", type=int, default=0, help="play vLLM's engine core and N TP workers")
-    opts = p.parse_args()
+    return p
+
+
+class InProcess:
+    """The stand-in served from a thread of this process (under gevent's patching, a greenlet of its hub), with
+    state of its own. Its log lines go to ``log`` (a file, as a server's log). Where the process would die, it
+    stops listening and hangs up on every request after, as a dead server's sockets do."""
+
+    def __init__(self, *args: str, log: Path | None = None):
+        opts = build_parser().parse_args(["--port", "0", *args])
+        self.log = log
+
+        def say(handler, line: str) -> None:
+            if log is not None:
+                with handler.lock, open(log, "a") as f:
+                    f.write(line + "\n")
+
+        def die(handler) -> None:
+            type(handler).dead = True
+            threading.Thread(target=self._close, daemon=True).start()  # not from a request: shutdown() waits for it
+            handler.hang_up()
+
+        handler = type("Handler", (Handler,), {"opts": opts, "count": 0, "poisoned": set(), "lock": threading.Lock(),
+                                               "dead": False, "say": say, "die": die})
+        self.httpd = ThreadingHTTPServer((opts.host, 0), handler)
+        self.httpd.daemon_threads = True
+        self.handler = handler
+        self.base_url = f"http://{opts.host}:{self.httpd.server_address[1]}"
+        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self._closed = False
+
+    def _close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.httpd.shutdown()
+            self.httpd.server_close()
+
+    def __enter__(self) -> "InProcess":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.handler.dead = True  # connections still open are hung up on
+        self._close()
+        self._thread.join(timeout=10)
+
+    @property
+    def died(self) -> bool:
+        return self.handler.dead
+
+
+def in_process(*args: str, log: Path | None = None) -> InProcess:
+    return InProcess(*args, log=log)
+
+
+def main() -> None:
+    opts = build_parser().parse_args()
     Handler.opts = opts
     if opts.tensor_parallel_size:
         _start_engine(opts.tensor_parallel_size)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pyarrow.parquet as pq
 import pandas as pd
 import pytest
 
+from cli_inprocess import mmchaos
 from mmchaos.analysis import intervals as I
 from mmchaos.analysis import report, stats
 from mmchaos.analysis.attribution import SAME_IMAGE, WINDOW, attribute
@@ -351,8 +351,7 @@ def test_html_is_self_contained_and_escaped(built):
 
 
 def _report_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mmchaos.harness.cli", "report", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
+    return mmchaos("report", *args)
 
 
 def test_cli_bad_input(tmp_path):

@@ -63,6 +63,7 @@ def fake_engine(home: Path, version: str, flavor: str, flags: list[str]) -> None
     (root / engines.FLAGS_FILE).write_text("\n".join(flags) + "\n")
 
 
+@pytest.mark.integration
 def test_each_configuration_runs_its_own_command(tmp_path):
     f = campaign(tmp_path, 'target = "command"', f'''
 [[config]]
@@ -84,6 +85,7 @@ flags = ["--delay-ms", "1"]
         assert detail["command"].endswith("--port '{port}'" + own) and detail["flags"] == flags.split()
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("head, configs, needle", [
     ('target = "engine"\nengines = ["0.30.0"]', f'[[config]]\nname = "a"\ncommand = "{STANDIN}"',
      "config 'a' has its own command, which only target = \"command\" runs"),
@@ -99,6 +101,7 @@ def test_misplaced_or_missing_commands_are_one_line_errors(tmp_path, head, confi
     assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.integration
 def test_flags_are_checked_against_each_configurations_own_engine_cpu_or_cuda(tmp_path):
     home = tmp_path / "home"
     fake_engine(home, "0.30.0", "cpu", ["--runner", "--dtype"])
@@ -114,6 +117,7 @@ def test_flags_are_checked_against_each_configurations_own_engine_cpu_or_cuda(tm
     assert len(r.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.integration
 def test_a_cuda_engine_serves_the_users_model_with_our_runner_flag_only(tmp_path, monkeypatch):
     """What mmchaos launches for a cuda engine (read from the first line of the server's log; the stand-in
     python here has no vLLM, so the launch ends at once, as a failed start-up)."""
@@ -137,6 +141,7 @@ def test_a_cuda_engine_serves_the_users_model_with_our_runner_flag_only(tmp_path
     assert "-O0" not in ran and "--max-model-len" not in ran  # the CPU test bed's choices are not a GPU box's
 
 
+@pytest.mark.integration
 def test_engine_install_will_not_silently_swap_flavours(tmp_path):
     home = tmp_path / "home"
     fake_engine(home, "0.30.0", "cpu", [])

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from cli_inprocess import mmchaos
 from conftest import TESTS
 from locust_run import locust_rows
 from mmchaos.harness import campaign_plan, campaign_runner
@@ -58,6 +59,7 @@ def run(f: Path, results: Path, **kw):
     return campaign_runner.CampaignRunner(campaign_plan.load(f), results, **kw).run()
 
 
+@pytest.mark.integration
 def test_campaign_layout_crash_detection_and_classification(tmp_path):
     results = run(write_campaign(tmp_path), tmp_path / "results")
     by_name = {r.config: r for r in results}
@@ -93,6 +95,7 @@ def test_campaign_layout_crash_detection_and_classification(tmp_path):
     assert crash.t_last_healthy <= crash.t_detected
 
 
+@pytest.mark.integration
 def test_restart_policy_keeps_loading_and_counts_every_crash(tmp_path):
     f = write_campaign(tmp_path, policy="restart", duration=6, configs='''
 [[config]]
@@ -112,6 +115,7 @@ flags = ["--die-after-s", "1"]
     assert (rows.loc[rows["t_start"] > result.crashes[0].t_detected, "outcome"] == schema.OK).any()
 
 
+@pytest.mark.integration
 def test_rerun_resumes_and_force_reruns(tmp_path):
     f = write_campaign(tmp_path, duration=2, configs='''
 [[config]]
@@ -126,6 +130,7 @@ name = "healthy"
     assert not forced.skipped and json.loads(manifest.read_text())["run_id"] != before["run_id"]
 
 
+@pytest.mark.integration
 def test_unfinished_trial_is_run_again(tmp_path):
     f = write_campaign(tmp_path, duration=2, configs='[[config]]\nname = "healthy"\n')
     trial = tmp_path / "results" / "standin" / "healthy" / "t000"
@@ -154,8 +159,7 @@ def test_unfinished_trial_is_run_again(tmp_path):
 def test_bad_campaign_files_name_file_line_and_hint(tmp_path, body, needle):
     f = tmp_path / "bad.toml"
     f.write_text(body)
-    r = subprocess.run([sys.executable, "-m", "mmchaos.harness.cli", "campaign", "check", str(f)], capture_output=True,
-                       text=True, timeout=60)
+    r = mmchaos("campaign", "check", str(f))
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and str(f) in lines[0] and needle in lines[0], r.stderr
@@ -164,12 +168,12 @@ def test_bad_campaign_files_name_file_line_and_hint(tmp_path, body, needle):
 def test_unknown_mix_kind_is_rejected_before_anything_runs(tmp_path):
     f = write_campaign(tmp_path, configs='[[config]]\nname = "a"\n')
     f.write_text(f.read_text().replace("[workload.options]", "[workload.mix]\nvalid_imgae = 3\n\n[workload.options]"))
-    r = subprocess.run([sys.executable, "-m", "mmchaos.harness.cli", "campaign", "run", str(f), "--results",
-                        str(tmp_path / "results")], capture_output=True, text=True, timeout=60)
+    r = mmchaos("campaign", "run", str(f), "--results", str(tmp_path / "results"))  # refused before anything runs
     assert r.returncode == 2 and "unknown kind 'valid_imgae'" in r.stderr
     assert not (tmp_path / "results" / "standin").exists()
 
 
+@pytest.mark.integration
 def test_progress_in_a_ci_log_is_one_line_per_phase_and_per_trial(tmp_path):
     """No terminal: plain lines with elapsed, done/total and ETA, the counts right, the summary on its own line."""
     f = write_campaign(tmp_path, duration=2)
@@ -186,6 +190,7 @@ def test_progress_in_a_ci_log_is_one_line_per_phase_and_per_trial(tmp_path):
     assert any(ln.startswith("trials of campaign standin") for ln in lines)  # the summary title starts a line
 
 
+@pytest.mark.integration
 def test_the_report_verdicts_and_expect_gate_on_the_standin(tmp_path):
     f = write_campaign(tmp_path, duration=4, configs='''
 [[config]]

@@ -141,6 +141,7 @@ print(json.dumps([vars(r) for r in inbox.ledgers["R"].values()]))
 """
 
 
+@pytest.mark.integration
 def test_the_master_writes_each_part_once_and_nothing_that_is_not_a_part_of_its_run(tmp_path):
     folder = tmp_path / "run"
     p = subprocess.run([PY, "-c", MASTER_END, str(folder), str(free_port())], capture_output=True, text=True,
@@ -193,6 +194,7 @@ def _set_key(text: str, key: str, value: str) -> str:
 # --- campaigns ------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_campaign_on_local_and_remote_workers_a_killed_worker_is_recorded_and_a_crash_stops_them_all(
         tmp_path, reaper, monkeypatch):  # noqa: F811  (the fixture imported above)
     """A campaign master with 2 local worker processes and one `mmchaos worker` (as on another machine); one local
@@ -255,6 +257,7 @@ def test_campaign_on_local_and_remote_workers_a_killed_worker_is_recorded_and_a_
     assert not [p for p in remote_lost if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
 
 
+@pytest.mark.integration
 def test_ctrl_c_of_a_campaign_with_workers_stops_them_and_keeps_every_row(tmp_path, reaper):  # noqa: F811
     root = tmp_path / "results"
     f = write_campaign(tmp_path, processes=2, duration=40)
@@ -284,6 +287,7 @@ def test_ctrl_c_of_a_campaign_with_workers_stops_them_and_keeps_every_row(tmp_pa
 # --- a master started again -----------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_a_master_started_again_takes_the_rows_its_workers_send_again(tmp_path, reaper):  # noqa: F811
     """The master is SIGKILLed mid-run; its workers go on loading and keep the parts no master acknowledged; a
     master started again on the same port for the same run (--results-dir, --run-id) takes them. Every request of

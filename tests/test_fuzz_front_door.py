@@ -150,6 +150,7 @@ ARG_VALUES = st.one_of(st.sampled_from(["0.30.0", "0.32.0", "9.9.9", "latest", "
 
 @settings(max_examples=ARGV_CASES, deadline=None, suppress_health_check=list(HealthCheck))
 @given(sub=SUBCOMMANDS, rest=st.lists(st.one_of(FLAGS, ARG_VALUES), max_size=6))
+@pytest.mark.integration  # a --command it draws is tried: exec fails, as a user's would
 def test_command_lines(sandbox, monkeypatch, sub, rest):
     home = sandbox / "home"  # no engine, no model: nothing can start
     monkeypatch.setenv("MMCHAOS_HOME", str(home))

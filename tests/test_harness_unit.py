@@ -11,6 +11,7 @@ import sys
 import psutil
 import pytest
 
+from cli_inprocess import mmchaos
 from conftest import TESTS, standin_server
 from mmchaos.harness import engines
 from mmchaos.harness.server import Server, ServerError, Target, tensor_parallel_size
@@ -22,6 +23,7 @@ def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
                           timeout=120, env={**os.environ, **(env or {})})
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "version,needle",
     [("bogus", "not a vLLM version"), ("0.1.0", "not supported on CPU"), ("9.9.9", "not on the package index")],
@@ -35,7 +37,7 @@ def test_engine_install_rejects_bad_versions_in_one_line(version, needle, tmp_pa
 
 
 def test_serve_without_installed_engine_says_how_to_install(tmp_path):
-    r = run_cli("serve", "--engine", "0.31.0", env={"MMCHAOS_HOME": str(tmp_path)})
+    r = mmchaos("serve", "--engine", "0.31.0", env={"MMCHAOS_HOME": str(tmp_path)})
     assert r.returncode == 2
     assert "mmchaos engine install 0.31.0" in r.stderr
 
@@ -87,6 +89,7 @@ def test_user_signatures_extend_and_bad_files_are_rejected(tmp_path):
         Signatures.load(bad)
 
 
+@pytest.mark.integration
 def test_launched_server_runs_in_its_own_group_and_stop_leaves_nothing(tmp_path):
     with standin_server(tmp_path / "s.log") as s:
         assert os.getpgid(s.proc.pid) == s.pgid != os.getpgid(0)
@@ -107,6 +110,7 @@ def test_port_in_use_is_a_clear_error(tmp_path):
             Server(Target(mode="command", command=cmd), tmp_path / "s.log", port=port).start()
 
 
+@pytest.mark.integration
 def test_server_that_exits_during_startup_fails_fast_with_its_last_line(tmp_path):
     cmd = f"{sys.executable} -c \"print('boom: bad flag'); raise SystemExit(3)\""
     s = Server(Target(mode="command", command=cmd), tmp_path / "s.log").start()
@@ -117,6 +121,7 @@ def test_server_that_exits_during_startup_fails_fast_with_its_last_line(tmp_path
         s.stop()
 
 
+@pytest.mark.integration
 def test_server_never_healthy_times_out_and_is_cleaned_up(tmp_path):
     cmd = f"{sys.executable} {TESTS / 'standin_server.py'} --port {{port}} --unhealthy"
     s = Server(Target(mode="command", command=cmd), tmp_path / "s.log").start()
@@ -128,6 +133,7 @@ def test_server_never_healthy_times_out_and_is_cleaned_up(tmp_path):
     assert s.group_pids() == []
 
 
+@pytest.mark.integration
 def test_attach_to_unreachable_url_is_one_line_error():
     port = socket.socket()
     port.bind(("127.0.0.1", 0))
@@ -149,6 +155,7 @@ child.wait()
 """
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("told", ["yes", "no"])
 def test_the_engine_launcher_ends_with_the_process_that_started_it(told, tmp_path):
     """A SIGKILL of mmchaos leaves it no chance to stop its server: the launcher (run by every engine server) asks

@@ -10,6 +10,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from cli_inprocess import mmchaos
 from scipy import stats
 
 from mmchaos import schema as S
@@ -447,11 +448,7 @@ def test_predict_refuses_bad_input_in_one_line(campaign, args, needle, capsys):
 
 
 def test_predict_on_a_folder_that_is_no_campaign_is_one_line_and_exit_2(tmp_path):
-    import subprocess
-    import sys
-
-    p = subprocess.run([sys.executable, "-m", "mmchaos.harness.cli", "predict", str(tmp_path), "--rps", "10",
-                        "--disconnects", "1%"], capture_output=True, text=True, timeout=120)
+    p = mmchaos("predict", str(tmp_path), "--rps", "10", "--disconnects", "1%")
     assert p.returncode == 2 and p.stdout == "" and "Traceback" not in p.stderr
     [line] = p.stderr.strip().splitlines()
     assert line.startswith("mmchaos: no trials found in")

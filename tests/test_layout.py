@@ -9,6 +9,8 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 # folder -> the package it installs as
 ROOMS = {"mmchaos": "mmchaos", "payloads": "mmchaos.payloads", "locustfiles": "mmchaos.locustfiles",
@@ -66,6 +68,7 @@ def _room(module: str) -> str:
     return module
 
 
+@pytest.mark.integration
 def test_one_installed_top_level_name():
     dist = metadata.distribution("mmchaos")
     assert dist.read_text("top_level.txt").split() == ["mmchaos"]

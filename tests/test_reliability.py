@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 import pytest
 import requests as http
 
+from cli_inprocess import mmchaos
 from mmchaos.analysis import report
 from mmchaos.harness import cli
 from mmchaos.analysis.results import load_results
@@ -181,6 +182,7 @@ def killpg(pgid: int, sig: int) -> None:
 # --- faults during a campaign ---------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_server_sigkill_mid_load_is_a_crash_and_the_restarted_server_takes_the_load(tmp_path, reaper):
     root = tmp_path / "results"
     f = write_campaign(tmp_path, policy="restart", duration=6)
@@ -209,6 +211,7 @@ def test_server_sigkill_mid_load_is_a_crash_and_the_restarted_server_takes_the_l
     assert_analysable(root)
 
 
+@pytest.mark.integration
 def test_port_taken_while_restarting_fails_the_restart_cleanly(tmp_path, reaper):
     root = tmp_path / "results"
     f = write_campaign(tmp_path, policy="restart", duration=6)
@@ -246,6 +249,7 @@ def test_port_taken_while_restarting_fails_the_restart_cleanly(tmp_path, reaper)
     assert_analysable(root)
 
 
+@pytest.mark.integration
 def test_server_sigstop_hang_is_detected_after_hang_after_and_cleaned_up(tmp_path, reaper):
     root = tmp_path / "results"
     hang_after = 1.5
@@ -285,6 +289,7 @@ def _never(**_):
 """
 
 
+@pytest.mark.integration
 def test_a_locust_that_never_ends_is_stopped_with_its_greenlets_stacks_and_the_trial_says_so(
         tmp_path, reaper, monkeypatch):
     monkeypatch.setattr(campaign_runner, "LOCUST_OVERRUN", 3.0)
@@ -302,6 +307,7 @@ def test_a_locust_that_never_ends_is_stopped_with_its_greenlets_stacks_and_the_t
     assert_no_orphans(set(m["locust_pgids"]) | set(m["server_pgids"]), reaper)
 
 
+@pytest.mark.integration
 def test_server_never_healthy_fails_its_trial_and_the_next_one_runs(tmp_path, reaper):
     root = tmp_path / "results"
     f = write_campaign(tmp_path, duration=2, startup_timeout=1, configs='''
@@ -322,6 +328,7 @@ name = "well"
     assert_analysable(root)
 
 
+@pytest.mark.integration
 def test_port_in_use_by_another_server_is_refused_not_loaded(tmp_path, reaper):
     """A command whose URL's port is taken: the /health of whatever answers there must not pass for ours."""
     root = tmp_path / "results"
@@ -340,6 +347,7 @@ def test_port_in_use_by_another_server_is_refused_not_loaded(tmp_path, reaper):
     assert load_results(root / CAMP).trials["status"].tolist() == ["failed", "failed"]
 
 
+@pytest.mark.integration
 def test_locust_stopped_with_sigint_keeps_every_row_and_the_trial_is_interrupted(tmp_path, reaper):
     root = tmp_path / "results"
     f = write_campaign(tmp_path, duration=8)
@@ -361,6 +369,7 @@ def test_locust_stopped_with_sigint_keeps_every_row_and_the_trial_is_interrupted
     assert_analysable(root)
 
 
+@pytest.mark.integration
 def test_ctrl_c_of_the_campaign_stops_everything_and_keeps_valid_results(tmp_path, reaper):
     """Ctrl-C reaches `mmchaos campaign run` (Locust and the server run in sessions of their own)."""
     root = tmp_path / "results"
@@ -386,6 +395,7 @@ def test_ctrl_c_of_the_campaign_stops_everything_and_keeps_valid_results(tmp_pat
     assert_analysable(root)
 
 
+@pytest.mark.integration
 def test_locust_sigkill_keeps_rows_up_to_the_last_second_and_the_trial_is_interrupted(tmp_path, reaper):
     root = tmp_path / "results"
     f = write_campaign(tmp_path, duration=8)
@@ -417,6 +427,7 @@ def test_locust_sigkill_keeps_rows_up_to_the_last_second_and_the_trial_is_interr
     assert_analysable(root)
 
 
+@pytest.mark.integration
 def test_killed_worker_keeps_its_rows_and_the_run_goes_on(tmp_path, reaper):
     """Master + 2 workers (Locust's own distributed mode); one worker is SIGKILLed mid-run. The workers run in
     another folder and the results folder is relative to the master's: rows reach it only as messages."""
@@ -548,9 +559,8 @@ def test_bad_input_is_one_line_naming_problem_and_fix_and_writes_nothing(tmp_pat
     text = edit(tmp_path, f.read_text())
     f.write_text(text)
     results = tmp_path / "results"
-    r = subprocess.run([PY, "-m", "mmchaos.harness.cli", "campaign", "run", str(f), "--results", str(results)],
-                       capture_output=True, text=True, timeout=60, cwd=ROOT,
-                       env={**os.environ, "MMCHAOS_HOME": str(tmp_path / "home")})
+    # in this process: refused before anything runs
+    r = mmchaos("campaign", "run", str(f), "--results", str(results), env={"MMCHAOS_HOME": str(tmp_path / "home")})
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1, r.stderr
@@ -564,8 +574,7 @@ def test_non_writable_results_folder_is_one_line_and_writes_nothing(tmp_path):
     f = write_campaign(tmp_path)
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder\n")
-    r = subprocess.run([PY, "-m", "mmchaos.harness.cli", "campaign", "run", str(f), "--results", str(blocker / "results")],
-                       capture_output=True, text=True, timeout=60, cwd=ROOT)
+    r = mmchaos("campaign", "run", str(f), "--results", str(blocker / "results"))
     assert r.returncode == 2, r.stderr
     [line] = r.stderr.strip().splitlines()
     assert f"results folder {blocker}/results/{CAMP} is not writable (Not a directory)" in line
@@ -574,6 +583,7 @@ def test_non_writable_results_folder_is_one_line_and_writes_nothing(tmp_path):
         "a-file", "campaign.toml"]
 
 
+@pytest.mark.integration
 def test_plain_locust_with_a_bad_image_dir_fails_with_its_reason(standin, tmp_path):
     """Outside campaigns (which check image_dir up front), Locust itself says why and exits non-zero."""
     missing = tmp_path / "no-such-dir"
@@ -591,6 +601,7 @@ def _text_of_parquet(p: Path) -> str:
     return json.dumps(pq.read_table(p).to_pylist(), default=str)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("via", ["env", "file"])
 def test_api_key_is_sent_as_bearer_and_never_written_anywhere(tmp_path, via, reaper, monkeypatch):
     key = f"sk-mmchaos-{uuid.uuid4().hex}"
@@ -644,6 +655,7 @@ def test_api_key_is_sent_as_bearer_and_never_written_anywhere(tmp_path, via, rea
 # --- reports --------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_report_renders_server_text_as_text(tmp_path, reaper):
     """A server error message and server log lines carrying HTML end up in report.html escaped."""
     root = tmp_path / "results"

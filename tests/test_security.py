@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 import requests as http
 
+from cli_inprocess import mmchaos
 from conftest import TESTS, standin_server
 from locust_run import ROOT, only, rows
 from mmchaos import schema
@@ -96,6 +97,7 @@ env = {{ VLLM_API_KEY = "{keys['env']}", HF_TOKEN = "{keys['token']}" }}
     return f
 
 
+@pytest.mark.integration
 def test_keys_in_flags_env_and_command_reach_the_server_and_no_output(tmp_path):
     """The server gets its keys and quotes them (in its argument dump and in its error answers); requests carry
     the key it accepts; no byte written under results, and no line on the terminal, holds any of them."""
@@ -123,6 +125,7 @@ def test_keys_in_flags_env_and_command_reach_the_server_and_no_output(tmp_path):
     assert manifest["flags"] == ["--api-key", "***"] and manifest["env"] == {"VLLM_API_KEY": "***", "HF_TOKEN": "***"}
 
 
+@pytest.mark.integration
 def test_the_web_ui_state_never_shows_the_key(tmp_path):
     from test_webui import LocustUI, run_finished_and_flushed, wait_for
 
@@ -130,14 +133,15 @@ def test_the_web_ui_state_never_shows_the_key(tmp_path):
     with standin_server(tmp_path / "s.log", "--api-key", key, "--echo-key") as s:
         os.environ["MMCHAOS_API_KEY"] = key
         try:
-            ui = LocustUI(tmp_path, "--host", s.base_url, "--autostart", "-u", "2", "-r", "2", "-t", "3s",
+            ui = LocustUI(tmp_path, "--host", s.base_url, "--autostart", "-u", "2", "-r", "2", "-t", "60s",
+                          "--max-requests", "40",  # a budget, not a count reached in a fixed time
                           "--autoquit", "60", "--results-dir", str(tmp_path / "out"), "--image-preset", "small",
                           "--pool-size", "4", "--malformed-cases", "dimensions_unsupported",
                           *only(valid_image=3, malformed_post=1)).wait_up()
         finally:
             del os.environ["MMCHAOS_API_KEY"]
         try:
-            st, df = wait_for(lambda: run_finished_and_flushed(ui, tmp_path / "out"), 60, "the run to end")
+            st, df = wait_for(lambda: run_finished_and_flushed(ui, tmp_path / "out"), 90, "the run to end")
             stats = http.get(ui.url + "/stats/requests", timeout=5).text
         finally:
             ui.stop()
@@ -149,6 +153,7 @@ def test_the_web_ui_state_never_shows_the_key(tmp_path):
 # --- loopback by default ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_plain_locust_opens_the_mix_on_loopback_only(tmp_path):
     """locust.conf at the repository root: `.venv/bin/locust` with no arguments serves the mix on 127.0.0.1."""
     port = free_port()
@@ -213,13 +218,14 @@ def test_check_rejects_what_run_would_reject(tmp_path, mistake):
     f = tmp_path / "c.toml"
     f.write_text(BASE.format(standin=STANDIN).replace(old, new, 1))
     results = tmp_path / "results"
-    for action in ("check", "run"):
-        r = cli("campaign", action, str(f), "--results", str(results))
+    for action in ("check", "run"):  # in this process: refused before anything runs
+        r = mmchaos("campaign", action, str(f), "--results", str(results))
         lines = r.stderr.strip().splitlines()
         assert r.returncode == 2 and len(lines) == 1 and needle in lines[0], (action, r.stderr)
     assert not results.exists()
 
 
+@pytest.mark.integration
 def test_paths_in_a_campaign_file_are_relative_to_it(tmp_path):
     from PIL import Image
 
@@ -238,6 +244,7 @@ def test_paths_in_a_campaign_file_are_relative_to_it(tmp_path):
     assert r.returncode == 0, r.stderr  # run from another folder than the file's
 
 
+@pytest.mark.integration
 def test_a_trial_whose_locust_cannot_start_fails_with_locusts_reason(tmp_path):
     lf = tmp_path / "broken.py"
     lf.write_text("raise RuntimeError('this locustfile does not load')\n")
@@ -252,7 +259,7 @@ def test_a_trial_whose_locust_cannot_start_fails_with_locusts_reason(tmp_path):
 
 @pytest.mark.parametrize("port", ["99999", "-1", "http"])
 def test_a_bad_port_is_one_line(port):
-    r = cli("serve", "--engine", "0.30.0", "--port", port, timeout=60)
+    r = mmchaos("serve", "--engine", "0.30.0", "--port", port)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "is not a port (1-65535)" in r.stderr
 
 
@@ -268,6 +275,7 @@ def _small_campaign(tmp_path: Path) -> Path:
     return tmp_path / "results" / "v"
 
 
+@pytest.mark.integration
 def test_the_report_reads_damaged_results_and_says_what_it_skipped(tmp_path):
     camp = _small_campaign(tmp_path)
     trial = camp / "a" / "t000"

@@ -62,6 +62,7 @@ flags = {flags}
     return f
 
 
+@pytest.mark.integration
 def test_sweep_points_run_in_their_own_folders_and_carry_their_knobs(tmp_path):
     f = sweep_campaign(tmp_path)
     plan = campaign_plan.load(f)
@@ -132,6 +133,7 @@ def test_bad_sweeps_are_one_line_errors(tmp_path, sweep, needle):
     assert line.startswith(f"{f}:") and needle in line, line
 
 
+@pytest.mark.integration
 def test_check_and_run_refuse_a_bad_sweep_alike(tmp_path):
     f = sweep_campaign(tmp_path, sweep="bogus = [1, 2]")
     outs = []

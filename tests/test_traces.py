@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_inprocess import mmchaos
 from PIL import Image
 
 from conftest import TESTS, standin_server
@@ -78,6 +79,7 @@ def test_each_image_is_stored_once_and_made_again_by_recipe(recorded):
         assert hashlib.sha256(trace.data(h)).hexdigest()[:16] == h
 
 
+@pytest.mark.integration
 def test_a_replay_sends_the_same_bytes_in_each_users_order(recorded, tmp_path):
     out, trace, received = recorded
     with standin_server(tmp_path / "s.log", "--body-log", str(tmp_path / "bodies.txt")) as s:
@@ -109,6 +111,7 @@ def test_a_replay_of_nothing_says_so_and_exits_2(tmp_path, standin):
     assert r.returncode == 2 and "no such trace folder or request log" in r.stdout, r.stdout[-2000:]
 
 
+@pytest.mark.integration
 def test_a_request_log_converts_to_a_trace_and_back_byte_for_byte(recorded, tmp_path):
     _, trace, _ = recorded
     n = request_log.write(trace, tmp_path / "traffic.jsonl")
@@ -153,6 +156,7 @@ def _hand_written_log(folder: Path) -> Path:
     return log
 
 
+@pytest.mark.integration
 def test_a_hand_written_request_log_replays_a_poison_then_reuse(tmp_path):
     log = _hand_written_log(tmp_path)
     trace = request_log.read(log)
@@ -185,13 +189,14 @@ def test_a_hand_written_request_log_replays_a_poison_then_reuse(tmp_path):
 ])
 def test_a_bad_request_log_is_one_line_naming_the_line(tmp_path, line, needle):
     (tmp_path / "log.jsonl").write_text('{"body": {"input": "ok"}}\n' + line + "\n")
-    r = _cli("trace", "import", str(tmp_path / "log.jsonl"), str(tmp_path / "out"))
+    r = mmchaos("trace", "import", str(tmp_path / "log.jsonl"), str(tmp_path / "out"))
     assert r.returncode == 2 and "Traceback" not in r.stderr
     [msg] = r.stderr.strip().splitlines()
     assert "log.jsonl:2: " in msg and needle in msg, msg
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.integration
 def test_a_campaign_workload_can_replay_a_request_log(tmp_path):
     _hand_written_log(tmp_path)
     f = write_campaign(tmp_path, duration=30, configs='[[config]]\nname = "v030"\nflags = ["--crash-after-poison"]\n')
@@ -288,6 +293,7 @@ def _minimize(trial: Path, out: Path, *extra: str):
                 "--startup-timeout", "30", *extra, timeout=600)
 
 
+@pytest.mark.integration
 def test_minimize_finds_the_two_requests_and_the_script_reproduces_them(crashed_trial, tmp_path):
     r = _minimize(crashed_trial, tmp_path / "min")
     assert r.returncode == 0, r.stdout + r.stderr
@@ -315,6 +321,7 @@ def test_minimize_finds_the_two_requests_and_the_script_reproduces_them(crashed_
     assert again.returncode == 0 and "start " not in again.stderr and "(known)" in again.stderr, again.stderr
 
 
+@pytest.mark.integration
 def test_a_script_that_hung_up_on_a_survivor_says_the_race_may_have_been_lost(tmp_path):
     """A hang-up poisons only when it lands while the image renders: a script whose hang-up came before any answer
     and whose server survived says that one survival is weak evidence; a script without hang-ups does not."""
@@ -338,6 +345,7 @@ def test_a_script_that_hung_up_on_a_survivor_says_the_race_may_have_been_lost(tm
     assert "hung up before an answer" not in said["plain"], said["plain"]
 
 
+@pytest.mark.integration
 def test_minimize_keeps_the_recorded_images_when_asked(crashed_trial, tmp_path):
     r = _minimize(crashed_trial, tmp_path / "min", "--repeats", "1", "--keep-images")
     assert r.returncode == 0, r.stdout + r.stderr
@@ -345,6 +353,7 @@ def test_minimize_keeps_the_recorded_images_when_asked(crashed_trial, tmp_path):
     assert len((tmp_path / "min" / "minimal.jsonl").read_text().splitlines()) == 2
 
 
+@pytest.mark.integration
 def test_minimize_keeps_to_its_budget_and_says_so(crashed_trial, tmp_path):
     r = _minimize(crashed_trial, tmp_path / "min", "--max-starts", "1")
     assert r.returncode == 1 and "stopped after 1 server starts" in r.stderr, r.stdout + r.stderr
@@ -352,6 +361,7 @@ def test_minimize_keeps_to_its_budget_and_says_so(crashed_trial, tmp_path):
     assert (tmp_path / "min" / "repro.py").is_file()  # the smallest sequence found so far, said to be so
 
 
+@pytest.mark.integration
 def test_minimize_says_when_the_trials_crash_does_not_replay(tmp_path, reaper):  # noqa: F811
     """A crash no request caused (the server SIGKILLed from outside mid-load): no guess and not the whole sequence
     crashes a fresh server, so the search ends there, without spending its budget on ddmin."""
@@ -373,6 +383,7 @@ def test_minimize_says_when_the_trials_crash_does_not_replay(tmp_path, reaper): 
     assert "(run it again, or try another crashed trial)" in r.stderr  # not "try --repeats 1": it ran with 1
 
 
+@pytest.mark.integration
 def test_minimize_refuses_what_it_cannot_do(tmp_path, crashed_trial):
     r = _cli("minimize", str(tmp_path))
     assert r.returncode == 2 and "not a trial folder" in r.stderr

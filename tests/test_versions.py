@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from cli_inprocess import mmchaos
 from conftest import FIXED_VERSION, REPORT_VERSION, TESTS, require_engine_and_model
 from mmchaos.harness import engines, repro, versions, versions_table
 from mmchaos.harness.server import Server, Target
@@ -55,6 +56,7 @@ def test_select_keeps_final_releases_in_the_range_oldest_first():
         versions.select(avail, "0.32.0", "0.27.1")
 
 
+@pytest.mark.integration
 def test_each_probe_on_its_own_server_names_crash_retryable_and_clean(tmp_path):
     rows = _survey(tmp_path, probes=["poison_reuse"]).run(["0.1.0", "0.2.0", "0.3.0", "0.0.9"])
     by = {r.version: r for r in rows}
@@ -70,6 +72,7 @@ def test_each_probe_on_its_own_server_names_crash_retryable_and_clean(tmp_path):
     assert "the first release that stops crashing is 0.2.0 (crashed: 0.1.0)" in versions_table.verdict_lines(rows)[0]
 
 
+@pytest.mark.integration
 def test_abort_and_tokenize_probes_and_a_trigger_that_did_not_apply(tmp_path):
     rows = _survey(tmp_path, probes=["abort_reuse", "tokenize_reuse"], abort_after_ms=100).run(["0.3.0", "0.4.0"])
     by = {(r.version, r.probe): r for r in rows}
@@ -83,6 +86,7 @@ def test_abort_and_tokenize_probes_and_a_trigger_that_did_not_apply(tmp_path):
     assert by[("0.3.0", "tokenize_reuse")].steps == "200 200"
 
 
+@pytest.mark.integration
 def test_a_server_that_does_not_start_is_one_attempt_and_a_row_per_probe(tmp_path):
     said = []
     rows = _survey(tmp_path, configs={"bad": ["--no-such-flag"]}, say=said.append).run(["0.3.0"])
@@ -91,6 +95,7 @@ def test_a_server_that_does_not_start_is_one_attempt_and_a_row_per_probe(tmp_pat
     assert sum("fresh server" in s for s in said) == 1  # the later probes do not start it again
 
 
+@pytest.mark.integration
 def test_a_clean_probe_hands_its_server_to_the_next_one_any_other_does_not(tmp_path):
     said = []
     rows = _survey(tmp_path, probes=["poison_reuse", "tokenize_reuse"], say=said.append).run(["0.2.0", "0.3.0"])
@@ -101,6 +106,7 @@ def test_a_clean_probe_hands_its_server_to_the_next_one_any_other_does_not(tmp_p
     assert rows[3].log == rows[2].log  # the same server
 
 
+@pytest.mark.integration
 def test_measured_rows_are_kept_and_reused_unless_flags_change(tmp_path):
     first = _survey(tmp_path, probes=["poison_reuse"]).run(["0.3.0"])
     said = []
@@ -111,6 +117,7 @@ def test_measured_rows_are_kept_and_reused_unless_flags_change(tmp_path):
     assert other[0].flags == "--delay-ms 1" and any("fresh server" in s for s in said)
 
 
+@pytest.mark.integration
 def test_table_files(tmp_path):
     rows = _survey(tmp_path, probes=["poison_reuse"]).run(["0.1.0", "0.2.0"])
     files = versions_table.write(rows, tmp_path, "mmchaos versions --versions 0.1.0 0.2.0")
@@ -126,6 +133,7 @@ def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
                           text=True, timeout=timeout)
 
 
+@pytest.mark.integration
 def test_cli_release_that_cannot_be_installed_is_a_row(tmp_path):
     r = _cli("--versions", "0.26.0", "--probes", "poison_reuse", "--results", str(tmp_path))
     assert r.returncode == 0, r.stderr
@@ -142,7 +150,7 @@ def test_cli_release_that_cannot_be_installed_is_a_row(tmp_path):
     (["--versions", "0.30.0", "--abort-after-ms", "0"], "is not a positive number"),
 ])
 def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
-    r = _cli(*args, "--results", str(tmp_path))
+    r = mmchaos("versions", *args, "--results", str(tmp_path))  # in this process: refused before anything runs
     assert r.returncode == 2 and message in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
 

@@ -106,15 +106,16 @@ def run_finished_and_flushed(ui: LocustUI, out: Path):
 
 
 def test_panel_counts_match_the_recorded_rows(standin, tmp_path):
-    ui = LocustUI(tmp_path, "--host", standin.base_url, "--autostart", "-u", "4", "-r", "4", "-t", "4s",
-                  "--autoquit", "120", "--results-dir", str(tmp_path), *SMALL).wait_up()
+    # ends at its request budget, however busy the machine (the run time only bounds it)
+    ui = LocustUI(tmp_path, "--host", standin.base_url, "--autostart", "-u", "4", "-r", "4", "-t", "60s",
+                  "--max-requests", "120", "--autoquit", "120", "--results-dir", str(tmp_path), *SMALL).wait_up()
     try:
-        st, df = wait_for(lambda: run_finished_and_flushed(ui, tmp_path), 60, "the run to end and its rows")
-        assert len(df) > 50
+        st, df = wait_for(lambda: run_finished_and_flushed(ui, tmp_path), 90, "the run to end and its rows")
+        assert len(df) >= 120
         assert st["outcomes"]["kinds"] == counts_from_rows(df)
         assert st["run_id"] == df["run_id"].unique().item()
         assert st["counts_source"].startswith("request events")
-        assert st["health"]["watching"] and st["health"]["polls_ok"] >= 8 and st["health"]["state"] == "ok"
+        assert st["health"]["watching"] and st["health"]["polls_ok"] >= 1 and st["health"]["state"] == "ok"
         assert not [e for e in st["events"] if e["event"] == "crash"]
         assert st["mm_cache"]["available"] is False and st["mm_cache"]["text"].startswith("n/a")
         # the rows of the tabs, as Locust's UI receives them with its stats
@@ -164,7 +165,8 @@ def test_master_gets_the_counts_from_its_workers(standin, tmp_path):
 
 def _swarm(ui: LocustUI, host: str, **fields) -> None:
     """Start a run as the UI's start form does: a POST of every field, snake_case names, string values."""
-    form = {"user_count": "4", "spawn_rate": "4", "host": host, "run_time": "3s", **fields}
+    # each run ends at its request budget, however busy the machine (the run time only bounds it)
+    form = {"user_count": "4", "spawn_rate": "4", "host": host, "run_time": "60s", "max_requests": "60", **fields}
     r = requests.post(ui.url + "/swarm", data=form, timeout=10)
     assert r.ok and r.json()["success"], r.text
 
@@ -179,7 +181,7 @@ def test_start_form_options_take_effect_run_after_run(standin, tmp_path):
         # run 1: text only; base64_fraction arrives as the form spells it (base_64_fraction)
         _swarm(ui, standin.base_url, results_dir=str(out1),
                **{**zero, "weight_text": "5", "base_64_fraction": "0.5", "seed": "7"})
-        st1, run1 = wait_for(lambda: run_finished_and_flushed(ui, out1), 60, "run 1")
+        st1, run1 = wait_for(lambda: run_finished_and_flushed(ui, out1), 90, "run 1")
         assert st1["options"]["weight_text"] == 5 and st1["options"]["weight_valid_image"] == 0
         assert st1["options"]["base64_fraction"] == 0.5 and st1["options"]["seed"] == 7
         assert len(run1) > 20 and set(run1["kind"]) == {"text"}
@@ -187,7 +189,7 @@ def test_start_form_options_take_effect_run_after_run(standin, tmp_path):
         _swarm(ui, standin.base_url, results_dir=str(out2),
                **{**zero, "weight_valid_image": "3", "weight_malformed_post": "1"})
         wait_for(lambda: ui.state()["run_id"] != st1["run_id"], 30, "run 2 to start")
-        st2, run2 = wait_for(lambda: run_finished_and_flushed(ui, out2), 60, "run 2")
+        st2, run2 = wait_for(lambda: run_finished_and_flushed(ui, out2), 90, "run 2")
         assert len(run2) > 20 and set(run2["kind"]) == {"valid_image", "malformed_post"}
         assert st2["outcomes"]["kinds"] == counts_from_rows(run2)  # the panel restarts its counts each run
     finally:
@@ -220,10 +222,15 @@ def test_a_started_run_never_reads_ready_to_the_ui(standin, tmp_path):
         ui.stop()
 
 
+@pytest.mark.integration
 def test_crash_and_drift_from_health_and_server_log(tmp_path):
     log = tmp_path / "server.log"
+    # the server dies at its 151st embedding request and the run ends at its budget, however busy the machine: no
+    # wait for a count of requests reached in a fixed time. The refusals after the crash (with the client's pauses
+    # and retries, ~10 s) leave the panel the time to name it from the log
     with standin_server(log, "--die-after", "150") as s:
-        ui = LocustUI(tmp_path, "--host", s.base_url, "--autostart", "-u", "4", "-r", "4", "-t", "6s",
+        ui = LocustUI(tmp_path, "--host", s.base_url, "--autostart", "-u", "4", "-r", "4", "-t", "120s",
+                      "--max-requests", "220",
                       "--autoquit", "120", "--results-dir", str(tmp_path), "--server-log", str(log), *SMALL).wait_up()
         try:
             def crashed():
@@ -231,12 +238,12 @@ def test_crash_and_drift_from_health_and_server_log(tmp_path):
                 crash = [e for e in st["events"] if e["event"] == "crash"]
                 return (st, crash[0]) if crash and crash[0]["signature"] == "detokenizer_assert" else None
 
-            st, crash = wait_for(crashed, 60, "a crash named detokenizer_assert")
+            st, crash = wait_for(crashed, 120, "a crash named detokenizer_assert")
             assert crash["source"] == "health" and "refused" in crash["detail"]
             drift = [e for e in st["events"] if e["event"] == "drift"]
             assert drift and drift[0]["signature"] == "cache_drift" and "ab12cd34ef" in drift[0]["detail"]
             assert st["health"]["state"] == "refused" and st["health"]["last_ok"] < crash["t"]
-            st, df = wait_for(lambda: run_finished_and_flushed(ui, tmp_path), 60, "the run to end")
+            st, df = wait_for(lambda: run_finished_and_flushed(ui, tmp_path), 120, "the run to end")
             assert st["outcomes"]["total"]["refused"] > 0
             assert st["outcomes"]["kinds"] == counts_from_rows(df)
         finally:
