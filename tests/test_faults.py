@@ -60,6 +60,7 @@ flags = {flags}
     return f
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "fault, needle",
     [
@@ -87,6 +88,7 @@ def test_fault_tables_are_checked_in_one_line(tmp_path, fault, needle):
     assert r.returncode == 2 and len(lines) == 1 and needle in lines[0] and str(f) in lines[0], r.stderr
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "flags, target, needle",
     [
@@ -111,6 +113,7 @@ def test_a_fault_table_defaults_the_crash_policy_to_restart(tmp_path):
     assert campaign_plan.load(f).crash["policy"] == "restart"
 
 
+@pytest.mark.integration
 def test_processes_are_found_by_role_in_our_group_only(tmp_path):
     with standin_server(tmp_path / "s.log", "--tensor-parallel-size", "2") as server:
         found = identify(server.pgid, server.proc.pid)
@@ -247,6 +250,7 @@ def test_a_slow_reader_holds_the_servers_writes_back(proxied):
 
 
 # -- faults injected into the stand-in's process tree ------------------------------------------------------------
+@pytest.mark.integration
 def test_kill_of_a_tp_worker_is_a_row_a_crash_and_a_restart(tmp_path):
     fault = ('[[fault]]\nkind = "kill"\ntarget = "tp_worker"\nrank = 1\nafter_requests = 20\n\n'
              '[[fault]]\nkind = "kill"\ntarget = "engine_core"\nafter_requests = 100000\n')

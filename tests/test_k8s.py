@@ -51,6 +51,7 @@ def env_of(c: dict) -> dict[str, dict]:
     return {e["name"]: e for e in c.get("env", [])}
 
 
+@pytest.mark.integration
 def test_the_committed_example_is_the_current_rendering():
     assert EXAMPLE.read_text() == render_example(), "stale: rewrite it with `.venv/bin/python tests/test_k8s.py`"
 
@@ -128,6 +129,7 @@ def test_the_pieces_reach_each_other():
     assert campaign["workload"]["processes"] == 0  # the load comes from the worker pods
 
 
+@pytest.mark.integration
 def test_the_cluster_campaign_is_the_configuration_in_attach_mode(tmp_path):
     plan = template()
     text = docs(render_example())["ConfigMap", k8s.CAMPAIGN]["data"]["campaign.toml"]

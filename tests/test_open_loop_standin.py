@@ -18,6 +18,8 @@ from mmchaos.analysis.report import write_report
 
 STANDIN = f"{sys.executable} {TESTS / 'standin_server.py'} --port {{port}}"
 
+pytestmark = pytest.mark.integration  # every test here starts a process (Locust, the mmchaos command)
+
 
 def scheduled(df):
     return df[df["t_sched"].notna()].sort_values("t_sched")

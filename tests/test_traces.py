@@ -218,6 +218,7 @@ def _replay_campaign(tmp_path: Path, flags: list[str], duration: int = 30) -> Pa
     return f
 
 
+@pytest.mark.integration
 def test_a_replayed_log_is_judged_as_a_retrying_client_sees_its_server(tmp_path):
     """A stand-in playing 0.32.0 answers the reuse of a poisoned image with the retryable 503 once: the replay
     retries it as the OpenAI SDK does (a row per attempt, one group), so the verdict is the one the mix gets,
@@ -235,6 +236,7 @@ def test_a_replayed_log_is_judged_as_a_retrying_client_sees_its_server(tmp_path)
     assert v["verdict"] == "retryable" and v["normal_ok"] == "ok", v["evidence"]
 
 
+@pytest.mark.integration
 def test_a_log_that_records_its_clients_retries_is_replayed_as_recorded(tmp_path):
     """A log that says which line retries which (``retry_of``) is sent as recorded: no retry added to it, its
     attempts one group."""
@@ -260,6 +262,7 @@ def test_a_log_that_records_its_clients_retries_is_replayed_as_recorded(tmp_path
         [None, None, sent.at[1, "request_id"]]
 
 
+@pytest.mark.integration
 def test_a_replay_longer_than_its_duration_is_cut_and_says_what_it_did_not_send(tmp_path):
     body = {"model": "m", "input": "hello"}
     (tmp_path / "production.jsonl").write_text("\n".join(json.dumps(x) for x in [

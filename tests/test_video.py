@@ -153,6 +153,7 @@ def test_the_video_kind_is_a_valid_kind_with_a_weight():
     assert replace(video.VideoSpec(), seed=3).name.startswith("v3-")
 
 
+@pytest.mark.integration
 def test_an_engine_installed_before_its_pins_changed_gets_them_without_a_reinstall(tmp_path, monkeypatch):
     """0.30.0 now pins transformers (videos): an engine installed before that is brought up to its pins in place."""
     import json
