@@ -7,7 +7,7 @@ of its trial if none was). Its verdict (the fault axis of a configuration's verd
 
 - ``fails``: it *wedged* the server (/health answered 200 for ``WEDGE_S`` or more of the outage: Kubernetes'
   default liveness probe, 10 s × 3 failures, would not have fired), or the server was not serving again
-  ``DEFAULT_RECOVER_S`` after it (2xx bodies are not checked: a silent loss in one is not seen here);
+  ``DEFAULT_RECOVER_S`` after it, or data was lost without an error: a 2xx the client recorded with no body;
 - ``recovers``: the server served again within the bound (whether it restarted or rode it out);
 - ``undecided``: the server had served no request before it nor after (its start, not the fault, stalled it);
   or not serving again when its trial ended, sooner than the bound after it (a longer load decides);
@@ -25,7 +25,7 @@ from .stats import drift_events
 
 WEDGE_S = 30.0  # a liveness probe of periodSeconds 10 and failureThreshold 3 (Kubernetes' defaults) fires after 30 s
 DEFAULT_RECOVER_S = 180.0
-CRASH_SLACK_S = 5.0
+CRASH_WINDOW_S = 60.0
 FAILS, RECOVERS, UNDECIDED, NOT_INJECTED = "fails", "recovers", "undecided", "not_injected"
 _VALID = tuple(S.VALID_KINDS)
 
@@ -78,11 +78,12 @@ def fault_effects(c: CampaignResults, recover_within: dict[str, float] | None = 
         if len(later):  # what follows the next fault is that fault's
             end = min(end, float(later["t_injected"].iloc[0]))
         done = r["t_start"] + r["latency_ms"].fillna(0) / 1000
-        ok_new = (r["outcome"] == S.OK) & r["kind"].isin(_VALID)
-        first_ok = done[ok_new & (r["t_start"] >= t0)].min()
-        # a crash is this fault's when it came before the server served again (or within CRASH_SLACK_S of that:
-        # a request can slip through while a killed server is going down)
-        cut_off = end if pd.isna(first_ok) else min(end, float(first_ok) + CRASH_SLACK_S)
+        # a 2xx with no body is no answer (an embeddings answer is JSON): the client saw "ok" and got nothing
+        empty = (r["outcome"] == S.OK) & (r["response_bytes"].fillna(1) == 0)
+        ok_new = (r["outcome"] == S.OK) & r["kind"].isin(_VALID) & ~empty
+        # a crash within CRASH_WINDOW_S of the fault (before the next one) is what the fault led to: a server going
+        # down can answer a request or two first (one of two API servers killed: the other, for a moment)
+        cut_off = min(end, t0 + CRASH_WINDOW_S)
         cr = c.crashes[(c.crashes["config"] == cfg) & (c.crashes["trial"] == trial)
                        & (c.crashes["t_detected"] >= t0) & (c.crashes["t_detected"] <= cut_off)]
         crash = cr.sort_values("t_detected").iloc[0] if len(cr) else None
@@ -93,6 +94,8 @@ def fault_effects(c: CampaignResults, recover_within: dict[str, float] | None = 
         before = r[ok_new & (done <= t0)]
         outage_end = served if served is not None else end
         blind = _longest_ok_run(h, t0, outage_end)
+        lasts = float(fr.t_cleared) if not pd.isna(fr.t_cleared) else outage_end
+        empty_2xx = int((empty & (r["t_start"] >= t0) & (r["t_start"] <= max(lasts, outage_end))).sum())
         hit = r[((r["t_start"] >= t0) & (r["t_start"] <= outage_end)) | ((r["t_start"] < t0) & (done > t0))]
         final = hit["final"].fillna(True).astype(bool) if "final" in hit else pd.Series(True, index=hit.index)
         failed = hit[final & ~hit["outcome"].isin([S.OK, S.CUT, S.ABORTED]) & hit["kind"].isin(_VALID)]
@@ -107,7 +110,7 @@ def fault_effects(c: CampaignResults, recover_within: dict[str, float] | None = 
             if crash is not None else "",
             "served_again_after_s": served - t0 if served is not None else None,
             "health_200_without_service_s": blind,
-            "failed": len(failed), "cut": int((hit["outcome"] == S.CUT).sum()), "cured_by_retries": int(cured),
+            "empty_2xx": empty_2xx, "failed": len(failed), "cut": int((hit["outcome"] == S.CUT).sum()), "cured_by_retries": int(cured),
 "drift_after": len(d), "recover_within_s": bound,
         })
         row["verdict"], row["why"] = _judge(row, bound, blind, end - t0)
@@ -121,6 +124,9 @@ def _judge(row: dict, bound: float, blind: float, left: float) -> tuple[str, str
     if blind >= WEDGE_S:
         return FAILS, (f"wedged: /health answered 200 for {blind:.0f} s while nothing was served (a liveness probe "
                        f"would not fire)")
+    if row["empty_2xx"]:
+        return FAILS, (f"{row['empty_2xx']} answers were 2xx with no body: data lost without an error the client "
+                       "saw")
     back = row["served_again_after_s"]
     if back is None and left < bound:
         return UNDECIDED, (f"not serving again when the trial ended {left:.0f} s after it, before the {bound:g} s "

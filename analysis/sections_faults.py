@@ -22,8 +22,8 @@ def faults(doc: Doc, effects: pd.DataFrame) -> None:
           "from the injection to the first request started after it that was answered 2xx. 'Health 200 without "
           f"service' is the longest stretch of the outage /health answered 200: {WEDGE_S:g} s or more is a wedge "
           "(Kubernetes' default liveness probe, 10 s × 3, would not fire). Failed: valid requests whose last "
-          "attempt failed; cured: requests a retry saved; cut: in flight at the end of the run. 2xx bodies are not checked, so data a 2xx lost "
-          "silently is not counted here. The client-side verdict judges the "
+          "attempt failed; cured: requests a retry saved; cut: in flight at the end of the run; empty 2xx: answers the "
+          "client recorded as 2xx with no body (data lost without an error; a fault fails on any). The client-side verdict judges the "
           "load outside these outages; a configuration that fails a fault fails.")
     doc.table(pd.DataFrame({
         "configuration": effects["config"].astype(str),
@@ -37,6 +37,8 @@ def faults(doc: Doc, effects: pd.DataFrame) -> None:
         "served again after": effects.get("served_again_after_s", pd.Series(dtype=float)).map(_s),
         "failed": effects.get("failed", pd.Series(dtype=float)).map(lambda x: "—" if pd.isna(x) else integer(x)),
         "cured": effects.get("cured_by_retries", pd.Series(dtype=float)).map(
+            lambda x: "—" if pd.isna(x) else integer(x)),
+        "empty 2xx": effects.get("empty_2xx", pd.Series(dtype=float)).map(
             lambda x: "—" if pd.isna(x) else integer(x)),
         "cut": effects.get("cut", pd.Series(dtype=float)).map(lambda x: "—" if pd.isna(x) else integer(x)),
         "drift after": effects.get("drift_after", pd.Series(dtype=float)).map(
