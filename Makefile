@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 ENGINES := 0.30.0 0.32.0
 
-.PHONY: demo test unit engines setup browser docs
+.PHONY: demo test unit lint typecheck engines setup browser docs
 
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -43,6 +43,14 @@ test: setup
 # the unit lane alone: in-process, no server, no vLLM (a minute or two)
 unit: setup
 	$(BIN)/python -m pytest -ra -m unit
+
+# lint and format (ruff) and the type check (mypy over the package as it installs: tests/typecheck.py)
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: setup
+	$(BIN)/python tests/typecheck.py
 
 # the docs site (mkdocs-material) into site/, strict: a broken link, anchor or page fails (tests/test_docs.py builds
 # it in `make test` too)

@@ -99,7 +99,8 @@ class _ImageIndex:
         self.kind = _Labels(img["kind"])
         self.case = _Labels(img["case"])
         self.config_code = pd.Categorical(img["config"], categories=c.configs).codes
-        self._hashes = self._by_trial = None
+        self._hashes = None
+        self._by_trial: _Sorted | None = None
 
     def hashes(self):
         """(request position per hash, unique hashes, requests sorted by (trial, hash) and time)."""

@@ -88,6 +88,7 @@ class ConfigFit:
             return np.full(n, self.p), np.full(n, self.p_lo), np.full(n, self.p_hi)
         x = self._design(grid)
         eta = x @ self.params
+        assert self.cov is not None  # fitted with its params
         se = np.sqrt(np.einsum("ij,jk,ik->i", x, self.cov, x))
         z = stats.norm.ppf(0.5 + self.confidence / 2)
         return np.exp(eta), np.exp(eta - z * se), np.exp(eta + z * se)

@@ -214,7 +214,7 @@ def timelines(c: CampaignResults, cfg: str, max_trials: int = MAX_TIMELINE_TRIAL
         if tr["status"] != "completed":
             ax.text(0.99, 0.8, str(tr["status"]), transform=ax.transAxes, ha="right", fontsize=8, color="grey")
     axes[-1, 0].set_xlabel("minutes since trial start")
-    handles = {}
+    handles: dict = {}
     for ax in axes[:, 0]:
         for hd, lb in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(lb, hd)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .formatting import ci, ci_col, integer, num
+from .formatting import ci_col, integer, num
 
 
 def latency(doc, lat, fig) -> None:
@@ -44,11 +44,10 @@ def cost(doc, cost, baseline) -> None:
     doc.table(pd.DataFrame({
         "configuration": cost["config"], "kind": cost["kind"],
         "p50 ms": cost["p50_ms"].map(num),
-        "p50 ratio": [ci(*x, unit="×") for x in cost[["p50_ratio", "p50_ratio_lo", "p50_ratio_hi"]].to_numpy()],
+        "p50 ratio": ci_col(cost, "p50_ratio", "×"),
         "p95 ms": cost["p95_ms"].map(num),
-        "p95 ratio": [ci(*x, unit="×") for x in cost[["p95_ratio", "p95_ratio_lo", "p95_ratio_hi"]].to_numpy()],
-        "throughput ratio": [ci(*x, unit="×") for x in
-                             cost[["throughput_ratio", "throughput_ratio_lo", "throughput_ratio_hi"]].to_numpy()],
+        "p95 ratio": ci_col(cost, "p95_ratio", "×"),
+        "throughput ratio": ci_col(cost, "throughput_ratio", "×"),
     }))
 
 

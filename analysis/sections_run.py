@@ -60,7 +60,7 @@ def what_was_run(doc: Doc, c: CampaignResults) -> None:
 def side_by_side(doc, c, verdict, crash, lat, tput) -> None:
     doc.h(2, "Side by side: the two campaigns")
     camps = list(dict.fromkeys(cfg.split("/", 1)[0] for cfg in c.configs))
-    names = {}
+    names: dict[str, dict[str, str]] = {}
     for cfg in c.configs:
         camp, name = cfg.split("/", 1)
         names.setdefault(name, {})[camp] = cfg

@@ -341,7 +341,7 @@ def workaround_cost(c: CampaignResults, baseline: str, n_boot: int = I.BOOTSTRAP
             est_c, _, _, d_c = I.bootstrap_quantiles(groups[(cfg, kind)], (0.5, 0.95), n_boot, seed=_seed(c, cfg, kind))
             est_b, _, _, d_b = I.bootstrap_quantiles(groups[(baseline, kind)], (0.5, 0.95), n_boot,
                                                      seed=_seed(c, baseline, kind))
-            row = {"config": cfg, "kind": kind, "baseline": baseline}
+            row: dict[str, object] = {"config": cfg, "kind": kind, "baseline": baseline}
             for i, p in enumerate(("p50", "p95")):
                 row[p + "_ms"] = est_c[i]
                 row[p + "_ratio"] = est_c[i] / est_b[i]

@@ -176,7 +176,7 @@ class _World:
             "run_id": f"{campaign}-{self.cfg.name}-{trial}", "config": self.cfg.name, "trial": trial,
             "worker": "localhost:4242", "user_id": np.arange(n) % users, "seq": np.arange(n) // users,
             "request_id": rid, "kind": d["kind"], "case": np.where(d["kind"] == "malformed_post",
-                                                                    "dimensions_unsupported", None),
+                                                                    "dimensions_unsupported", None),  # type: ignore[call-overload]
             "expected_status": expected, "endpoint": "/v1/embeddings", "t_start": t0 + d["t"],
             "latency_ms": 50.0, "status": status, "outcome": d["outcome"],
             "cause": causes(pd.DataFrame({"status": status, "outcome": d["outcome"], "expected_status": expected})),

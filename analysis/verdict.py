@@ -106,8 +106,8 @@ def verdicts(c: CampaignResults, effects: pd.DataFrame | None = None) -> pd.Data
         fault_level, fault_lines = axis.get(str(cfg), ("", []))
         if fault_level == FAULT_FAILS:
             level, title = FAILS, "fails a fault"
-        row = {"config": cfg, "verdict": level, "title": title, "faults": fault_level,
-               **{n: st for n, (st, _) in v.checks.items()}}
+        row: dict[str, object] = {"config": cfg, "verdict": level, "title": title, "faults": fault_level,
+                               **{n: st for n, (st, _) in v.checks.items()}}
         row["evidence"] = [f"{CHECKS[n][0]}: {st} — {why}" + (f"; {details[n]}" if n in details else "")
                            for n, (st, why) in v.checks.items()] + [f"fault: {x}" for x in fault_lines]
         row["not_exercised"] = [CHECKS[n][0] for n, (st, _) in v.checks.items() if st == NOT_EXERCISED]

@@ -68,10 +68,10 @@ def _start(target: Target, log: Path, port: int | None, timeout: float) -> Serve
             raise ServerError(f"{server.base_url}/health did not answer 200 ({status or err}): is the server up?")
         return server
     try:
-        with console.status("starting server") as status:
+        with console.status("starting server") as spinner:
             waited = server.wait_healthy(
                 timeout,
-                progress=lambda t, line: status.update(f"starting server ({t:.0f} s): [dim]{escape(line[-100:])}[/dim]"),
+                progress=lambda t, line: spinner.update(f"starting server ({t:.0f} s): [dim]{escape(line[-100:])}[/dim]"),
             )
     except BaseException:
         server.stop()
@@ -220,7 +220,7 @@ def cmd_versions(a, argv: list[str]) -> int:
         for v in a.versions:
             if not versions.parse_version(v):
                 raise UsageError(f"'{v}' is not a vLLM version (expected e.g. 0.30.0)")
-        chosen = sorted(set(a.versions), key=versions.parse_version)
+        chosen = sorted(set(a.versions), key=versions.version_key)
     else:
         lo = a.lo or ".".join(map(str, engines.OLDEST_SUPPORTED))
         versions.select([], lo, a.hi)

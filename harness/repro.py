@@ -15,6 +15,7 @@ import io
 import json
 import time
 from dataclasses import dataclass, field
+from typing import Any, Callable
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -33,7 +34,7 @@ from mmchaos.auth import auth_headers
 # own. (The mix's aborts, 40 ms, are realistic timing, not a trigger.)
 ABORT_LADDER_MS = (1, 2, 4, 8, 16)
 # dimensions on a model without Matryoshka support fails after rendering (measured on 0.30.0 and 0.32.0)
-POISON_FIELDS = {"dimensions": 5}
+POISON_FIELDS: dict[str, Any] = {"dimensions": 5}
 
 
 def probe_image(nonce: int = 0, size: int = 256, variant: int = 0) -> str:
@@ -164,7 +165,7 @@ def _hang_up(base_url: str, body: dict, after_ms: float) -> Step:
 ABORTED = "client hung up"  # the error of an abort step that hung up before any answer, as it was asked to
 
 # name -> (sequence, the first step's status when the trigger applied: None = hung up before any answer)
-SEQUENCES = {
+SEQUENCES: dict[str, tuple[Callable[..., ReproResult], int | None]] = {
     "poison_reuse": (poison_then_reuse, 400),
     "tokenize_reuse": (tokenize_then_reuse, 200),
     "abort_reuse": (abort_then_reuse, None),

@@ -16,7 +16,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import IO, Callable
 from urllib.parse import urlsplit
 
 import requests
@@ -135,7 +135,7 @@ class Server:
         self.proc: subprocess.Popen | None = None
         self.pgid: int | None = None
         self._tmpdir: str | None = None
-        self._log_file = None
+        self._log_file: IO[bytes] | None = None
         self.started_at: float | None = None
         self.healthy_at: float | None = None
         if target.mode == "attach":
@@ -153,14 +153,18 @@ class Server:
         env = dict(os.environ)
         env.pop(API_KEY_ENV, None)  # the server gets a key only through its own flags
         env["PYTHONUNBUFFERED"] = "1"  # log lines must reach the file as they happen: crash detection reads it
-        env["TMPDIR"] = self._tmpdir
+        tmpdir = self._tmpdir
+        assert tmpdir is not None  # made by start() before it asks
+        env["TMPDIR"] = tmpdir
         if t.mode == "command":
+            assert t.command is not None  # a command target has one (checked where it is made)
             # a configuration's flags go after the user's command, as with the embedded engine
             command = fill_placeholders(t.command, host=self.host, port=self.port,
                                         model=t.model or paths.default_model_dir())
             argv = split_command(command) + list(t.flags)
             env.update(t.env)
             return argv, env
+        assert t.engine is not None  # an engine target names one (checked where it is made)
         e = engines.require(t.engine)
         cpu = e.flavor == "cpu"
         model = t.model or str(paths.default_model_dir())
@@ -169,7 +173,7 @@ class Server:
             raise ServerError(f"no model at {model}: run `mmchaos model build`")
         tp = tensor_parallel_size(t.flags)
         env.update({"VLLM_CACHE_ROOT": str(paths.vllm_cache_root(e.version)), "VLLM_NO_USAGE_STATS": "1",
-                    "DO_NOT_TRACK": "1", PARENT_ENV: str(os.getpid()), OWN_TMPDIR_ENV: self._tmpdir})
+                    "DO_NOT_TRACK": "1", PARENT_ENV: str(os.getpid()), OWN_TMPDIR_ENV: tmpdir})
         if cpu:
             env.update(
                 {

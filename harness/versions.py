@@ -15,7 +15,7 @@ import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from mmchaos.files import write_json_atomic
 from mmchaos.redact import Redactor, secrets_of
@@ -62,6 +62,11 @@ def parse_version(text: str) -> tuple[int, ...] | None:
     return tuple(int(x) for x in text.split(".")) if re.fullmatch(r"\d+(\.\d+){1,3}", text) else None
 
 
+def version_key(text: str) -> tuple[int, ...]:
+    """A sort key for version numbers: final releases by number, anything else first."""
+    return parse_version(text) or ()
+
+
 def select(available: list[str], lo: str | None, hi: str | None) -> list[str]:
     """The final releases in [lo, hi] (either end open when None), oldest first."""
     bounds = [parse_version(b) if b else None for b in (lo, hi)]
@@ -70,8 +75,9 @@ def select(available: list[str], lo: str | None, hi: str | None) -> list[str]:
             raise engines.EngineError(f"'{b}' is not a vLLM version (expected e.g. 0.30.0)")
     if bounds[0] and bounds[1] and bounds[0] > bounds[1]:
         raise engines.EngineError(f"--from {lo} is newer than --to {hi}")
-    found = {parse_version(v): v for v in available if parse_version(v)}
-    return [found[t] for t in sorted(found) if (not bounds[0] or t >= bounds[0]) and (not bounds[1] or t <= bounds[1])]
+    lo_t, hi_t = bounds
+    found = {t: v for v in available if (t := parse_version(v))}
+    return [found[t] for t in sorted(found) if (not lo_t or t >= lo_t) and (not hi_t or t <= hi_t)]
 
 
 def seen_in_order(matches: list[Match]) -> str:
@@ -277,7 +283,7 @@ class Survey:
         server = live.server
         sequence, trigger = repro.SEQUENCES[probe]
         self.nonce += 1
-        kw = {"abort_after_ms": self.abort_after_ms} if probe == "abort_reuse" else {}
+        kw: dict[str, Any] = {"abort_after_ms": self.abort_after_ms} if probe == "abort_reuse" else {}
         res = sequence(server.base_url, live.model, nonce=self.nonce, **kw)
         alive = _settle(server, self.settle_s) if res.steps[-1].status != 200 else \
             server.exit_code() is None and server.health()[0]

