@@ -231,7 +231,7 @@ def _with_causes(c: CampaignResults, events: pd.DataFrame, index: _ImageIndex) -
     life = np.full(len(events), -np.inf)
     ref_t = events["t"].to_numpy(dtype=float).copy()  # when its image was missed
     skip = events["request_id"].to_numpy(dtype=object).copy()  # the request the line named is no cause
-    for i, (cfg, trial, t, kind) in enumerate(events[["config", "trial", "t", "event"]].itertuples(index=False)):
+    for i, (cfg, trial, t) in enumerate(events[["config", "trial", "t"]].itertuples(index=False)):
         same = crash_t[(crash_t["config"] == cfg) & (crash_t["trial"] == trial) & (crash_t["t"] < t)]
         life[i] = same["t"].max() if len(same) else -np.inf
     for i in np.flatnonzero((events["event"] == "crash").to_numpy()):

@@ -22,9 +22,9 @@ def faults(doc: Doc, effects: pd.DataFrame) -> None:
           "from the injection to the first request started after it that was answered 2xx. 'Health 200 without "
           f"service' is the longest stretch of the outage /health answered 200: {WEDGE_S:g} s or more is a wedge "
           "(Kubernetes' default liveness probe, 10 s × 3, would not fire). Failed: valid requests whose last "
-          "attempt failed; cured: requests a retry saved; cut: in flight at the end of the run; empty 2xx: answers the "
-          "client recorded as 2xx with no body (data lost without an error; a fault fails on any). The client-side verdict judges the "
-          "load outside these outages; a configuration that fails a fault fails.")
+          "attempt failed; cured: requests a retry saved; cut: in flight at the end of the run; empty 2xx: answers "
+          "the client recorded as 2xx with no body (data lost without an error; a fault fails on any). The "
+          "client-side verdict judges the load outside these outages; a configuration that fails a fault fails.")
     doc.table(pd.DataFrame({
         "configuration": effects["config"].astype(str),
         "trial": effects["trial"].map(integer),

@@ -80,9 +80,9 @@ def attribution(doc, events, summary, window_s) -> None:
         "evidence has no cause ('—'), and a pre-render case, which cannot poison, is never named one."
     )
     doc.p(
-        f"Second, for every cache-drift line and every crash, the requests with images sent in the {window_s:g} s before it "
-        "(for crashes: before the last healthy moment, up to detection). When the drift line names an mm_hash that "
-        "matches a sent image, only requests with that same image count ('same image'); otherwise all image "
+        f"Second, for every cache-drift line and every crash, the requests with images sent in the {window_s:g} s "
+        "before it (for crashes: before the last healthy moment, up to detection). When the drift line names an "
+        "mm_hash that matches a sent image, only requests with that same image count ('same image'); otherwise all image "
         "requests in the window do. 'background' is the same share for windows placed before random image "
         "requests of the configuration; lift = share of incidents / background. A kind with a high share and a "
         "lift well above 1 is what the incidents have in common — the likely trigger."

@@ -94,9 +94,9 @@ def nginx_null():
             try:
                 with socket.create_connection(("127.0.0.1", port), timeout=0.5):
                     break
-            except OSError:
+            except OSError as e:
                 if proc.poll() is not None or time.time() > deadline:
-                    raise SystemExit(f"nginx did not start: {(d / 'error.log').read_text()[-500:]}")
+                    raise SystemExit(f"nginx did not start: {(d / 'error.log').read_text()[-500:]}") from e
                 time.sleep(0.05)
         yield f"http://127.0.0.1:{port}"
     finally:
@@ -155,7 +155,7 @@ def run_locust(locustfile: Path, host: str, users: int, seconds: int, out: Path,
     try:
         stats = locust_stats(out / "locust")
     except (OSError, ValueError, KeyError) as e:
-        raise SystemExit(f"Locust left no stats ({e}); its log:\n{(out / 'locust.log').read_text()[-2000:]}")
+        raise SystemExit(f"Locust left no stats ({e}); its log:\n{(out / 'locust.log').read_text()[-2000:]}") from e
     warm = [m for m in marks if m[0] >= marks[0][0] + 3] if marks else []
     if len(warm) >= 2:
         (t0, main0, other0), (t1, main1, other1) = warm[0], warm[-1]

@@ -140,9 +140,9 @@ def nginx():
                 ep.answered()
                 (d / "access.log").touch()
                 break
-            except OSError:
+            except OSError as e:
                 if proc.poll() is not None or time.time() > deadline:
-                    raise SystemExit(f"nginx did not start: {(d / 'error.log').read_text()[-500:]}")
+                    raise SystemExit(f"nginx did not start: {(d / 'error.log').read_text()[-500:]}") from e
                 time.sleep(0.05)
         yield ep
     finally:

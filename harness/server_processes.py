@@ -2,8 +2,9 @@
 
 vLLM names its processes with setproctitle (``vllm/utils/system_utils.py``: ``<prefix>::<name>``, the prefix
 ``VLLM`` unless ``VLLM_PROCESS_NAME_PREFIX`` says otherwise): ``EngineCore``, ``Worker_TP<rank>``,
-``Worker`` on a CPU server of TP=1, ``APIServer_<index>`` (only with ``--api-server-count`` > 1; with one, the API server is the engine core's parent,
-which keeps its command line: the process we launched, or its child under a wrapper script). The titles are read from ``/proc/<pid>/cmdline`` (what setproctitle rewrites), and
+``Worker`` on a CPU server of TP=1, ``APIServer_<index>`` (only with ``--api-server-count`` > 1; with one, the
+API server is the engine core's parent, which keeps its command line: the process we launched, or its child under
+a wrapper script). The titles are read from ``/proc/<pid>/cmdline`` (what setproctitle rewrites), and
 the tree is checked too: a worker is a child of the engine core, the engine core and the API servers descend from
 the process we launched. Only members of the process group we launched are looked at, so a process that is not
 ours is never found. Each identity keeps the process's start time: a pid reused by another process after ours

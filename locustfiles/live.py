@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import logging
+from typing import ClassVar
 
 import gevent
 from locust.runners import MasterRunner, WorkerRunner
@@ -39,7 +40,7 @@ class Live:
     panel: Panel | None = None  # the owner's
     sigs: Signatures | None = None
     log_greenlet: gevent.Greenlet | None = None
-    pending: dict[str, Outcomes] = {}  # worker: counts not yet reported, by run id
+    pending: ClassVar[dict[str, Outcomes]] = {}  # worker: counts not yet reported, by run id
     run_id = ""  # worker: the run its requests belong to
     environment = None  # worker: its Locust environment (the pacer's home)
 

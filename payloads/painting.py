@@ -4,6 +4,7 @@ embedded photo). numpy at a small size plus Pillow drawing: everything vectorise
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -214,7 +215,7 @@ def _paint_graphic(rng: np.random.Generator, width: int, height: int, grain: int
             d.rectangle((bx, by, bx + bw, by + bh), outline=fg, width=max(1, unit // 8), fill=bg)
             d.text((bx + unit * 0.5, by + unit * 0.5), _words(rng, 2), fill=fg, font=_font(unit))
             boxes.append((bx + bw / 2, by + bh / 2))
-        for a, b in zip(boxes, boxes[1:]):
+        for a, b in itertools.pairwise(boxes):
             d.line((*a, *b), fill=accent, width=max(1, unit // 6))
     if rng.random() < 0.35:  # an embedded photo (web page, chat screenshot)
         pw, ph = int(width * rng.uniform(0.25, 0.5)), int(height * rng.uniform(0.2, 0.4))

@@ -31,6 +31,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import ClassVar
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -48,7 +49,7 @@ class Handler(BaseHTTPRequestHandler):
     opts: argparse.Namespace
     count = 0
     lock = threading.Lock()
-    poisoned: set[str] = set()
+    poisoned: ClassVar[set[str]] = set()
 
     def log_message(self, *args):  # keep the log for our own lines
         pass
@@ -174,7 +175,7 @@ def _image_urls(body: dict) -> list[str]:
 
 class ENGINE:
     core: "subprocess.Popen | None" = None
-    workers: list[int] = []
+    workers: ClassVar[list[int]] = []
 
 
 # the fake engine core: its workers are sleeps titled as vLLM's; it exits when one of them dies, as vLLM's does

@@ -121,7 +121,7 @@ def test_rerun_resumes_and_force_reruns(tmp_path):
 [[config]]
 name = "healthy"
 ''')
-    [first] = run(f, tmp_path / "results")
+    run(f, tmp_path / "results")
     manifest = tmp_path / "results" / "standin" / "healthy" / "t000" / schema.MANIFEST
     before = json.loads(manifest.read_text())
     [again] = run(f, tmp_path / "results")

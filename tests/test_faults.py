@@ -189,14 +189,14 @@ def proxied():
 
 
 def test_the_proxy_listens_on_loopback_and_passes_bytes_unchanged(proxied):
-    up, proxy = proxied
+    _, proxy = proxied
     assert proxy.host == "127.0.0.1" and proxy.url == f"http://127.0.0.1:{proxy.port}"
     got, _ = _ask(proxy.port, want=200_000)
     assert got == b"x" * 200_000
 
 
 def test_latency_and_bandwidth_slow_each_answer(proxied):
-    up, proxy = proxied
+    _, proxy = proxied
     proxy.switch_on("l", faults.LATENCY, {"latency_ms": 400, "jitter_ms": 0})
     got, took = _ask(proxy.port, want=200_000)
     assert got == b"x" * 200_000 and took >= 0.4
@@ -207,7 +207,7 @@ def test_latency_and_bandwidth_slow_each_answer(proxied):
 
 
 def test_reset_after_n_bytes_resets_the_client(proxied):
-    up, proxy = proxied
+    _, proxy = proxied
     proxy.switch_on("r", faults.RESET, {"after_bytes": 1000})
     got = b""
     with socket.create_connection(("127.0.0.1", proxy.port), timeout=20) as s:

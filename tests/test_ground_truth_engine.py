@@ -54,7 +54,7 @@ def test_no_self_inflicted_connection_errors_on_the_servers_that_stay_up(demo, c
     """The 500s of oversized_image and image_file_url_not_allowed close the connection (vLLM, uvicorn): the
     request after one must not fail because of our client."""
     camp_dir, _ = demo
-    d, manifest = _trial(camp_dir, config)
+    d, _ = _trial(camp_dir, config)
     rows = read_table(d, "requests").to_pandas()
     assert (rows["status"] == 500).any()  # the cases that close the connection were sent
     assert (rows["outcome"] != schema.CONNECTION_ERROR).all(), rows[rows["outcome"] == schema.CONNECTION_ERROR]

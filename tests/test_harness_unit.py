@@ -85,7 +85,7 @@ def test_user_signatures_extend_and_bad_files_are_rejected(tmp_path):
     assert sigs.classify_crash(sigs.scan("Segmentation fault\nEngineDeadError")) == "segfault"
     bad = tmp_path / "bad.toml"
     bad.write_text('[[signature]]\nname = "x"\npatern = "typo"\n')
-    with pytest.raises(SignatureError, match="bad.toml.*patern"):
+    with pytest.raises(SignatureError, match=r"bad\.toml.*patern"):
         Signatures.load(bad)
 
 
@@ -115,7 +115,7 @@ def test_server_that_exits_during_startup_fails_fast_with_its_last_line(tmp_path
     cmd = f"{sys.executable} -c \"print('boom: bad flag'); raise SystemExit(3)\""
     s = Server(Target(mode="command", command=cmd), tmp_path / "s.log").start()
     try:
-        with pytest.raises(ServerError, match="exited with code 3.*boom: bad flag"):
+        with pytest.raises(ServerError, match=r"exited with code 3.*boom: bad flag"):
             s.wait_healthy(30, interval=0.05)
     finally:
         s.stop()

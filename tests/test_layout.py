@@ -62,7 +62,7 @@ def _sources() -> dict[str, tuple[Path, set[str]]]:
 
 
 def _room(module: str) -> str:
-    for folder, package in sorted(ROOMS.items(), key=lambda kv: -len(kv[1])):
+    for package in sorted(ROOMS.values(), key=lambda p: -len(p)):
         if module == package or module.startswith(package + "."):
             return package
     return module
@@ -73,14 +73,14 @@ def test_one_installed_top_level_name():
     dist = metadata.distribution("mmchaos")
     assert dist.read_text("top_level.txt").split() == ["mmchaos"]
     # outside the checkout, the rooms' folder names are nobody's business but their own
-    probe = "import importlib.util as u; print([n for n in %r if u.find_spec(n)])" % (GENERIC,)
+    probe = f"import importlib.util as u; print([n for n in {GENERIC!r} if u.find_spec(n)])"
     out = subprocess.run([sys.executable, "-c", probe], cwd="/", capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
 def test_rooms_import_only_what_they_may():
     wrong = []
-    for module, (path, imports) in _sources().items():
+    for path, imports in _sources().values():
         folder = path.relative_to(ROOT).parts[0]
         own = ROOMS[folder]
         for imp in imports:

@@ -279,7 +279,7 @@ def test_user_dir_errors_name_the_path(tmp_path):
         user_images.load_image_dir(missing)
     f = tmp_path / "file.png"
     _write_image(f, "PNG")
-    with pytest.raises(NotADirectoryError, match="file.png"):
+    with pytest.raises(NotADirectoryError, match=r"file\.png"):
         user_images.load_image_dir(f)
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -288,13 +288,13 @@ def test_user_dir_errors_name_the_path(tmp_path):
     bad = tmp_path / "bad"
     _write_image(bad / "ok.png", "PNG")
     (bad / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 definitely not a jpeg")
-    with pytest.raises(ValueError, match="broken.jpg"):
+    with pytest.raises(ValueError, match=r"broken\.jpg"):
         user_images.load_image_dir(bad)
     trunc = tmp_path / "trunc"
     _write_image(trunc / "big.png", "PNG", size=(300, 300))
     data = (trunc / "big.png").read_bytes()
     (trunc / "big.png").write_bytes(data[: len(data) // 2])
-    with pytest.raises(ValueError, match="big.png"):
+    with pytest.raises(ValueError, match=r"big\.png"):
         user_images.load_image_dir(trunc)
 
 
@@ -469,7 +469,7 @@ def _image_urls(body):
 
 
 def _user_text(body):
-    return [p["text"] for p in body["messages"][-1]["content"] if p.get("type") == "text"][0]
+    return next(p["text"] for p in body["messages"][-1]["content"] if p.get("type") == "text")
 
 
 def test_catalogue_has_the_required_cases(catalogue):
@@ -687,7 +687,7 @@ def test_duplicate_and_missing_case_files(tmp_path):
     g.write_text(_case() + _case())
     with pytest.raises(cases_module.CaseFileError, match="duplicate"):
         cases_module.load_cases(g, include_builtin=False)
-    with pytest.raises(FileNotFoundError, match="missing.toml"):
+    with pytest.raises(FileNotFoundError, match=r"missing\.toml"):
         cases_module.load_cases(tmp_path / "missing.toml")
 
 
@@ -695,5 +695,5 @@ def test_unset_of_a_missing_key_names_it(tmp_path, small_pool):
     f = tmp_path / "u.toml"
     f.write_text(_case(patch=None, unset='["messages.5"]'))
     (case,) = cases_module.load_cases(f, include_builtin=False).values()
-    with pytest.raises(KeyError, match="messages.5"):
+    with pytest.raises(KeyError, match=r"messages\.5"):
         malformed.build_malformed_request(case, small_pool[0], "m")

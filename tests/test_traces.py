@@ -81,7 +81,7 @@ def test_each_image_is_stored_once_and_made_again_by_recipe(recorded):
 
 @pytest.mark.integration
 def test_a_replay_sends_the_same_bytes_in_each_users_order(recorded, tmp_path):
-    out, trace, received = recorded
+    out, trace, _ = recorded
     with standin_server(tmp_path / "s.log", "--body-log", str(tmp_path / "bodies.txt")) as s:
         r = locust("locustfiles/replay.py", s.base_url, tmp_path, "--replay", str(out), "--replay-speed", "0",
                    users=1, seconds=120)
@@ -343,7 +343,7 @@ def test_a_script_that_hung_up_on_a_survivor_says_the_race_may_have_been_lost(tm
                                capture_output=True, text=True, timeout=60)
         assert p.returncode == 0 and p.stdout.strip().splitlines()[-1].startswith("survived"), p.stdout
         said[name] = p.stdout
-    assert list(request_log.read(hung).requests["kind"])[0] == "abort"
+    assert request_log.read(hung).requests["kind"].iloc[0] == "abort"
     assert "note: request(s) 1 hung up before an answer" in said["hung"], said["hung"]
     assert "hung up before an answer" not in said["plain"], said["plain"]
 
