@@ -301,6 +301,8 @@ def measure(tools: Tools, ep: Endpoint, name: str, out: Path, seconds: float, ra
     posts = ep.posts(offset)
     inside = posts[(posts[:, 0] >= ta) & (posts[:, 0] < tb)]
     n = len(inside)
+    if not n:  # its /health or /metrics polls reached the server, its load did not
+        raise SystemExit(f"{name} sent no request in its window; its log:\n{(out / 'log.txt').read_text()[-2500:]}")
     res = {"tool": name, "requests": n, "seconds": tb - ta, "cpu_s": cb - ca, "rate": n / (tb - ta),
            "req_per_cpu_s": n / max(cb - ca, 1e-9), "bytes": float(np.nanmean(inside[:, 1])) if n else np.nan,
            "load": load(), "startup_s": first - t_launch}
