@@ -34,7 +34,7 @@ def machine() -> dict:
 
 
 def tool_versions() -> dict:
-    out = {}
+    out: dict[str, str | None] = {}
     for dist in ("mmchaos", "locust", "pandas", "pyarrow"):
         try:
             out[dist] = metadata.version(dist)

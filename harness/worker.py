@@ -56,6 +56,7 @@ def serve(master_host: str, master_port: int, locustfile: str | None = None, pro
             t0 = time.monotonic()
             proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     start_new_session=True, text=True, errors="replace")
+            assert proc.stdout is not None  # piped above
             for line in proc.stdout:
                 sys.stdout.write(line)  # through the terminal's redaction
                 sys.stdout.flush()

@@ -37,7 +37,7 @@ RETRY_HEADERS = ("retry-after-ms", "retry-after", "x-should-retry")
 
 def _retry_headers(resp) -> dict[str, str]:
     headers = getattr(resp, "headers", None) or {}
-    return {h: headers.get(h) for h in RETRY_HEADERS if headers.get(h) is not None}
+    return {h: v for h in RETRY_HEADERS if (v := headers.get(h)) is not None}
 
 
 class ChaosUser(FastHttpUser):

@@ -36,4 +36,6 @@ def results_dir() -> Path:
 def locustfile(name: str = "embeddings.py") -> Path:
     """One of mmchaos's own locustfiles, wherever the package is installed (found, not imported: importing a
     locustfile imports Locust, which monkey-patches the process)."""
-    return Path(importlib.util.find_spec("mmchaos.locustfiles").submodule_search_locations[0]) / name
+    spec = importlib.util.find_spec("mmchaos.locustfiles")
+    assert spec is not None and spec.submodule_search_locations, "mmchaos is installed without its locustfiles"
+    return Path(spec.submodule_search_locations[0]) / name

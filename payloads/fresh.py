@@ -235,10 +235,10 @@ def _fresh_png(base, digest: bytes) -> tuple[bytes, str] | None:
     n, w, ch = rows.shape
     raw = np.zeros((n, 1 + w * ch), dtype=np.uint8)  # filter type 0 (None) for each of these rows
     raw[:, 1:] = rows.reshape(n, w * ch)
-    raw = raw.tobytes()
+    raw_bytes = raw.tobytes()
     c = zlib.compressobj(3, zlib.DEFLATED, -15)
-    head = b"\x78\x5e" + c.compress(raw) + c.flush(zlib.Z_SYNC_FLUSH)  # byte-aligned, not final: the tail follows
-    adler = adler32_combine(zlib.adler32(raw), t.tail_adler, t.tail_len)
+    head = b"\x78\x5e" + c.compress(raw_bytes) + c.flush(zlib.Z_SYNC_FLUSH)  # byte-aligned, not final
+    adler = adler32_combine(zlib.adler32(raw_bytes), t.tail_adler, t.tail_len)
     data = b"".join((t.head, _png_chunk(b"IDAT", head), t.tail_chunk,
                      _png_chunk(b"IDAT", struct.pack(">I", adler)), _png_chunk(b"IEND", b"")))
     return data, "RGBA" if ch == 4 else "RGB"

@@ -77,7 +77,7 @@ def _smooth_noise(rng: np.random.Generator, h: int, w: int, cells: int) -> np.nd
     gh = max(2, cells)
     gw = max(2, round(cells * w / max(h, 1)))
     grid = (rng.random((gh, gw)) * 255).astype(np.uint8)
-    up = Image.fromarray(grid, "L").resize((w, h), Image.BICUBIC)
+    up = Image.fromarray(grid, "L").resize((w, h), Image.Resampling.BICUBIC)
     return np.asarray(up, dtype=np.float32) * (1.0 / 255.0)
 
 
@@ -152,9 +152,9 @@ def _upscale(base: Image.Image, width: int, height: int) -> Image.Image:
     """Bilinear resize to (width, height); for large factors bilinear to half size then pixel doubling, which
     costs a third and is invisible under the grain and JPEG's own 2x2 chroma subsampling."""
     if max(width, height) >= 4 * max(base.size):
-        half = base.resize(((width + 1) // 2, (height + 1) // 2), Image.BILINEAR)
-        return half.resize((width, height), Image.NEAREST)
-    return base.resize((width, height), Image.BILINEAR)
+        half = base.resize(((width + 1) // 2, (height + 1) // 2), Image.Resampling.BILINEAR)
+        return half.resize((width, height), Image.Resampling.NEAREST)
+    return base.resize((width, height), Image.Resampling.BILINEAR)
 
 
 def _box(x0: float, y0: float, x1: float, y1: float) -> tuple[float, float, float, float]:

@@ -67,7 +67,7 @@ def with_smaller_image(trace: Trace, h: str, long_side: int) -> Trace | None:
     with Image.open(io.BytesIO(trace.data(h))) as im:
         im.load()
         scale = long_side / max(im.size)
-        small = im.resize((max(1, round(im.width * scale)), max(1, round(im.height * scale))), Image.LANCZOS)
+        small = im.resize((max(1, round(im.width * scale)), max(1, round(im.height * scale))), Image.Resampling.LANCZOS)
     fmt = row["format"] if row["format"] in ("jpeg", "png", "webp") else "png"
     if fmt == "jpeg" and small.mode not in ("RGB", "L"):
         small = small.convert("RGB")
