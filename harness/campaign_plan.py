@@ -1,7 +1,8 @@
 """Campaign files (TOML): engine versions × named flag configurations × trials, a workload and a crash policy.
 
-Everything is checked before anything runs: unknown keys, wrong types and vLLM flags the engine does not know
-are rejected with the file, the line and a hint.
+Everything is checked before anything runs, with the file, the line and a hint: keys, types and bounds by the
+file's models (mmchaos/campaign_file.py), then what needs more than one key (files that must exist, keys that exclude
+each other, vLLM flags the engine does not know).
 """
 
 from __future__ import annotations
@@ -14,81 +15,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from mmchaos import arrivals, faults, options, paths, schema
+from mmchaos import arrivals, campaign_file, faults, options, paths, schema
 from mmchaos.redact import split_command
-from mmchaos.options import SHAPES, OptionError, did_you_mean
+from mmchaos.options import OptionError, did_you_mean
 from mmchaos.payloads.replay_plan import ReplayPlan
 from mmchaos.payloads.traces import TraceError
 
 from . import engines
 
-TARGETS = ("engine", "command", "attach")
-POLICIES = ("stop", "restart")
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]*$")
-
-# key -> (type(s), default). None as default means required.
-CAMPAIGN_KEYS = {
-    "name": (str, None),
-    "description": (str, ""),
-    "engines": (list, []),
-    "trials": (int, 1),
-    "target": (str, "engine"),
-    "command": (str, ""),
-    "url": (str, ""),
-    "model": (str, ""),
-    "seed": (int, 1),
-}
-WORKLOAD_KEYS = {
-    "locustfile": (str, ""),  # empty: mmchaos's realistic mix
-    "trace": (str, ""),  # a trace folder or JSONL request log to replay instead of a mix
-    "replay_speed": ((int, float), 1.0),  # of the trace: 1 as recorded, k times faster, 0 as fast as possible
-    "users": (int, 8),
-    "spawn_rate": ((int, float), 8),
-    "duration": ((int, float), 30),
-    "max_requests": (int, 0),
-    "shape": (str, "steady"),
-    # open loop (mmchaos.arrivals): requests per second sent when due, by users sized for the rate (not `users`)
-    "rate": ((int, float), 0),  # 0: closed loop, `users` sending back to back
-    "arrival": (str, "poisson"),
-    "burstiness": ((int, float), 1.0),
-    "max_concurrency": (int, 0),  # 0: sized for the rate
-    "mix": (dict, {}),
-    "options": (dict, {}),
-    # Locust's master and workers (harness/distributed.py): local worker processes, workers from other machines
-    "processes": (int, 0),
-    "expect_workers": (int, 0),
-    "master_bind_host": (str, "127.0.0.1"),  # loopback: only this machine's workers; "*" opens it (README)
-    "master_bind_port": (int, 5557),
-    "expect_workers_max_wait": ((int, float), 300),
-}
-CRASH_KEYS = {
-    "policy": (str, "stop"),
-    "hang_after": ((int, float), 10),
-    "startup_timeout": ((int, float), 300),
-    "max_restarts": (int, 20),
-}
-CONFIG_KEYS = {
-    "name": (str, None),
-    "description": (str, ""),
-    "engine": (str, ""),
-    "engines": (list, []),
-    "command": (str, ""),  # target = "command": this configuration's own server command (e.g. another venv's vllm)
-    "flags": (list, []),
-    "env": (dict, {}),
-}
-# [[fault]]: one fault injected into every trial (mmchaos/faults.py); its parameters are keys of the table too
-FAULT_KEYS = {
-    "kind": (str, None),
-    "target": (str, ""),
-    "rank": (int, 0),
-    "at": ((int, float), -1),  # -1: not given (after_requests then)
-    "after_requests": (int, -1),
-    "duration": ((int, float), 0),
-    "name": (str, ""),
-    **{p: ((int, float), -1) for kind in faults.PARAMETERS.values() for p in kind},
-}
-SECTIONS = {"campaign": CAMPAIGN_KEYS, "workload": WORKLOAD_KEYS, "crash": CRASH_KEYS, "config": CONFIG_KEYS,
-            "fault": FAULT_KEYS}
 SWEEP = "sweep"  # [sweep]: knob = [values], one or two knobs; every combination is a point
 MAX_SWEEP_KNOBS = 2
 
@@ -189,25 +123,6 @@ class _Checker:
         line = _line_of(self.text, key, section, nth) if key or section else 1
         return CampaignError(f"{self.path}:{line}: {msg}")
 
-    def section(self, raw: dict, section: str, nth: int = 0) -> dict:
-        spec = SECTIONS[section]
-        for key in raw:
-            if key not in spec:
-                raise self.fail(f"unknown key '{key}' in [{section}]; {did_you_mean(key, spec)}", key, section, nth)
-        out = {}
-        for key, (types, default) in spec.items():
-            if key not in raw:
-                if default is None:
-                    raise self.fail(f"[{section}] needs '{key}'", section=section, nth=nth)
-                out[key] = default
-                continue
-            value = raw[key]
-            if not isinstance(value, types) or isinstance(value, bool):
-                want = types.__name__ if isinstance(types, type) else " or ".join(t.__name__ for t in types)
-                raise self.fail(f"'{key}' must be {want}, not {type(value).__name__}", key, section, nth)
-            out[key] = value
-        return out
-
 
 def load(path: str | Path, check_flags: bool = True) -> CampaignPlan:
     path = Path(path)
@@ -220,50 +135,30 @@ def load(path: str | Path, check_flags: bool = True) -> CampaignPlan:
     except tomllib.TOMLDecodeError as e:
         raise CampaignError(f"{path}: not valid TOML: {e}") from e
     ck = _Checker(path, text)
-    for top in data:
-        if top not in SECTIONS and top != SWEEP:
-            raise ck.fail(f"unknown section [{top}]; {did_you_mean(top, [*SECTIONS, SWEEP])}", section=top)
-    if "campaign" not in data:
-        raise ck.fail("missing the [campaign] section (with at least name = \"...\")")
-    c = ck.section(data["campaign"], "campaign")
-    w = ck.section(data.get("workload", {}), "workload")
-    crash = ck.section(data.get("crash", {}), "crash")
+    try:
+        model = campaign_file.validate(data)
+    except campaign_file.FileProblem as e:
+        raise ck.fail(str(e), e.key, e.section or None, e.nth) from None
+    c = model.campaign.model_dump()
+    w = {**model.workload.model_dump(), "mix": model.workload.mix.model_dump(exclude_unset=True),
+         "options": model.workload.options.model_dump(exclude_unset=True)}
+    crash = model.crash.model_dump()
     if (SWEEP in data or data.get("fault")) and "policy" not in data.get("crash", {}):
         # a sweep measures crashes per exposure, a fault what follows it: keep loading after a crash
         crash["policy"] = "restart"
-    raw_configs = data.get("config", [])
-    if not isinstance(raw_configs, list) or not raw_configs:
-        raise ck.fail("no [[config]] tables: name at least one flag configuration")
-
-    if not NAME_RE.match(c["name"]):
-        raise ck.fail(f"campaign name '{c['name']}' must be letters, digits, . _ - @", "name", "campaign")
-    if c["target"] not in TARGETS:
-        raise ck.fail(f"target '{c['target']}' unknown; {did_you_mean(c['target'], TARGETS)}", "target", "campaign")
-    if c["target"] == "command" and not c["command"] and not all(isinstance(r, dict) and r.get("command")
-                                                                 for r in raw_configs):
+    raw_configs = [cfg.model_dump() for cfg in model.config]
+    if c["target"] == "command" and not c["command"] and not all(r["command"] for r in raw_configs):
         raise ck.fail("target = \"command\" needs command = \"... {port} ...\" here or in every [[config]]",
                       "target", "campaign")
     if c["target"] == "attach" and not c["url"]:
         raise ck.fail("target = \"attach\" needs url = \"http://host:port\"", "target", "campaign")
-    if c["trials"] < 1:
-        raise ck.fail("trials must be at least 1", "trials", "campaign")
-    if crash["policy"] not in POLICIES:
-        raise ck.fail(f"crash policy '{crash['policy']}' unknown; {did_you_mean(crash['policy'], POLICIES)}", "policy",
-                      "crash")
     _check_url(c["url"], ck)
     _check_workload(w, path, ck)
-    _check_crash(crash, ck)
     sweep = _check_sweep(data.get(SWEEP), data.get("workload", {}), w, ck)
     _check_open_loop(w, data.get("workload", {}), set(sweep), ck)
 
     configs: list[Config] = []
-    for i, raw in enumerate(raw_configs):
-        cfg = ck.section(raw, "config", i)
-        if not NAME_RE.match(cfg["name"]):
-            raise ck.fail(f"config name '{cfg['name']}' must be letters, digits, . _ - @", "name", "config", i)
-        if not all(isinstance(f, str) for f in cfg["flags"]):
-            raise ck.fail(f"config '{cfg['name']}': flags must be strings, e.g. [\"--mm-processor-cache-gb\", \"0\"]",
-                          "flags", "config", i)
+    for i, cfg in enumerate(raw_configs):
         if cfg["command"] and c["target"] != "command":
             raise ck.fail(f"config '{cfg['name']}' has its own command, which only target = \"command\" runs; "
                           "with target = \"engine\" name its version: engine = \"0.30.0\"", "command", "config", i)
@@ -289,7 +184,7 @@ def load(path: str | Path, check_flags: bool = True) -> CampaignPlan:
     camp = CampaignPlan(
         name=c["name"], path=path, description=c["description"], trials=c["trials"], target=c["target"],
         command=c["command"], url=c["url"], model=c["model"], seed=c["seed"], workload=w, crash=crash,
-        configs=configs, sweep=sweep, faults=_check_faults(data.get("fault", []), c, configs, w, ck),
+        configs=configs, sweep=sweep, faults=_check_faults(data.get("fault", []), model.fault, c, configs, w, ck),
     )
     if check_flags and c["target"] == "engine":
         check_engine_flags(camp, ck)
@@ -320,9 +215,6 @@ def _check_trace(w: dict, path: Path, ck: _Checker) -> None:
     if w["locustfile"]:
         raise ck.fail("trace and locustfile exclude each other (a trace is replayed by locustfiles/replay.py)",
                       "trace", "workload")
-    if w["replay_speed"] < 0:
-        raise ck.fail(f"replay_speed must be 0 (as fast as possible) or more, not {w['replay_speed']}",
-                      "replay_speed", "workload")
     trace = _relative_to_file(w["trace"], path)
     try:
         ReplayPlan.load(trace)
@@ -334,18 +226,6 @@ def _check_trace(w: dict, path: Path, ck: _Checker) -> None:
 def _check_workload(w: dict, path: Path, ck: _Checker) -> None:
     """Everything campaign run would find wrong in [workload] before (or instead of) Locust finding it minutes
     later: names and values of every option and weight, shape, times and rates, the files it names."""
-    if w["duration"] < 1:
-        raise ck.fail(f"duration must be at least 1 s, not {w['duration']}", "duration", "workload")
-    if w["users"] < 1:
-        raise ck.fail(f"users must be at least 1, not {w['users']}", "users", "workload")
-    if w["spawn_rate"] <= 0:
-        raise ck.fail(f"spawn_rate must be positive (users started per second), not {w['spawn_rate']}",
-                      "spawn_rate", "workload")
-    if w["max_requests"] < 0:
-        raise ck.fail("max_requests must be 0 (no limit) or more", "max_requests", "workload")
-    if w["shape"] not in SHAPES:
-        raise ck.fail(f"shape '{w['shape']}' unknown; {did_you_mean(w['shape'], SHAPES)}", "shape", "workload")
-    _check_workers(w, ck)
     if w["trace"]:
         _check_trace(w, path, ck)
     locustfile = _relative_to_file(w["locustfile"], path) if w["locustfile"] else paths.locustfile()
@@ -377,20 +257,6 @@ def _check_open_loop(w: dict, raw: dict, swept: set, ck: _Checker) -> None:
     if rate_given and ("users" in raw or "users" in swept):
         raise ck.fail("users and rate exclude each other: an open-loop run sizes its users for the rate (cap them "
                       "with max_concurrency)", "users", SWEEP if "users" in swept else "workload")
-
-
-def _check_workers(w: dict, ck: _Checker) -> None:
-    for key in ("processes", "expect_workers"):
-        if not 0 <= w[key] <= 1024:
-            raise ck.fail(f"{key} must be 0 to 1024, not {w[key]}", key, "workload")
-    if not 1 <= w["master_bind_port"] <= 65535:
-        raise ck.fail(f"master_bind_port must be a port (1-65535), not {w['master_bind_port']}", "master_bind_port",
-                      "workload")
-    if not re.fullmatch(r"[A-Za-z0-9_.:*-]+", w["master_bind_host"]):
-        raise ck.fail(f"master_bind_host {w['master_bind_host']!r} must be an address: 127.0.0.1 (this machine's "
-                      "workers only), an interface's address, or * (all)", "master_bind_host", "workload")
-    if w["expect_workers_max_wait"] < 1:
-        raise ck.fail("expect_workers_max_wait must be at least 1 s", "expect_workers_max_wait", "workload")
 
 
 def _check_cases(opts: dict, mix: dict, path: Path, ck: _Checker) -> None:
@@ -497,14 +363,13 @@ def _sweep_value_problem(knob: str, value) -> str | None:
     return options.BY_NAME[name].problem(value)
 
 
-def _check_faults(raw, c: dict, configs: list[Config], w: dict, ck: _Checker) -> list[faults.Fault]:
+def _check_faults(raw: list, tables: list, c: dict, configs: list[Config], w: dict,
+                  ck: _Checker) -> list[faults.Fault]:
     """[[fault]] tables: each well-formed (mmchaos.faults.problem), due within the load, and aimed at a process
     every configuration's server has and mmchaos starts (never an attached server's)."""
-    if not isinstance(raw, list):
-        raise ck.fail("fault must be an array of tables: [[fault]]", section="fault")
     out = []
-    for i, table in enumerate(raw):
-        f = ck.section(table, "fault", i)
+    for i, (table, model) in enumerate(zip(raw, tables)):
+        f = model.model_dump()
         params = {p: f[p] for kind in faults.PARAMETERS.values() for p in kind if f[p] != -1}
         at = f["at"] if f["at"] != -1 else None
         after = f["after_requests"] if f["after_requests"] != -1 else None
@@ -543,15 +408,6 @@ def _check_fault_process(f: faults.Fault, where: str, c: dict, configs: list[Con
         if f.target == faults.API_SERVER and f.rank >= fronts:
             raise ck.fail(f"{where}: config '{cfg.name}' runs {fronts} API server(s) (--api-server-count): it has no "
                           f"api_server rank {f.rank}", "rank", "fault", i)
-
-
-def _check_crash(crash: dict, ck: _Checker) -> None:
-    if crash["hang_after"] <= 0:
-        raise ck.fail("hang_after must be positive (seconds)", "hang_after", "crash")
-    if crash["startup_timeout"] < 1:
-        raise ck.fail("startup_timeout must be at least 1 s", "startup_timeout", "crash")
-    if crash["max_restarts"] < 0:
-        raise ck.fail("max_restarts must be 0 or more", "max_restarts", "crash")
 
 
 def check_engine_flags(camp: CampaignPlan, ck: _Checker | None = None) -> None:
