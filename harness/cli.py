@@ -165,6 +165,11 @@ def cmd_campaign(a) -> int:
     from . import campaign_plan, campaign_runner
     from .progress import CampaignProgress
 
+    if a.action == "schema":
+        from mmchaos import campaign_file
+
+        sys.stdout.write(campaign_file.json_schema_text())
+        return 0
     camp = campaign_plan.load(a.file)
     _also_redact(s for cfg in camp.configs for s in campaign_runner.make_target(camp, cfg).secrets())
     results = Path(a.results) if a.results else None
@@ -349,6 +354,8 @@ def build_parser() -> argparse.ArgumentParser:
     cc = csub.add_parser("check", help="validate the file as run would, without running or writing anything")
     cc.add_argument("file")
     cc.add_argument("--results", help=f"results root to check (default: {paths.results_dir()})")
+    csub.add_parser("schema", help="print the JSON Schema of campaign files (for editors: the shipped files name "
+                                   "campaigns/campaign.schema.json in their first line)")
 
     r = sub.add_parser("report", help="write the report of a campaign (Markdown + one HTML file)")
     r.add_argument("results_dir", help="a campaign folder: results/<campaign>")

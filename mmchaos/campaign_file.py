@@ -139,7 +139,7 @@ class Config(Section):
                             "virtualenv's vllm serve)")
     flags: Annotated[list[str], Says("must be strings, e.g. [\"--mm-processor-cache-gb\", \"0\"]")] = _key(
         [], "vLLM flags, verbatim, e.g. [\"--mm-processor-cache-gb\", \"0\"]")
-    env: dict[str, Union[str, int, float, bool]] = _key({}, "environment variables of the server")
+    env: Annotated[dict[str, Union[str, int, float, bool]], Says("must be a table of NAME = \"value\"")] = _key({}, "environment variables of the server")
 
 
 Fault = create_model(
@@ -178,7 +178,7 @@ SECTIONS = {"campaign": Campaign, "workload": Workload, "crash": Crash, "config"
 def json_schema() -> dict:
     """The JSON Schema of a campaign file (TOML read as JSON), for editors (taplo, Even Better TOML)."""
     schema = _numbers(CampaignFile.model_json_schema())
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "mmchaos campaign file", **schema}
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema, "title": "mmchaos campaign file"}
 
 
 _JSON_BOUNDS = {"ge": "minimum", "gt": "exclusiveMinimum", "le": "maximum", "lt": "exclusiveMaximum"}
@@ -240,35 +240,41 @@ def _choices(annotation) -> tuple:
     return next((c for a in get_args(annotation) if (c := _choices(a))), ())
 
 
+_UNION_TAGS = {"int", "float", "str", "bool"}  # how pydantic names the member of a union that failed
+
+
 def _locate(loc: tuple) -> tuple[str, str, int, FieldInfo | None, type[BaseModel], bool]:
-    """(section, key, nth, field, model of the section, whether the error is inside the key's value)."""
+    """(section, key, nth [[config]] table, the key's field, the section's model, whether the error is in an item
+    of the key's list). Parts of ``loc`` past a key that are no field (a union's member, a table's own key) are
+    passed over."""
     model: type[BaseModel] = CampaignFile
     path: list[str] = []
     nth = 0
     info = None
-    inside = False
+    item = False
     for part in loc:
         if isinstance(part, int):
-            nth = part if path == ["config"] else nth
-            inside = inside or path != ["config"]
+            if path == ["config"]:
+                nth = part
+            else:
+                item = True
             continue
-        if info is not None and (sub := _unwrap(info.annotation)) is not None and not inside:
-            model = sub
-        elif info is not None:
-            inside = True
+        sub = _unwrap(info.annotation) if info is not None else model
+        if sub is None or item:
+            item = item or part not in _UNION_TAGS  # a table's own key (env's NAME): inside the value
             continue
-        if part not in model.model_fields:
-            return ".".join(path), part, nth, None, model, False
+        if part not in sub.model_fields:
+            return ".".join(path), part, nth, None, sub, False
+        model = sub
         path.append(part)
         info = model.model_fields[part]
-    key = path[-1] if path else ""
-    return ".".join(path[:-1]), key, nth, info, model, inside
+    return ".".join(path[:-1]), (path[-1] if path else ""), nth, info, model, item
 
 
 def problem(error: ValidationError) -> FileProblem:
     """The first of pydantic's errors as one campaign-file problem, in today's words."""
     e = error.errors()[0]
-    section, key, nth, info, model, inside = _locate(e["loc"])
+    section, key, nth, info, model, item = _locate(e["loc"])
     where = f"[{section}]" if section else ""
     value = e.get("input")
     kind = e["type"]
@@ -297,10 +303,10 @@ def problem(error: ValidationError) -> FileProblem:
         return FileProblem(f"{key} '{value}' unknown; {did_you_mean(str(value), choices)}", section, key, nth)
     if kind == "string_pattern_mismatch":
         return FileProblem(f"{key} {value!r} {says or 'must match ' + e['ctx']['pattern']}", section, key, nth)
-    if says and (inside or kind in _BOUNDS):
+    if says and (item or kind in _BOUNDS):
         return FileProblem(f"{key} {says}, not {value!r}" if kind in _BOUNDS else f"{key} {says}", section, key, nth)
     if kind in _BOUNDS:
-        return FileProblem(f"{key} {_bound_words(e)}, not {value!r}", section, key, nth)
+        return FileProblem(f"{key} {_bound_words(info, e)}, not {value!r}", section, key, nth)
     want = _type_words(info.annotation) if info else "something else"
     got = type(value).__name__
     return FileProblem(f"'{key}' must be {want}, not {got}", section, key, nth)
@@ -309,7 +315,12 @@ def problem(error: ValidationError) -> FileProblem:
 _BOUNDS = {"greater_than_equal", "greater_than", "less_than_equal", "less_than"}
 
 
-def _bound_words(e: dict) -> str:
+def _bound_words(info: FieldInfo | None, e: dict) -> str:
+    """The key's bounds in words: both ends when it has both ("must be 0 to 1024"), else the one it broke."""
+    bounds = {k: v for m in (info.metadata if info else []) for k in ("ge", "le") if (v := getattr(m, k, None))
+              is not None}
+    if len(bounds) == 2:
+        return f"must be {bounds['ge']} to {bounds['le']}"
     ctx = e["ctx"]
     if "ge" in ctx:
         return f"must be at least {ctx['ge']}"
