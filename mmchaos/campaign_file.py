@@ -254,7 +254,7 @@ def _locate(loc: tuple) -> tuple[str, str, int, FieldInfo | None, type[BaseModel
     item = False
     for part in loc:
         if isinstance(part, int):
-            if path == ["config"]:
+            if path in (["config"], ["fault"]):
                 nth = part
             else:
                 item = True
