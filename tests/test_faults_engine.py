@@ -1,0 +1,115 @@
+"""Server-side faults on the real CPU engines (issue 28 item 4): what vLLM does when a TP worker is killed or
+stalled, when its engine core is killed, when one of two API servers is, checked against the server log and the
+processes as well as our own rows. Two server starts: one TP=2 server per version (a stall, then a kill, in one
+trial: the crash ends it)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import FIXED_VERSION, REPORT_VERSION, TESTS, require_engine_and_model
+from mmchaos import schema
+from mmchaos.analysis.fault_effects import WEDGE_S, fault_effects
+from mmchaos.analysis.results import load_results
+from mmchaos.harness import campaign_plan, campaign_runner
+from mmchaos.harness.server_processes import Identity, alive
+from mmchaos.tables import read_table
+
+pytestmark = pytest.mark.engine
+BOUND_S = 120  # the load's cap: every trial here ends at its crash long before
+
+
+def _run(tmp_path: Path, version: str, flags: list[str], faults: str):
+    require_engine_and_model(version)
+    f = tmp_path / "f.toml"
+    f.write_text(f'''
+[campaign]
+name = "faults"
+trials = 1
+target = "engine"
+seed = 5
+
+[workload]
+locustfile = "{TESTS.parent / 'locustfiles/embeddings.py'}"
+users = 2
+spawn_rate = 2
+duration = {BOUND_S}
+
+[workload.mix]  # valid requests only: no poison, so the 0.30 cache-drift crash cannot stand in for the fault's
+valid_image = 6
+text = 2
+batch = 1
+multi_image = 1
+tokenize = 0
+malformed_pre = 0
+malformed_post = 0
+abort = 0
+
+[workload.options]
+image_preset = "small"
+pool_size = 8
+
+[crash]
+policy = "stop"
+hang_after = 10
+startup_timeout = 420
+
+[[config]]
+name = "c"
+engine = "{version}"
+flags = {json.dumps(flags)}
+
+{faults}''')
+    [result] = campaign_runner.CampaignRunner(campaign_plan.load(f), tmp_path / "results").run()
+    trial = tmp_path / "results" / "faults" / "c" / "t000"
+    manifest = json.loads((trial / schema.MANIFEST).read_text())
+    effects = fault_effects(load_results(tmp_path / "results" / "faults")).set_index("fault")
+    rows = read_table(trial, "faults").to_pandas().set_index("fault")
+    log = (trial / schema.SERVER_LOG).read_text(errors="replace")
+    pids = {p["role"]: p["pid"] for p in manifest["processes"]}
+    # by pid and start time: a busy machine reuses pids
+    left = [p["role"] for p in manifest["processes"] if alive(Identity(**{k: p[k] for k in
+                                                                        ("role", "pid", "create_time", "title", "ppid")}))]
+    assert not left, f"processes of the server outlived its trial: {left}"
+    return result, rows, effects, log, pids
+
+
+@pytest.mark.parametrize("version", [REPORT_VERSION, FIXED_VERSION])
+def test_tp_worker_stall_then_kill(tmp_path, version):
+    stall, kill = "stop tp_worker:1 for 15 s after 6 requests", "kill tp_worker:1 after 300 requests"
+    result, rows, effects, log, pids = _run(tmp_path, version, ["--tensor-parallel-size", "2"], f'''
+[[fault]]
+name = "{stall}"
+kind = "stop"
+target = "tp_worker"
+rank = 1
+after_requests = 6
+duration = 15
+
+[[fault]]
+name = "{kill}"
+kind = "kill"
+target = "tp_worker"
+rank = 1
+after_requests = 300
+''')
+    assert rows.loc[stall, "target_pid"] == rows.loc[kill, "target_pid"] == pids["tp_worker:1"]
+    # a stall of one rank stalls the server: nothing is served while /health answers 200 (no restart would come),
+    # and it serves again once the rank is continued
+    s = effects.loc[stall]
+    assert s["outcome"] == "injected" and s["served_before"] and pd_isna(s["exited_after_s"])
+    assert s["served_again_after_s"] >= 15 and s["health_200_without_service_s"] >= 10
+    # a killed rank: the engine core notices at once and the server exits; /health answers 200 until it does
+    k = effects.loc[kill]
+    assert rows.loc[kill, "outcome"] == "injected" and result.crashes
+    assert result.crashes[0].signature in ("worker_died", "engine_dead")
+    assert "Worker proc VllmWorker-1 died unexpectedly" in log
+    assert k["exited_after_s"] < WEDGE_S and k["health_200_without_service_s"] < WEDGE_S
+
+
+def pd_isna(x) -> bool:
+    return x is None or x != x
+
