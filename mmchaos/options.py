@@ -198,10 +198,22 @@ def to_argv(mix: dict, options: dict) -> list[str]:
     return argv
 
 
+LIST_AT_MOST = 40  # a hint lists every known name up to this many (a sweep's ~30 knobs), not ~400 vllm serve flags
+
+
 def did_you_mean(word: str, choices) -> str:
-    """The hint of a one-line error about an unknown name."""
-    close = difflib.get_close_matches(word, list(choices), n=1)
-    return f"did you mean '{close[0]}'?" if close else f"known: {', '.join(choices)}"
+    """The hint of a one-line error about an unknown name: the closest name, else every name when they are few,
+    else the closest few (difflib, looser)."""
+    choices = list(choices)
+    close = difflib.get_close_matches(word, choices, n=1)
+    if close:
+        return f"did you mean '{close[0]}'?"
+    if len(choices) <= LIST_AT_MOST:
+        return f"known: {', '.join(choices)}"
+    near = difflib.get_close_matches(word, choices, n=3, cutoff=0.4)
+    if near:
+        return f"closest of {len(choices)} known: {', '.join(near)}"
+    return f"none of the {len(choices)} known is close"
 
 
 def effective_mix(mix: dict) -> dict:

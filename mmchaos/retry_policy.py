@@ -2,14 +2,16 @@
 
 ``openai`` is the OpenAI Python SDK's default behaviour (``_base_client.py``: 2 retries; connection errors,
 timeouts, 408, 409, 429 and >= 500 are retried unless the server says ``x-should-retry: false``; the delay is
-0.5 s doubling up to 8 s, minus up to 25 % jitter, or the server's ``retry-after-ms`` / ``retry-after`` when it
+0.5 s doubling up to 8 s, minus up to 25 % jitter, or the server's ``retry-after-ms`` / ``retry-after`` (seconds or an HTTP date) when it
 is within (0, 120] s; a longer ``retry-after`` means no retry). ``none`` sends every request once.
 The verdict uses :func:`retryable` too: a failure a retrying client would retry is a retryable error.
 """
 
 from __future__ import annotations
 
+import email.utils
 import math
+import time
 from collections.abc import Mapping
 
 from mmchaos import schema
@@ -30,8 +32,9 @@ def retryable(status: int | None, outcome: str) -> bool:
     return status is not None and (status in (408, 409, 429) or status >= 500)
 
 
-def retry_after(headers: Mapping[str, str] | None) -> float | None:
-    """The server's requested delay in seconds (``retry-after-ms``, else ``retry-after`` in seconds)."""
+def retry_after(headers: Mapping[str, str] | None, now: float | None = None) -> float | None:
+    """The server's requested delay in seconds: ``retry-after-ms``, else ``retry-after`` in seconds or as an
+    HTTP date (RFC 9110; the SDK's ``_parse_retry_after_header`` reads both, the date against the clock)."""
     if not headers:
         return None
     for name, divisor in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
@@ -41,7 +44,11 @@ def retry_after(headers: Mapping[str, str] | None) -> float | None:
         try:
             return float(value) / divisor
         except ValueError:
-            continue
+            pass
+        if name == "retry-after":
+            date = email.utils.parsedate_tz(value)
+            if date is not None:
+                return float(email.utils.mktime_tz(date)) - (time.time() if now is None else now)
     return None
 
 

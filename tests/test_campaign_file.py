@@ -11,6 +11,7 @@ import jsonschema
 import pytest
 
 from mmchaos import campaign_file
+from mmchaos.options import did_you_mean
 from mmchaos.harness import campaign_plan, cli
 from mmchaos.harness.campaign_plan import CampaignError
 
@@ -91,3 +92,13 @@ def test_the_schema_rejects_what_the_loader_rejects():
             jsonschema.validate(bad, schema)
         with pytest.raises(campaign_file.FileProblem):
             campaign_file.validate(bad)
+
+
+def test_an_unknown_name_among_hundreds_gets_the_closest_few_not_all_of_them():
+    flags = ["--max-model-len", "--mm-processor-cache-gb", "--mm-processor-cache-type"] + \
+        [f"--other-flag-{i}" for i in range(400)]
+    assert did_you_mean("--mm-processor-cache", flags) == "did you mean '--mm-processor-cache-gb'?"
+    hint = did_you_mean("--cache-mm-gb", flags)
+    assert hint.startswith(f"closest of {len(flags)} known: --mm-processor-cache-gb") and hint.count(",") <= 2, hint
+    assert did_you_mean("--zzzzzzzzzzzzzzzzzzzzzzzz", flags) == f"none of the {len(flags)} known is close"
+    assert did_you_mean("sawtooth", ["steady", "ramp"]) == "known: steady, ramp"  # a few: all of them

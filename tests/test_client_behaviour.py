@@ -5,8 +5,10 @@ and the web UI's live verdict)."""
 
 from __future__ import annotations
 
+import email.utils
 import json
 import math
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -153,3 +155,15 @@ def test_the_live_verdict_on_the_web_ui_state(tmp_path, args, level):
     assert page.status_code == 200 and "<svg" in page.text
 
 
+
+
+def test_retry_after_as_an_http_date_is_honoured_as_the_sdk_does():
+    """RFC 9110 lets Retry-After be a date; the OpenAI SDK waits until it (within its 120 s), and so do we."""
+    now = 1_800_000_000.0
+    in_30s = email.utils.formatdate(now + 30, usegmt=True)
+    assert retry_policy.retry_after({"retry-after": in_30s}, now=now) == 30.0
+    in_an_hour = email.utils.formatdate(time.time() + 3600, usegmt=True)
+    assert not retry_policy.should_retry("openai", 0, 503, schema.HTTP_ERROR, {"retry-after": in_an_hour})
+    soon = email.utils.formatdate(time.time() + 5, usegmt=True)
+    assert 3 < retry_policy.delay(0, 0.5, {"retry-after": soon}) <= 5
+    assert retry_policy.retry_after({"retry-after": "not a date"}) is None
