@@ -189,7 +189,8 @@ def _trials_table(name: str, found: list[tuple[str, str, Path]], notes: list[str
                 "sweep": json.dumps(manifest.get("sweep") or {}, sort_keys=True),  # knob -> value of a sweep point
                 "users": workload.get("users"),
                 "shape": workload.get("shape"),
-                "seed": workload.get("seed"),
+                # the runner writes the trial's seed at the top (the campaign's seed + the trial's repeat)
+                "seed": manifest.get("seed"),
                 # a trial's clock is its load (server start-up and shutdown excluded) when the runner recorded it
                 "t_start": _float(manifest.get("t_load_start") or manifest.get("t_start")),
                 "t_end": _float(manifest.get("t_load_end") or manifest.get("t_end")),

@@ -200,7 +200,7 @@ class _World:
             "campaign": campaign, "config": self.cfg.name, "trial": trial, "engine": self.cfg.engine,
             "flags": list(self.cfg.flags), "env": {}, "target": "engine", "crash_policy": "restart",
             "workload": {"users": int(self.point.get("users", users)), "duration_s": self.duration,
-                         "shape": "steady", "seed": trial, **({"rate": rate} if rate else {})},
+                         "shape": "steady", **({"rate": rate} if rate else {})}, "seed": trial,
             "sweep": self.point, "t_start": t0, "t_end": t0 + self.duration, "status": "completed",
         }
         (folder / S.MANIFEST).write_text(json.dumps(manifest, indent=1))

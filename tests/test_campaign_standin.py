@@ -13,6 +13,7 @@ import pytest
 from cli_inprocess import mmchaos
 from conftest import TESTS
 from locust_run import locust_rows
+from mmchaos.analysis.results import load_results
 from mmchaos.harness import campaign_plan, campaign_runner
 from mmchaos import schema
 from mmchaos.tables import read_table
@@ -80,6 +81,10 @@ def test_campaign_layout_crash_detection_and_classification(tmp_path):
         assert len(rows) == manifest["requests"] > 0 and len(locust_rows(rows)) == manifest["locust_requests"]
         assert (rows["config"] == name).all() and (rows["run_id"] == manifest["run_id"]).all()
         assert len(list((trial / "requests").iterdir())) == 1  # parts compacted at the end of the trial
+    # the trials table reads the seed the runner wrote (it was empty for every real campaign: issue 24)
+    trials = load_results(tmp_path / "results" / "standin").trials
+    plan = campaign_plan.load(write_campaign(tmp_path))
+    assert trials["seed"].tolist() == [plan.seed, plan.seed], trials[["config", "seed"]]
 
     dies = tmp_path / "results" / "standin" / "dies" / "t000"
     crashes = read_table(dies, "crashes").to_pandas()
