@@ -133,7 +133,70 @@ def cli_reference(parser: argparse.ArgumentParser | None = None) -> str:
     return "\n".join(lines).replace(f"{ROOT}/", "") + "\n"
 
 
-GENERATED = {"reference/cli.md": cli_reference}
+# --- the campaign file reference -------------------------------------------------------------------------------
+
+def _type_name(annotation) -> str:
+    """A key's type as a campaign file's author reads it."""
+    import typing
+
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return _type_name(args[0])
+    if origin is typing.Literal:
+        return " \\| ".join(f'`"{a}"`' for a in args)
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        names = [_type_name(a) for a in args if a is not type(None)]
+        return "number" if names == ["integer", "float"] else " or ".join(names)
+    if origin is list:
+        return f"list of {_type_name(args[0])}" if args else "list"
+    if origin is dict:
+        return "table"
+    if isinstance(annotation, type) and hasattr(annotation, "model_fields"):
+        return "table"
+    return {int: "integer", float: "float", str: "string", bool: "boolean"}.get(annotation, str(annotation))
+
+
+def _bounds(info) -> str:
+    words = {"ge": "≥", "gt": ">", "le": "≤", "lt": "<"}
+    out = [f"{words[k]} {getattr(m, k)}" for m in info.metadata for k in words if getattr(m, k, None) is not None]
+    pattern = next((m.pattern for m in info.metadata if getattr(m, "pattern", None)), None)
+    return ", ".join(out + ([f"matches `{pattern}`"] if pattern else []))
+
+
+def _default(info) -> str:
+    import json
+
+    if info.is_required():
+        return "required"
+    value = info.get_default(call_default_factory=True)
+    if hasattr(value, "model_fields"):
+        return "—"
+    return f"`{json.dumps(value)}`"
+
+
+def campaign_reference() -> str:
+    from mmchaos import campaign_file
+
+    lines = ["# Campaign file reference", "",
+             "Generated at every build from the models `mmchaos campaign check` validates with "
+             "(`mmchaos/campaign_file.py`); `mmchaos campaign schema` prints the same as a JSON Schema, and the "
+             "shipped campaign files name it in their first line (`#:schema ./campaign.schema.json`) so editors "
+             "with a TOML language server (taplo, Even Better TOML) complete and check them.", ""]
+    titles = {"campaign": "[campaign]", "workload": "[workload]", "workload.mix": "[workload.mix]",
+              "workload.options": "[workload.options]", "crash": "[crash]", "config": "[[config]]",
+              "fault": "[[fault]]"}
+    for name, model in campaign_file.SECTIONS.items():
+        lines += [f"## `{titles.get(name, name)}`", "", _text((model.__doc__ or "").strip()), "",
+                  "| key | type | default | bounds | what it does |", "|---|---|---|---|---|"]
+        for key, info in model.model_fields.items():
+            lines.append(f"| `{key}` | {_type_name(info.annotation)} | {_cell(_default(info))} | "
+                         f"{_cell(_bounds(info))} | {_cell(_text(info.description or ''))} |")
+        lines.append("")
+    lines += ["## `[sweep]`", "", _text(campaign_file.CampaignFile.model_fields["sweep"].description or ""), ""]
+    return "\n".join(lines) + "\n"
+
+
+GENERATED = {"reference/cli.md": cli_reference, "reference/campaign.md": campaign_reference}
 
 
 # --- mkdocs hooks -----------------------------------------------------------------------------------------------

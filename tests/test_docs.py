@@ -88,3 +88,12 @@ def test_strict_build_fails_on_a_broken_link(tmp_path):
                                    "nav": [{"Home": "index.md"}]}))
     with pytest.raises(Abort):
         build.build(load_config(str(yml), site_dir=str(tmp_path / "site")))
+
+
+def test_campaign_reference_has_every_key_of_every_section():
+    from mmchaos import campaign_file
+
+    page = _hooks().campaign_reference()
+    for model in campaign_file.SECTIONS.values():
+        for key in model.model_fields:
+            assert f"| `{key}` |" in page, key
