@@ -203,6 +203,7 @@ def _write_trial(folder, campaign, cfg, trial, t0, duration, n, part_rows, pool,
             "request_group": np.array([_request_id(trial, i) for i in range(n)], dtype=object),
             "final": np.ones(n, dtype=bool),
             "reconnects": np.zeros(n, dtype=np.int16),
+            "consistent": pa.nulls(n, pa.bool_()),  # the wrong-answer oracle did not look
             "n_images": n_img.astype(np.int16),
             "image_ids": image_ids,
             "image_hashes": image_hashes,

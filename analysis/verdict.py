@@ -18,7 +18,7 @@ from .fault_effects import FAILS as FAULT_FAILS, fault_axis, fault_effects, outs
 from .results import CampaignResults
 from .stats import drift_events, status_label
 
-_GROUP = ["config", "kind", "case", "status", "outcome", "expected_status", "final", "drift_answer"]
+_GROUP = ["config", "kind", "case", "status", "outcome", "expected_status", "final", "drift_answer", "consistent"]
 
 
 def drift_answers(requests: pd.DataFrame) -> np.ndarray:
@@ -44,12 +44,15 @@ def counts_by_config(c: CampaignResults, effects: pd.DataFrame | None = None) ->
         "case": r["case"].astype(object).where(r["kind"] == "probe", None),
         "status": r["status"], "outcome": r["outcome"].astype(str), "expected_status": r["expected_status"],
         "final": final.astype(bool), "drift_answer": drift_answers(r),
+        # results written before the oracle have no such column: nothing was compared
+        "consistent": (r["consistent"] if "consistent" in r else pd.Series(None, index=r.index)).astype(object),
     })
     out = {cfg: Counts() for cfg in c.configs}
     for key, n in rows.groupby(_GROUP, dropna=False, observed=True).size().items():
-        cfg, kind, case, status, outcome, expected, fin, drift = key
+        cfg, kind, case, status, outcome, expected, fin, drift, same = key
         out[cfg] += attempt_counts(kind, None if pd.isna(case) else case, None if pd.isna(status) else int(status),
-                                   outcome, None if pd.isna(expected) else int(expected), bool(fin), bool(drift), int(n))
+                                   outcome, None if pd.isna(expected) else int(expected), bool(fin), bool(drift),
+                                   int(n), consistent=None if pd.isna(same) else bool(same))
     h = outside_faults(c.health, effects, "t")
     h = h.assign(failed=~h["ok"].fillna(False).astype(bool))
     polls = h.groupby("config", observed=True)["failed"].agg(["size", "sum"])

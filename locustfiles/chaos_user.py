@@ -22,12 +22,12 @@ import numpy as np
 from gevent import GreenletExit
 from locust import FastHttpUser
 
-from mmchaos import retry_policy
+from mmchaos import retry_policy, schema
 from mmchaos.auth import auth_headers
 from mmchaos.outcomes import as_built, outcome_of
 from mmchaos.payloads.bodies import BuiltRequest, fill_template
 
-from . import connections, plugin
+from . import connections, consistency, plugin
 
 # vLLM takes X-Request-Id as the request's id and names it in its log lines (drift warnings included), so a
 # log event can be joined to the exact request row
@@ -53,6 +53,7 @@ class ChaosUser(FastHttpUser):
         self.run_id = o.run_id
         self.headers = {"Content-Type": "application/json", **auth_headers()}
         self.retry_policy = o.retry_policy
+        self.oracle = consistency.for_process(o.consistency_sample)
         self.refused_backoff = o.refused_backoff_ms / 1000
         # the jitter of retry delays: its own stream, so the requests a seed gives do not depend on outcomes
         self.jitter = np.random.default_rng([o.seed, self.worker_index, self.user_id, 0x7e7])
@@ -70,7 +71,7 @@ class ChaosUser(FastHttpUser):
         return headers if retry_policy.should_retry(policy, retries, status, outcome, headers) else None
 
     def _post(self, payload: bytes, headers: dict, name: str, ctx: dict, req: BuiltRequest, retries: int,
-              policy: str, last: bool):
+              policy: str, last: bool, template: bytes, hashes: list[str]):
         self.connection.reconnects = 0
         with self.client.request("POST", req.path, data=payload, headers=headers, name=name, context=ctx,
                                  catch_response=True) as resp:
@@ -81,7 +82,13 @@ class ChaosUser(FastHttpUser):
             # what the row says beyond Locust's own: the request event fires with this context when the block ends
             resp.request_meta["context"].update(reconnects=self.connection.reconnects, final=retry is None and last)
             expected = req.meta.expected_status
-            if as_built(status, outcome, expected):
+            consistent, wrong = None, None
+            if status == 200 and expected is None and req.meta.kind in schema.VALID_KINDS:
+                consistent, wrong = self.oracle.check(req.path, template, hashes, resp.text)
+                resp.request_meta["context"].update(consistent=consistent, wrong_answer=wrong)
+            if wrong:
+                resp.failure(wrong)  # answered, and wrongly: a failure in Locust's stats, its row's outcome ok
+            elif as_built(status, outcome, expected):
                 resp.success()
             elif status is None:
                 resp.failure(error or "no answer")  # the network error itself: its row says timeout or refused
@@ -139,6 +146,9 @@ class ChaosUser(FastHttpUser):
         Returns then at once: the recording, not this client, decides what is sent next."""
         template, urls = req.template()
         payload = fill_template(template, urls)
+        # the content hash of each image slot, in order (what makes two inputs the same: mmchaos.sameness)
+        hashes = [getattr(getattr(u, "ref", None), "hash", None) for u in urls]
+        hashes = hashes if all(hashes) else list(req.meta.image_hashes)
         after = self.abort_after if abort_after_ms is None else abort_after_ms / 1000
         kind = req.meta.kind
         name = f"{req.path} [{kind}]" if req.meta.case is None else f"{req.path} [{kind}/{req.meta.case}]"
@@ -164,7 +174,8 @@ class ChaosUser(FastHttpUser):
                     status, resp, retry = self._abort(payload, headers, name, ctx, req.path, t0, retries, after,
                                                       policy, last)
                 else:
-                    status, resp, retry = self._post(payload, headers, name, ctx, req, retries, policy, last)
+                    status, resp, retry = self._post(payload, headers, name, ctx, req, retries, policy, last,
+                                                     template, hashes)
             except GreenletExit:
                 # Locust is stopping this user mid-request (the run ended): the request still gets its row
                 plugin.cut(self.environment, ctx, t0, (time.time() - t0) * 1000)

@@ -1,7 +1,8 @@
 """The run's gates, Locust-style: limits on crashes, on the share of valid requests the server failed (after the
-client's retries), on the p95 latency of valid requests and, open loop, on the share of the requests due that the
-generator sent (achieved / asked rate). The run's exit code follows them: 0 when every gate
-holds, 1 when one fails (one line each says which), 2 when the run could not run.
+client's retries), on wrong answers to repeated inputs (the wrong-answer oracle), on the p95 latency of valid
+requests and, open loop, on the share of the requests due that the generator sent (achieved / asked rate). The
+run's exit code follows them: 0 when every gate holds, 1 when one fails (one line each says which), 2 when the
+run could not run.
 
 No Locust import here: tested in the test process, which must not monkey-patch.
 """
@@ -54,6 +55,10 @@ def evaluate(options, counts: Counts, crashes: int | None, p95_ms: float | None,
         ratio = counts.valid_uncured / counts.valid_groups if counts.valid_groups else None
         gates.append(_gate("max_server_error_ratio", options.max_server_error_ratio, ratio, lambda v: f"{v:.2%}",
                            "valid requests failed by the server after retries", "no valid request was sent"))
+    if getattr(options, "consistency_sample", 0) > 0:  # the wrong-answer oracle is on
+        gates.append(_gate("max_wrong_answers", getattr(options, "max_wrong_answers", 0),
+                           counts.wrong_answers if counts.answers_checked else None, lambda v: f"{v:.0f}",
+                           "wrong answers to repeated inputs", "no answer to a repeated input was compared"))
     if options.max_p95_ms > 0:
         gates.append(_gate("max_p95_ms", options.max_p95_ms, p95_ms, lambda v: f"{v:.0f} ms",
                            "p95 latency of valid requests", "no valid request was answered"))

@@ -57,6 +57,7 @@ class Attempt:
     lag_ms: float | None = None  # open loop: how late the arrival was sent (first attempts only)
     image_hashes: str | None = None  # comma-joined content hashes of its images (the cause of a drift is one's)
     request_id: str | None = None
+    consistent: bool | None = None  # the wrong-answer oracle's comparison (None: not compared)
 
     @property
     def category(self) -> str:
@@ -72,7 +73,7 @@ def classify_request(sigs: Signatures, response, context, exception, start_time=
     error = None if outcome == schema.OK else outcomes.error_text(response, exception, status)
     return Attempt(ctx.get("kind") or "other", ctx.get("case"), status, outcome, ctx.get("expected_status"),
                    bool(ctx.get("final", True)), error, start_time, sigs.drift_answer(status, error),
-                   ctx.get("sched_lag_ms"), ctx.get("image_hashes"), ctx.get("request_id"))
+                   ctx.get("sched_lag_ms"), ctx.get("image_hashes"), ctx.get("request_id"), ctx.get("consistent"))
 
 
 def cut_attempt(context, start_time=None) -> Attempt:
@@ -104,7 +105,7 @@ class Outcomes:
             self.drift_total += 1
             self.drift.append({"t": a.t, "kind": a.kind, "error": clean(a.error), "signature": a.drift})
         self.verdict += attempt_counts(a.kind, a.case, a.status, a.outcome, a.expected_status, a.final,
-                                       a.drift is not None)
+                                       a.drift is not None, consistent=a.consistent)
 
     def merge(self, other: dict) -> list[dict]:
         """Add a worker's report (``to_report()``); returns the drift samples it carried."""

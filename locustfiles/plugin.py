@@ -31,7 +31,7 @@ from mmchaos.auth import api_key, auth_headers
 from mmchaos.redact import Redactor
 from mmchaos.tables import PartWriter, table_dir
 
-from . import gates, live, open_loop, shipping, webui
+from . import consistency, gates, live, open_loop, shipping, webui
 from .recorder import Recorder
 from .tracing import Tracer
 from .watchers import Watchers
@@ -182,6 +182,7 @@ def _test_start(environment, **_):
     o = opts(environment)
     runner = environment.runner
     Session.sent = 0
+    consistency.reset()  # a run's first answers are its own (the web UI may point the next one elsewhere)
     owner = not isinstance(runner, WorkerRunner)
     if owner and (why := open_loop_problem(environment)):  # the web form's values
         log.error("mmchaos: %s", why)

@@ -40,8 +40,9 @@ class Recorder:
         # marking a request a success in Locust (catch_response) clears its exception; the cause stays on it
         exception = exception or getattr(response, "error", None)
         outcome = outcome_of(status, exception, bool(ctx.get("abort")))
-        self._add(ctx, name, start_time, response_time, status, outcome, error_text(response, exception, status),
-                  response_length)
+        # an answer the oracle found wrong is ok as HTTP goes: its row says why in its error
+        error = error_text(response, exception, status) or ctx.get("wrong_answer")
+        self._add(ctx, name, start_time, response_time, status, outcome, error, response_length)
 
     def on_cut(self, context, start_time, response_time, **_):
         """A request Locust stopped mid-flight at the end of the run (no request event: not a Locust failure)."""
@@ -76,6 +77,7 @@ class Recorder:
                 "request_group": ctx.get("request_group") or ctx.get("request_id"),
                 "final": ctx.get("final", True),
                 "reconnects": ctx.get("reconnects", 0),
+                "consistent": ctx.get("consistent"),
                 "n_images": ctx.get("n_images", 0),
                 "image_ids": ctx.get("image_ids"),
                 "image_hashes": ctx.get("image_hashes"),

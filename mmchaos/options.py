@@ -123,18 +123,22 @@ OPTIONS = [
     Option("watch_url", str, "", "poll /health and /metrics at this base URL instead of --host (the server itself, "
            "when the users load it through a fault proxy)", ui=False),
     Option("no_trace", bool, False, "do not keep the trace (what each request sent, to replay or minimize it)"),
+    Option("consistency_sample", float, 0.25, "wrong-answer oracle: share of inputs (by input) whose repeated "
+           "answers are compared with their first answer (0: off)", minimum=0, maximum=1),
     Option("server_log", str, "", "the server's log file: the web UI's mmchaos panel tails it and names crashes "
            "and drift by the log signatures (empty: none)"),
     # gates: the run's exit code (0 all hold, 1 one failed, 2 it could not run); a campaign asks its report instead
     Option("max_crashes", int, 0, "gate: most server crashes (seen on /health) the run may see", minimum=0),
     Option("max_server_error_ratio", float, 0.01, "gate: largest share of valid requests that may fail because of the "
            "server after the client's retries (1: no gate)", minimum=0, maximum=1),
+    Option("max_wrong_answers", int, 0, "gate: most answers to a repeated input that may differ from its first "
+           "answer (the wrong-answer oracle)", minimum=0),
     Option("max_p95_ms", float, 0.0, "gate: largest p95 latency of valid requests in ms (0: no gate)", minimum=0),
     Option("min_rate_ratio", float, arrivals.DEFAULT_MIN_RATE_RATIO, "gate, open loop: smallest share of the "
            "requests due that were sent (achieved / asked rate; 0: no gate)", minimum=0, maximum=1),
 ]
 BY_NAME = {o.name: o for o in OPTIONS}
-GATES = ("max_crashes", "max_server_error_ratio", "max_p95_ms", "min_rate_ratio")
+GATES = ("max_crashes", "max_server_error_ratio", "max_wrong_answers", "max_p95_ms", "min_rate_ratio")
 OPEN_LOOP = ("rate", "arrival", "burstiness", "max_concurrency")  # [workload] keys of a campaign, not options
 HARNESS_OWNED = {"model", "seed", "shape", "max_requests", "results_dir", "run_id", "config_name", "trial",
                  "arrival_lanes", "watch_url", *OPEN_LOOP, *GATES}

@@ -7,11 +7,13 @@ The checks are the bug report's verification step, judged as a retrying client s
 - the server stays up: no crash, /health stays 200;
 - normal requests keep succeeding: every valid request succeeded, at the latest after the client's retries;
 - no cache drift: no drift line in the server log and no cache-miss answer;
-- no retryable errors: every request got what it was built to get at its first attempt.
+- no retryable errors: every request got what it was built to get at its first attempt;
+- repeated inputs get the same answer: every answer checked by the wrong-answer oracle agreed with its input's
+  first answer (mmchaos.sameness).
 
-Levels: ``fails`` (a crash, a failed health poll, or a failure no retry cured), ``retryable`` (it survives with
-retryable errors: drift or failed first attempts, all cured), ``clean``. A check the run could not exercise (no
-malformed request was sent, nothing could poison the cache, ...) is "not exercised", never a failure.
+Levels: ``fails`` (a crash, a failed health poll, a failure no retry cured, or a wrong answer), ``retryable`` (it
+survives with retryable errors: drift or failed first attempts, all cured), ``clean``. A check the run could not
+exercise (no malformed request was sent, nothing could poison the cache, ...) is "not exercised", never a failure.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ CHECKS = {  # name -> (title, the level a failure of it means)
     "normal_ok": ("normal requests keep succeeding (after retries)", FAILS),
     "no_drift": ("no cache drift (logged or answered)", RETRYABLE),
     "first_try": ("no retryable errors (all at the first attempt)", RETRYABLE),
+    "same_answer": ("repeated inputs get the same answer", FAILS),
 }
 
 
@@ -51,6 +54,8 @@ class Counts:
     poison_sent: int = 0  # requests that can poison the cache: post-render failures, aborts
     drift_lines: int = 0  # drift lines in the server log
     drift_answers: int = 0  # cache-miss answers (vLLM's retryable 503)
+    answers_checked: int = 0  # answers to a repeated input compared with its first answer (the oracle)
+    wrong_answers: int = 0  # of them, a different answer
 
     def __add__(self, other: "Counts") -> "Counts":
         return Counts(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
@@ -62,14 +67,17 @@ def is_poison(kind: str | None, case: str | None) -> bool:
 
 
 def attempt_counts(kind: str | None, case: str | None, status: int | None, outcome: str,
-                   expected_status: int | None, final: bool, drift_answer: bool, n: int = 1) -> Counts:
+                   expected_status: int | None, final: bool, drift_answer: bool, n: int = 1,
+                   consistent: bool | None = None) -> Counts:
     """What ``n`` alike attempts add to the counts. ``final``: the client's last attempt of its request (the one
-    that says whether it was cured); ``drift_answer``: the server answered it with a cache miss."""
+    that says whether it was cured); ``drift_answer``: the server answered it with a cache miss; ``consistent``:
+    the oracle's comparison with the input's first answer (None: not compared)."""
     if outcome == schema.CUT:
         return Counts()
     server = cause_of(status, outcome, expected_status) == schema.SERVER
     c = Counts(attempts=n, server_attempts=n * server, drift_answers=n * drift_answer,
-               poison_sent=n * is_poison(kind, case))
+               poison_sent=n * is_poison(kind, case), answers_checked=n * (consistent is not None),
+               wrong_answers=n * (consistent is False))
     if final and expected_status is not None:
         c.bad_groups, c.bad_uncured = n, n * server
     elif final and (kind in schema.VALID_KINDS or (kind == "probe" and case != "abort")):
@@ -130,6 +138,12 @@ def judge(c: Counts) -> Verdict:
                                f"{_n(c.server_attempts, 'attempt(s)')} of {c.attempts:,} failed because of the server")
     else:
         checks["first_try"] = (NOT_EXERCISED, "no request was sent")
+    if c.answers_checked:
+        checks["same_answer"] = (FAILED if c.wrong_answers else OK,
+                                 f"{_n(c.wrong_answers, 'wrong answer(s)')} of {_n(c.answers_checked, 'answers')} "
+                                 "to a repeated input")
+    else:
+        checks["same_answer"] = (NOT_EXERCISED, "no answer to a repeated input was compared with its first")
     failed_levels = {CHECKS[n][1] for n, (state, _) in checks.items() if state == FAILED}
     level = FAILS if FAILS in failed_levels else RETRYABLE if failed_levels else CLEAN
     return Verdict(level, checks)

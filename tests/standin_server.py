@@ -9,8 +9,9 @@ Like vLLM, it answers an image given as a ``file://`` URL with 500 and then clos
 ``Connection: close`` header (after ``--close-delay-ms``, so a client that reuses the connection at once has sent
 its next request into it). ``--miss-after-poison`` plays vLLM 0.32: an image whose request failed with 400 is
 answered once with the retryable 503 cache miss the next time it comes; ``--crash-after-poison`` plays vLLM 0.30: it
-dies (with 0.30's log lines) when that image comes again. ``--body-log FILE`` appends each POST's X-Request-Id and
-the sha256 of its body, as received.
+dies (with 0.30's log lines) when that image comes again. ``--wrong-on-repeat`` answers an image it answered
+before with another embedding: a wrong answer, for the wrong-answer oracle. ``--body-log FILE`` appends each
+POST's X-Request-Id and the sha256 of its body, as received.
 
 ``--tensor-parallel-size N`` plays vLLM's process tree for the fault tests: a child titled ``VLLM::EngineCore``
 with N children titled ``VLLM::Worker_TP<rank>``; when a worker dies the engine core exits, when the engine core
@@ -50,6 +51,7 @@ class Handler(BaseHTTPRequestHandler):
     count = 0
     lock = threading.Lock()
     poisoned: ClassVar[set[str]] = set()
+    seen: ClassVar[dict[str, int]] = {}  # image URL -> times answered (--wrong-on-repeat)
 
     def log_message(self, *args):  # keep the log for our own lines
         pass
@@ -155,8 +157,19 @@ class Handler(BaseHTTPRequestHandler):
                 return self._send(503, {"error": {"message": "Multi-modal processor cache miss.", "code": 503}})
         if body.get("encoding_format", "float") not in ("float", "base64"):
             return self._send(400, {"error": {"message": "bad encoding_format", "code": 400}})
-        n_inputs = len(body["input"]) if isinstance(body.get("input"), list) else 1
-        data = [{"index": i, "object": "embedding", "embedding": [0.125] * DIM} for i in range(n_inputs)]
+        messages = body.get("messages")
+        n_inputs = len(body["input"]) if isinstance(body.get("input"), list) and body["input"] \
+            and not isinstance(body["input"][0], dict) else \
+            len(messages) if isinstance(messages, list) and messages and isinstance(messages[0], list) else 1
+        vector = [0.125] * DIM
+        if self.opts.wrong_on_repeat and urls:
+            with self.lock:
+                n = max(type(self).seen.get(u, 0) for u in urls)
+                for u in urls:
+                    type(self).seen[u] = type(self).seen.get(u, 0) + 1
+            if n:  # an image it answered before: each time another vector (cosine 0.125 or 0 with the others)
+                vector = [1.0 if i == n % DIM else 0.0 for i in range(DIM)]
+        data = [{"index": i, "object": "embedding", "embedding": vector} for i in range(n_inputs)]
         self._send(200, {"object": "list", "data": data, "model": "standin"})
 
 
@@ -237,6 +250,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--close-delay-ms", type=float, default=50, help="after a 500, close the connection this late")
     p.add_argument("--miss-after-poison", action="store_true", help="answer a poisoned image once with a 503 miss")
     p.add_argument("--crash-after-poison", action="store_true", help="die when a poisoned image comes again")
+    p.add_argument("--wrong-on-repeat", action="store_true",
+                   help="answer an image it answered before with another embedding (a wrong answer)")
     p.add_argument("--body-log", default="", help="append 'request-id sha256(body)' of each POST to this file")
     p.add_argument("--limit-mm-per-prompt", type=json.loads, default={}, help="JSON, as vLLM's (checked, unused)")
     p.add_argument("--echo-key", action="store_true", help="quote the API key in 400 answers (a careless server)")
@@ -263,7 +278,7 @@ class InProcess:
             threading.Thread(target=self._close, daemon=True).start()  # not from a request: shutdown() waits for it
             handler.hang_up()
 
-        handler = type("Handler", (Handler,), {"opts": opts, "count": 0, "poisoned": set(), "lock": threading.Lock(),
+        handler = type("Handler", (Handler,), {"opts": opts, "count": 0, "poisoned": set(), "seen": {}, "lock": threading.Lock(),
                                                "dead": False, "say": say, "die": die})
         self.httpd = ThreadingHTTPServer((opts.host, 0), handler)
         self.httpd.daemon_threads = True

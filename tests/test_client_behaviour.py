@@ -151,7 +151,7 @@ def test_the_live_verdict_on_the_web_ui_state(tmp_path, args, level):
         finally:
             ui.stop()
     assert st["verdict"]["level"] == level, st["verdict"]
-    assert {g["option"] for g in st["gates"]} == {"max_crashes", "max_server_error_ratio"}
+    assert {g["option"] for g in st["gates"]} == {"max_crashes", "max_server_error_ratio", "max_wrong_answers"}
     assert page.status_code == 200 and "<svg" in page.text
 
 
