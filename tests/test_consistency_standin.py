@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from conftest import standin_server
 from locust_run import locust, only, rows
@@ -20,6 +21,7 @@ MIX = [*only(valid_image=4, multi_image=1, text=1), "--fresh-fraction", "0", "--
        "--max-requests", "150"]
 
 
+@pytest.mark.integration
 def test_a_server_that_answers_a_repeated_image_wrongly_fails_the_gate(tmp_path):
     with standin_server(tmp_path / "s.log", "--wrong-on-repeat") as s:
         r = locust("locustfiles/embeddings.py", s.base_url, tmp_path, *MIX, users=2, seconds=60)
@@ -34,6 +36,7 @@ def test_a_server_that_answers_a_repeated_image_wrongly_fails_the_gate(tmp_path)
     assert sum(e["num_failures"] for e in locust_stats) >= len(wrong)  # a failure in Locust's stats too
 
 
+@pytest.mark.integration
 def test_a_server_that_answers_the_same_passes(tmp_path):
     with standin_server(tmp_path / "s.log") as s:
         r = locust("locustfiles/embeddings.py", s.base_url, tmp_path, *MIX, users=2, seconds=60)
@@ -42,6 +45,7 @@ def test_a_server_that_answers_the_same_passes(tmp_path):
     assert df["consistent"].dropna().astype(bool).all() and df["consistent"].notna().sum() > 50
 
 
+@pytest.mark.integration
 def test_a_wrong_answer_makes_the_configuration_fail(tmp_path):
     f = write_campaign(tmp_path, duration=4, configs='[[config]]\nname = "same"\n\n'
                        '[[config]]\nname = "wrong"\nflags = ["--wrong-on-repeat"]\n')
