@@ -91,3 +91,13 @@ def test_a_ci_job_can_gate_on_the_verdicts(demo, tmp_path):
                             str(tmp_path / "b"), "--expect", "v0.30-default=clean"], capture_output=True, text=True,
                            timeout=300)
     assert wrong.returncode == 1 and "v0.30-default is fails, expected clean" in wrong.stderr
+
+
+@pytest.mark.parametrize("config", ["v0.30-cache-off", "v0.30-shm", "v0.32-default"])
+def test_the_real_engines_answer_a_repeated_input_the_same(demo, config):
+    """The wrong-answer oracle (issue 25 item 6), on by default, checked the demo's repeated inputs on the servers
+    that stay up: the real engines answer them as they answered them first (it would fail them if not)."""
+    camp_dir, _ = demo
+    d, _ = _trial(camp_dir, config)
+    checked = read_table(d, "requests").to_pandas()["consistent"].dropna().astype(bool)
+    assert len(checked) > 0 and checked.all(), checked.value_counts()
