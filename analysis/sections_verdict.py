@@ -6,6 +6,8 @@ import datetime as dt
 
 import pandas as pd
 
+from mmchaos.verdict_rule import CHECKS, FAILED_WORDS
+
 from . import stats
 from .attribution import MIN_LIFT_EVENTS, PRE_RENDER_KINDS, SAME_IMAGE
 from .document import Doc
@@ -76,9 +78,15 @@ def summary(doc, c, verdict, crash, drift, retried, lat, tput, cost, attribution
 
 
 def finding(cfg, v, cr, dr, attribution, cst, baseline) -> str:
-    failed = [line.split(":", 1)[0] for line in v["evidence"] if ": failed" in line]
-    parts = [f"{cfg}: {v['title'].upper() if v['verdict'] == 'fails' else v['title']}"
-             + (f" (failed: {', '.join(failed)})" if failed else "")
+    by_title = {title: name for name, (title, _) in CHECKS.items()}
+    failed = [by_title[t] for line in v["evidence"] if ": failed" in line
+              and (t := line.split(": failed", 1)[0]) in by_title]
+    trials = int(cr["trials"])
+    crashed = int(round(float(cr.get("share_crashed", 0) or 0) * trials))
+    said = [f"the server crashed in {crashed} of {trials} trial(s)" if n == "stays_up" and crashed
+            else FAILED_WORDS[n] for n in failed]
+    # what failed, said as what happened: "fails — the server crashed in 2 of 2 trials"
+    parts = [f"{cfg}: {v['title']}" + (f" — {'; '.join(said)}" if said else "")
              + (f" (not exercised: {', '.join(v['not_exercised'])})" if v["not_exercised"] else "")]
     if cr["crashes"]:
         parts.append(f"{int(cr['crashes'])} crash(es) in {int(cr['trials'])} trial(s), "

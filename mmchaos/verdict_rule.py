@@ -36,6 +36,14 @@ CHECKS = {  # name -> (title, the level a failure of it means)
     "first_try": ("no retryable errors (all at the first attempt)", RETRYABLE),
     "same_answer": ("repeated inputs get the same answer", FAILS),
 }
+# what a failed check means, in the report's plain words (the check's title says what was hoped for)
+FAILED_WORDS = {
+    "fails_alone": "a bad request did not get its expected status",
+    "stays_up": "the server crashed",
+    "normal_ok": "normal requests failed even after retries",
+    "no_drift": "the caches drifted",
+    "first_try": "some requests failed at their first attempt",
+}
 
 
 @dataclass

@@ -503,6 +503,9 @@ def test_plain_words_name_the_cause_and_never_a_pre_render_case_from_two_inciden
     words = md.split("In plain words:")[1].split("\n\n")[1]
     assert "2 of 2 crashes caused by malformed_post/dimensions" in words, words
     assert "malformed_pre" not in words, words
+    # a failing configuration is said to fail by what happened, not by the name of the check it failed
+    assert words.startswith("- v: fails — the server crashed in 2 of 2 trial(s)"), words
+    assert "FAILS" not in words and "(failed:" not in words, words
     assert "malformed_post/dimensions (HTTP 400), 30.1 s before" in md  # the incidents table's cause column
 
 
