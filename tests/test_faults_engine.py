@@ -1,7 +1,7 @@
 """Server-side faults on the real CPU engines (issue 28 item 4): what vLLM does when a TP worker is killed or
 stalled, when its engine core is killed, when one of two API servers is, checked against the server log and the
-processes as well as our own rows. Two server starts: one TP=2 server per version (a stall, then a kill, in one
-trial: the crash ends it)."""
+processes as well as our own rows. Four server starts: one TP=2 server per version (a stall, then a kill, in one
+trial: the crash ends it), one TP=1 server for the engine core, one with --api-server-count 2."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from mmchaos import schema
 from mmchaos.analysis.fault_effects import WEDGE_S, fault_effects
 from mmchaos.analysis.results import load_results
 from mmchaos.harness import campaign_plan, campaign_runner
+from mmchaos.harness.server_processes import Identity, alive
 from mmchaos.harness.server_processes import Identity, alive
 from mmchaos.tables import read_table
 
@@ -113,3 +114,52 @@ after_requests = 300
 def pd_isna(x) -> bool:
     return x is None or x != x
 
+
+def test_network_faults_then_one_of_two_api_servers_killed(tmp_path):
+    latency, reset, kill = "latency 300 ms", "reset after 200 B", "kill api_server:1"
+    result, rows, effects, log, pids = _run(tmp_path, FIXED_VERSION, ["--api-server-count", "2"], f'''
+[[fault]]
+name = "{latency}"
+kind = "latency"
+after_requests = 6
+duration = 5
+latency_ms = 300
+
+[[fault]]
+name = "{reset}"
+kind = "reset"
+after_requests = 60
+duration = 5
+after_bytes = 200
+
+[[fault]]
+name = "{kill}"
+kind = "kill"
+target = "api_server"
+rank = 1
+after_requests = 200
+''')
+    assert {"api_server:0", "api_server:1", "engine_core"} <= set(pids)
+    lat = effects.loc[latency]
+    assert lat["verdict"] == "recovers" and pd_isna(lat["exited_after_s"])  # slower, never down
+    # a reset after the status line: the client records a 2xx with no body, the server is unharmed
+    assert effects.loc[reset, "empty_2xx"] > 0 and pd_isna(effects.loc[reset, "exited_after_s"])
+    # one API server killed: vLLM's launcher sees it die and takes the whole server down
+    assert rows.loc[kill, "target_pid"] == pids["api_server:1"] and result.crashes
+    assert "Process ApiServer_1" in log and "died" in log
+    assert effects.loc[kill, "exited_after_s"] < 60
+
+
+def test_engine_core_kill_ends_the_server_at_once(tmp_path):
+    kill = "kill engine_core"
+    result, rows, effects, log, pids = _run(tmp_path, FIXED_VERSION, [], f'''
+[[fault]]
+name = "{kill}"
+kind = "kill"
+target = "engine_core"
+after_requests = 6
+''')
+    assert rows.loc[kill, "target_pid"] == pids["engine_core"] and result.crashes
+    k = effects.loc[kill]
+    # in-flight requests get 500 and the API server exits within seconds; /health does not outlive the core long
+    assert k["exited_after_s"] < 15 and k["health_200_without_service_s"] < WEDGE_S
