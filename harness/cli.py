@@ -21,7 +21,7 @@ from mmchaos.verdict_rule import LEVELS
 
 from mmchaos.payloads.traces import TraceError
 
-from . import arg_types, cli_hazard, cli_scale, cli_traces, engines
+from . import arg_types, cli_hazard, cli_hunt, cli_scale, cli_traces, engines
 from . import model as model_build
 from .campaign_plan import CampaignError
 from .minimize import MinimizeError
@@ -373,6 +373,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_hazard.add_parsers(sub)
     cli_traces.add_parsers(sub, _Parser)
     cli_scale.add_parsers(sub)
+    cli_hunt.add_parsers(sub)
     return p
 
 
@@ -405,8 +406,8 @@ def _main(argv: list[str]) -> int:
     own, passthrough = _split_passthrough(argv)
     a = build_parser().parse_args(own)
     try:
-        if passthrough and a.cmd not in ("serve", "repro"):
-            raise UsageError("flags after -- are only for serve and repro")
+        if passthrough and a.cmd not in ("serve", "repro", "hunt"):
+            raise UsageError("flags after -- are only for serve, repro and hunt")
         if a.cmd == "engine":
             return cmd_engine(a)
         if a.cmd == "model":
@@ -423,13 +424,15 @@ def _main(argv: list[str]) -> int:
             return cli_hazard.run(a, lambda line: console.print(escape(line)))
         if a.cmd in cli_traces.COMMANDS:
             return cli_traces.run(a, lambda line: console.print(escape(line)))
+        if a.cmd in cli_hunt.COMMANDS:
+            return cli_hunt.run(a, passthrough, lambda line: console.print(escape(line)))
         if a.cmd in cli_scale.COMMANDS:
             return cli_scale.run(a, lambda line: console.print(escape(line)))
         if a.cmd == "versions":
             return cmd_versions(a, own)
     except (UsageError, engines.EngineError, ServerError, SignatureError, model_build.ModelError,
             CampaignError, locust_options.OptionError, ApiKeyError, TraceError, MinimizeError,
-            cli_scale.CommandError, cli_hazard.PredictError) as e:
+            cli_scale.CommandError, cli_hazard.PredictError, cli_hunt.HuntUsageError) as e:
         console.print(f"[red]mmchaos: {escape(_printable(str(e)))}[/red]")
         return 2
     except KeyboardInterrupt:
