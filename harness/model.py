@@ -1,19 +1,74 @@
-"""Build the tiny random-weight Qwen3-VL embedding model with an engine's own transformers (offline)."""
+"""The tiny random-weight models, built with an engine's own transformers (offline, byte-identical every time), and
+the names serve, repro, versions and campaigns take them by (``model = "clip-embed"``)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from mmchaos import paths
 
 from . import engines, long_step
 
-BUILDER = Path(__file__).parent / "in_engine" / "tiny_model.py"
+IN_ENGINE = Path(__file__).parent / "in_engine"
 STAMP = "mmchaos-model.json"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    script: str  # in in_engine/, run by the engine's python with the output folder
+    architecture: str
+    accepts: str  # what a request may carry, read in vLLM's model code
+    routes: str  # what it serves with --runner pooling (measured on 0.32.0)
+
+    @property
+    def builder(self) -> Path:
+        return IN_ENGINE / self.script
+
+    @property
+    def folder(self) -> Path:
+        return paths.model_dir(self.name)
+
+
+RECIPES = {r.name: r for r in (
+    Recipe("qwen3vl-embed", "tiny_model.py", "Qwen3VLForConditionalGeneration",
+           "images, videos and text together (Qwen3-VL-Embedding)", "/v1/embeddings, /v2/embed, /pooling, /score, "
+           "/rerank"),
+    Recipe("qwen2vl-embed", "tiny_qwen2vl.py", "Qwen2VLForConditionalGeneration",
+           "images, videos and text together (GME, DSE)", "/v1/embeddings, /v2/embed, /pooling, /score, /rerank"),
+    Recipe("clip-embed", "tiny_clip.py", "CLIPModel", "an image or a text, not both (vLLM's clip.py)",
+           "/v1/embeddings, /v2/embed, /pooling, /score, /rerank"),
+    Recipe("qwen3vl-rerank", "tiny_rerank.py", "Qwen3VLForSequenceClassification",
+           "a text query against image and text documents (Qwen3-VL-Reranker)", "/score, /rerank, /classify, "
+           "/pooling"),
+)}
+DEFAULT = "qwen3vl-embed"
 
 
 class ModelError(Exception):
     pass
+
+
+def recipe(name: str) -> Recipe:
+    if name not in RECIPES:
+        raise ModelError(f"unknown model '{name}'; known: {', '.join(RECIPES)} (or give a model folder)")
+    return RECIPES[name]
+
+
+def resolve(model: str | None) -> str | None:
+    """A model as serve, repro, versions and campaigns take it: a recipe's name (its folder, which must be built),
+    else a folder or a hub name, as given."""
+    if model is None or model not in RECIPES:
+        return model
+    folder = RECIPES[model].folder
+    if not (folder / "config.json").is_file():
+        raise ModelError(f"model '{model}' is not built: run `mmchaos model build {model}`")
+    return str(folder)
+
+
+def is_built(folder: Path) -> bool:
+    return (folder / STAMP).is_file() and (folder / "config.json").is_file()
 
 
 def _pick_engine(version: str | None) -> engines.Engine:
@@ -25,20 +80,22 @@ def _pick_engine(version: str | None) -> engines.Engine:
     return found[0]
 
 
-def build(out: Path | None = None, engine_version: str | None = None, say=print) -> Path:
-    """Build into ``out`` (default: the project's model folder); a no-op if a current build is there."""
-    out = Path(out or paths.default_model_dir()).resolve()
+def build(out: Path | None = None, engine_version: str | None = None, say=print, name: str = DEFAULT) -> Path:
+    """Build recipe ``name`` into ``out`` (default: its folder under the project's models); a no-op if a current
+    build is there."""
+    r = recipe(name)
+    out = Path(out or r.folder).resolve()
     e = _pick_engine(engine_version)
-    if (out / STAMP).is_file() and (out / "config.json").is_file():
-        say(f"model already built at {out}")
+    if is_built(out):
+        say(f"model {name} already built at {out}")
         return out
     if out.exists() and any(out.iterdir()):
         raise ModelError(f"{out} exists and is not an mmchaos model: give an empty or new folder")
     out.parent.mkdir(parents=True, exist_ok=True)
-    say(f"building the tiny Qwen3-VL embedding model with vLLM {e.version}'s transformers")
+    say(f"building the tiny {r.architecture} ({name}) with vLLM {e.version}'s transformers")
     log = out.parent / f"{out.name}.build.log"
     log.unlink(missing_ok=True)
-    code = long_step.run([str(e.python), str(BUILDER), str(out)], log, "building the model", say, timeout=600,
+    code = long_step.run([str(e.python), str(r.builder), str(out)], log, f"building {name}", say, timeout=600,
                          env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
     lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
     if code != 0:

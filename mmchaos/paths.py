@@ -19,7 +19,12 @@ def engines_dir() -> Path:
 
 
 def default_model_dir() -> Path:
-    return home() / "models" / "qwen3vl-embed-tiny"
+    return model_dir("qwen3vl-embed")
+
+
+def model_dir(name: str) -> Path:
+    """Where the tiny model of recipe ``name`` is built (harness/model.py has the recipes)."""
+    return home() / "models" / f"{name}-tiny"
 
 
 def vllm_cache_root(engine: str) -> Path:

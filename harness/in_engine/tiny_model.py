@@ -189,17 +189,20 @@ def train_bpe(pre_tok):
     return vocab, merges
 
 
-def build_tokenizer(tmp):
+def bpe_tokenizer(special_tokens, vocab_size, post_processor=None):
+    """The byte-level BPE with ``special_tokens`` given the ids after it, in order (every recipe's tokenizer):
+    (tokenizer, {token: id}, tokenizer size, merges). ``post_processor(special_ids)``: what the tokenizer adds
+    around a text (CLIP's start and end tokens)."""
     from tokenizers import AddedToken, Tokenizer, decoders, normalizers
     from tokenizers.models import BPE
 
     pre_tok = make_pre_tokenizer()
     vocab, merges = train_bpe(pre_tok)
     special_ids = {}
-    for tok in SPECIAL_TOKENS:
+    for tok in special_tokens:
         special_ids[tok] = vocab[tok] = len(vocab)
-    if len(vocab) > VOCAB_SIZE:
-        raise RuntimeError(f"tokenizer has {len(vocab)} tokens > VOCAB_SIZE {VOCAB_SIZE}")
+    if len(vocab) > vocab_size:
+        raise RuntimeError(f"tokenizer has {len(vocab)} tokens > VOCAB_SIZE {vocab_size}")
 
     tk = Tokenizer(
         BPE(
@@ -216,13 +219,19 @@ def build_tokenizer(tmp):
     tk.normalizer = normalizers.NFC()
     tk.pre_tokenizer = pre_tok
     tk.decoder = decoders.ByteLevel()
+    if post_processor is not None:
+        tk.post_processor = post_processor(special_ids)
     tk.add_special_tokens(
-        [AddedToken(t, special=True, normalized=False, lstrip=False, rstrip=False, single_word=False) for t in SPECIAL_TOKENS]
+        [AddedToken(t, special=True, normalized=False, lstrip=False, rstrip=False, single_word=False) for t in special_tokens]
     )
     for tok, i in special_ids.items():
         if tk.token_to_id(tok) != i:
             raise RuntimeError(f"special token {tok} got id {tk.token_to_id(tok)}, expected {i}")
+    return tk, special_ids, len(vocab), len(merges)
 
+
+def build_tokenizer(tmp):
+    tk, special_ids, n_tok, n_merges = bpe_tokenizer(SPECIAL_TOKENS, VOCAB_SIZE)
     dump_json(os.path.join(tmp, "tokenizer.json"), json.loads(tk.to_str()))
     with open(os.path.join(tmp, "chat_template.jinja"), "w", encoding="utf-8", newline="\n") as f:
         f.write(CHAT_TEMPLATE + "\n")
@@ -254,7 +263,7 @@ def build_tokenizer(tmp):
             "processor_class": "Qwen3VLProcessor",
         },
     )
-    return special_ids, len(vocab), len(merges)
+    return special_ids, n_tok, n_merges
 
 
 # ----------------------------------------------------------------------------- processor
