@@ -10,6 +10,7 @@ import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import pytest
 from hypothesis import given, settings
 
 from mmchaos.harness import hunt_api, hunt_media, hunt_oracles, hunt_repro, hunt_triage
@@ -20,6 +21,7 @@ LISTS = ("mmchaos.payloads.malformed", "mmchaos.payloads.catalogue", "mmchaos.pa
          "mmchaos.harness.repro", "mmchaos.locustfiles")
 
 
+@pytest.mark.integration
 def test_hunt_imports_neither_the_catalogue_nor_the_probes_nor_the_mix():
     probe = ("import sys, mmchaos.harness.hunt, mmchaos.harness.cli_hunt; "
              "print('\\n'.join(m for m in sys.modules if m.startswith('mmchaos')))")
@@ -134,6 +136,7 @@ def _echo_server():
     return srv
 
 
+@pytest.mark.integration
 def test_the_reproducer_sends_its_steps_in_order_and_says_survived(tmp_path):
     routes = hunt_api.routes(SPEC)
     steps = [{"op": "send", "route": "/v1/embeddings", "form": "chat", "slot": 0, "kind": "png64",
@@ -162,6 +165,7 @@ def _cli(*args, timeout=120):
                           text=True, timeout=timeout, env={**os.environ})
 
 
+@pytest.mark.integration
 def test_bad_input_is_one_line_and_exit_2(tmp_path):
     srv = _echo_server()  # answers /health, has no /openapi.json
     try:
