@@ -270,9 +270,12 @@ class Hunt:
         self._seen_lines = len(matches)
         text = self.server.log_path.read_text(errors="replace").splitlines()
         start = getattr(self, "_log_lines", 0)
-        for name, process, first in hunt_oracles.unknown_signatures(text[start:], self.sigs):
+        end = len(text)
+        while end > start and hunt_oracles.continues(text[end - 1]):
+            end -= 1  # a traceback still being written is read whole at the next step
+        for name, process, first in hunt_oracles.unknown_signatures(text[start:end], self.sigs):
             self.record("unknown_signature", name, first, step, process=process)
-        self._log_lines = len(text)
+        self._log_lines = end
 
     def _same_answer(self, step: dict, route, body: dict, answer) -> None:
         try:

@@ -65,6 +65,13 @@ def unknown_signatures(lines: list[str], sigs: Signatures) -> list[tuple[str, st
             if o and not any(sigs.match(b) for b in o[3]) and not any(BENIGN.search(b) for b in o[3])]
 
 
+def continues(line: str) -> bool:
+    """The line may belong to an error block (so a block ending at it may still be open)."""
+    body = PREFIX.sub("", line)
+    return bool(body.strip()) and bool(body.startswith((" ", "\t")) or FRAME.search(body) or EXCEPTION.search(body)
+                                       or ERRORISH.search(body))
+
+
 def _name(block: list[str]):
     frames = [FRAME.search(b) for b in block]
     frames = [f for f in frames if f]
