@@ -444,14 +444,14 @@ def _main(argv: list[str]) -> int:
         if a.cmd in cli_traces.COMMANDS:
             return cli_traces.run(a, lambda line: console.print(escape(line)))
         if a.cmd in cli_hunt.COMMANDS:
-            return cli_hunt.run(a, passthrough, lambda line: console.print(escape(line)))
+            return cli_hunt.run(a, lambda line: console.print(escape(line)), passthrough)
         if a.cmd in cli_scale.COMMANDS:
             return cli_scale.run(a, lambda line: console.print(escape(line)))
         if a.cmd == "versions":
             return cmd_versions(a, own)
     except (UsageError, engines.EngineError, ServerError, SignatureError, model_build.ModelError,
             CampaignError, locust_options.OptionError, ApiKeyError, TraceError, MinimizeError,
-            cli_scale.CommandError, cli_hazard.PredictError, cli_hunt.HuntUsageError) as e:
+            cli_scale.CommandError, cli_hazard.PredictError, cli_hunt.CommandError) as e:
         console.print(f"[red]mmchaos: {escape(_printable(str(e)))}[/red]")
         return 2
     except KeyboardInterrupt:

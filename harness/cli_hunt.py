@@ -1,12 +1,11 @@
-"""`mmchaos hunt`: its arguments and the one-line errors of bad input."""
+"""`mmchaos hunt`: its options and its run (harness/hunt.py does the search)."""
 
 from __future__ import annotations
 
-import time
+import shlex
 from pathlib import Path
 
 from mmchaos import paths
-from mmchaos.signatures import Signatures
 
 from . import arg_types
 from .server import Target
@@ -14,49 +13,80 @@ from .server import Target
 COMMANDS = ("hunt",)
 
 
-class HuntUsageError(Exception):
-    """One line: what is wrong with the hunt's arguments or target."""
+class CommandError(Exception):
+    """One line: what is wrong, what to do."""
 
 
 def add_parsers(sub) -> None:
-    h = sub.add_parser("hunt", help="search a server for crashes and wrong answers nobody listed: stateful cases "
-                                    "generated from its /openapi.json, checked by oracles, shrunk to reproducers; "
-                                    "exit 0 nothing found, 1 findings, 2 could not run")
-    h.add_argument("--engine", help="vLLM version to launch on the tiny model (flags after --)")
+    h = sub.add_parser(
+        "hunt",
+        help="search for crashes and wrong answers nobody listed: requests generated from the "
+        "server's own /openapi.json, judged by oracles, crashes shrunk to reproducers; "
+        "exit 0 nothing found, 1 findings, 2 could not run",
+        description="Flags after -- go to vLLM verbatim (with --engine).",
+    )
+    h.add_argument("--engine", help="vLLM version to launch on the tiny model")
     h.add_argument("--model", help="model dir for --engine (default: the tiny model)")
     h.add_argument("--command", help="launch this server command instead ({port} and {host} substituted)")
-    h.add_argument("--url", help="a running server to attach to (no shrinking: that needs fresh servers)")
-    h.add_argument("--out", help=f"results folder (default: {paths.results_dir()}/hunt-<time>); a re-run resumes")
-    h.add_argument("--max-minutes", type=arg_types.positive_number, default=30, help="default 30")
-    h.add_argument("--max-starts", type=arg_types.positive_int, default=20,
-                   help="server starts, shrinking included (default 20)")
-    h.add_argument("--max-requests", type=arg_types.positive_int, default=2000, help="default 2000")
-    h.add_argument("--seed", type=int, default=0, help="default 0")
-    h.add_argument("--timeout", type=arg_types.positive_number, default=300,
-                   help="seconds to wait for each server's /health (default 300)")
-    h.add_argument("--signatures", nargs="*", default=[], help="extra signature TOML files")
+    h.add_argument("--url", help="attach to the server at this URL (a crash then ends the hunt)")
+    h.add_argument(
+        "--operator-actions",
+        action="store_true",
+        help="launch the server with VLLM_SERVER_DEV_MODE=1, so cases also reset its caches between "
+        "requests (/reset_mm_cache, /reset_prefix_cache), as an operator would",
+    )
+    h.add_argument("--server-log", help="with --url: the server's log file, so the log oracles can read it")
+    h.add_argument("--out", help="the hunt's folder (default results/hunt-<target>); a re-run resumes from it")
+    h.add_argument("--seed", type=int, default=0, help="the search's seed (default 0)")
+    h.add_argument("--max-minutes", type=float, default=30, help="stop after this long (default 30)")
+    h.add_argument("--max-starts", type=int, default=10, help="server starts, the minimizer's included (default 10)")
+    h.add_argument("--max-requests", type=int, default=2000, help="requests sent by the search (default 2000)")
+    h.add_argument("--max-cases", type=int, default=500, help="cases sent (default 500)")
+    h.add_argument(
+        "--settle", type=float, default=1.0, help="seconds the server is watched after each case (default 1)"
+    )
+    h.add_argument(
+        "--repeats",
+        type=arg_types.positive_int,
+        default=2,
+        help="runs of each candidate on a fresh server when shrinking a crash (default 2)",
+    )
+    h.add_argument("--no-minimize", action="store_true", help="keep each crash's case, do not shrink it")
+    h.add_argument("--timeout", type=float, default=420, help="seconds to wait for a server's /health")
 
 
-def run(a, flags: list[str], say) -> int:
-    from .hunt import Budget, Hunt, HuntError, Stop
-    from .hunt_api import ApiError
-    from .server import ServerError
+def run(a, say, passthrough: list[str]) -> int:
+    from .hunt import Budget, Hunt, HuntError
 
-    modes = [m for m in ("engine", "command", "url") if getattr(a, m)]
-    if len(modes) != 1:
-        raise HuntUsageError("say what to hunt on: --engine VERSION [-- flags], --command 'CMD ... {port}' or "
-                             "--url URL")
-    if flags and not a.engine:
-        raise HuntUsageError("flags after -- go with --engine")
-    target = (Target(mode="engine", engine=a.engine, model=a.model, flags=flags) if a.engine else
-              Target(mode="command", command=a.command) if a.command else Target(mode="attach", url=a.url))
-    out = Path(a.out or paths.results_dir() / f"hunt-{time.strftime('%Y%m%d-%H%M%S')}")
-    out.mkdir(parents=True, exist_ok=True)
-    hunt = Hunt(target, out, Budget(a.max_minutes, a.max_starts, a.max_requests), a.seed, say,
-                Signatures.load(*a.signatures), start_timeout=a.timeout)
+    chosen = [x for x in (a.engine, a.command, a.url and not a.command and a.url) if x]
+    if len(chosen) != 1:
+        raise CommandError("give one target: --engine VERSION, --command CMD or --url URL")
+    env = {"VLLM_SERVER_DEV_MODE": "1"} if a.operator_actions else {}
+    if a.operator_actions and not (a.engine or a.command):
+        raise CommandError("--operator-actions is for a server mmchaos launches (--engine or --command)")
+    if a.engine:
+        target = Target(mode="engine", engine=a.engine, model=a.model, flags=list(passthrough), env=env)
+    elif a.command:
+        target = Target(mode="command", command=a.command, url=a.url, flags=list(passthrough), env=env)
+    else:
+        target = Target(mode="attach", url=a.url)
+    name = a.engine or ("command" if a.command else "attach")
+    tag = "-".join([name, *[f.lstrip("-") for f in passthrough]])[:60] if passthrough else name
+    out = Path(a.out) if a.out else paths.PROJECT_ROOT / "results" / f"hunt-{tag}"
     try:
+        hunt = Hunt(
+            target,
+            out,
+            Budget(a.max_minutes, a.max_starts, a.max_requests, a.max_cases),
+            seed=a.seed,
+            settle=a.settle,
+            startup_timeout=a.timeout,
+            minimize=not a.no_minimize,
+            repeats=a.repeats,
+            server_log=Path(a.server_log) if a.server_log else None,
+            say=say,
+        )
+        say(f"hunt: {target.mode} {shlex.join([name, *passthrough])} -> {out}")
         return hunt.run()
-    except (HuntError, ApiError, ServerError) as e:
-        raise HuntUsageError(str(e)) from e
-    except Stop as e:
-        raise HuntUsageError(f"the hunt could not run: {e}") from e
+    except HuntError as e:
+        raise CommandError(str(e)) from e

@@ -67,6 +67,10 @@ class CrashWatch:
         if t is not None:
             self.rule.observe(t, OK)
 
+    def skip_existing(self) -> None:
+        """Ignore what the log already holds (an attached server's earlier life is not this run's)."""
+        self._tail.skip_to_end()
+
     def rebind(self, server: Server) -> None:
         """Follow a restarted server (same log file, appended). What the old server logged while we stopped it
         is skipped: shutdown tracebacks are ours, not the server's failures."""

@@ -1,325 +1,494 @@
-"""`mmchaos hunt`: a generative, stateful search against a real server for failures nobody listed.
+"""`mmchaos hunt`: search for failures nobody listed, with requests generated from the server's own API.
 
-A case is a Hypothesis rule-based state machine run: a few steps (requests to each pooling route the server's
-/openapi.json lists, with bodies from its schema and images from a small pool with reuse; hang-ups at chosen
-delays; operator actions when exposed), each checked by the oracles (hunt_oracles). Findings are deduplicated by
-fingerprint; each distinct one is shrunk on fresh servers (hunt_shrink) to a confirmed reproducer.
+The loop: start (or attach to) the target, read its /openapi.json, draw cases (:mod:`.hunt_case`) with Hypothesis
+from a seed, send each, and judge it by the oracles (:mod:`.hunt_oracles`); a crash restarts the server (a fresh
+start: the state a case meets is a known one, and the cost is a start) while the other findings leave it up (its
+cache then carries the earlier cases' images, as a production server's does). Each distinct finding is kept with
+the case that found it; each crash is then shrunk by the minimizer on fresh servers to a confirmed reproducer.
 
-Server state: a case starts on the server the last case left alive, with images salted per case, so none of its
-images is in any cache (the state the drift needs is per image); a crash costs a fresh start. A case that asked for
-an operator action may have changed the server for the next case; the next case's salt keeps its images new anyway.
+Everything lives in the hunt's folder: ``state.json`` (seed, cases, requests, starts, minutes), ``cases.jsonl``
+(every case sent and what it got), ``findings.json`` and ``findings/<n>/`` (the case, and for a crash the
+minimizer's ``repro.py``, ``issue.md``, ``minimal.jsonl``), and the report. A re-run first sends again the case of
+each finding already made (is it still there?), then searches on from where the last run stopped.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from hypothesis import HealthCheck, Phase, errors, settings
-from hypothesis import strategies as st
-from hypothesis.database import DirectoryBasedExampleDatabase
-from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_state_machine_as_test
+import pandas as pd
+import requests
+from hypothesis import HealthCheck, Phase, given, seed, settings
 
-from mmchaos import sameness
+from mmchaos import schema
+from mmchaos.auth import auth_headers
 from mmchaos.files import write_json_atomic
+from mmchaos.logtail import LogTail
+from mmchaos.payloads import api_schema
+from mmchaos.payloads.bodies import body_template
+from mmchaos.payloads.pool import DataURL
+from mmchaos.payloads.traces import Trace, save
+from mmchaos.redact import Redactor
 from mmchaos.signatures import Signatures
 
-from . import crash_watch, hunt_api, hunt_media, hunt_oracles, hunt_steps, hunt_triage
+from . import crash_watch, hunt_case, hunt_oracles
+from .hunt_oracles import Finding
+from .minimize import HUNT_KIND
 from .server import Server, ServerError, Target
 
-HANG_UP_MS = (1, 2, 4, 8, 16, 40)
-STEPS_PER_CASE = 6
-SETTLE_S = 10.0  # a server answering a request with no answer or a 5xx gets this long to die (ends at its exit)
+TICK = 0.2  # seconds between observations of the server, as in a campaign
 
 
 class HuntError(Exception):
-    """One line: why the hunt cannot run."""
+    """The hunt cannot run (one line)."""
 
 
+class _Spent(BaseException):  # a BaseException: Hypothesis lets it through without replaying the case
+    def __init__(self, why: str):
+        self.why = why
+
+
+@dataclass
 class Budget:
-    def __init__(self, max_minutes: float, max_starts: int, max_requests: int):
-        self.deadline = time.time() + max_minutes * 60
-        self.max_starts, self.max_requests = max_starts, max_requests
-        self.starts = self.requests = 0
+    max_minutes: float
+    max_starts: int
+    max_requests: int
+    max_cases: int
 
-    def spent(self) -> str | None:
-        if time.time() >= self.deadline:
-            return "max-minutes"
-        if self.requests >= self.max_requests:
-            return "max-requests"
-        return None
+    def __post_init__(self) -> None:
+        for name in ("max_minutes", "max_starts", "max_requests", "max_cases"):
+            if getattr(self, name) <= 0:
+                raise HuntError(f"--{name.replace('_', '-')} must be positive (got {getattr(self, name)})")
 
 
-class Stop(Exception):
-    """The budget is spent (or the server cannot be restarted): the search ends."""
-
-
+@dataclass
 class Hunt:
-    def __init__(self, target: Target, out: Path, budget: Budget, seed: int, say, sigs: Signatures,
-                 start_timeout: float = 300.0, request_timeout: float = 60.0):
-        self.target, self.out, self.budget, self.seed, self.say = target, out, budget, seed, say
-        self.sigs, self.start_timeout, self.request_timeout = sigs, start_timeout, request_timeout
+    target: Target
+    out: Path
+    budget: Budget
+    seed: int = 0
+    settle: float = 1.0  # seconds the server is watched after a case (a dying server dies within ~1 s)
+    request_timeout: float = 60.0
+    startup_timeout: float = 420.0
+    minimize: bool = True
+    repeats: int = 2
+    server_log: Path | None = None  # an attached server's log file: the log oracles read it
+    say: Callable[[str], None] = print
+    sigs: Signatures = field(default_factory=Signatures.load)
+
+    def __post_init__(self) -> None:
+        self.out = Path(self.out)
+        self.state = {"seed": self.seed, "cases": 0, "requests": 0, "starts": 0, "seconds": 0.0, "findings": []}
+        if (self.out / "state.json").exists():
+            self.state = json.loads((self.out / "state.json").read_text())
+        self.findings = {f["fingerprint"]: Finding(**f) for f in self.state["findings"]}
         self.server: Server | None = None
-        self.watch: crash_watch.CrashWatch | None = None
-        self.state = self._load_state()
-        self.findings: dict[str, dict] = self.state.setdefault("findings", {})
-        self.answers: dict[str, list] = {}  # input key -> first embedding, over the server's life
-        self.by_image: dict[tuple, tuple] = {}  # (salt, slot, kind) -> (key, embedding) for the collapse check
+        self.t0 = time.time()
+        self.seconds_before = float(self.state["seconds"])
 
-    # -- server ----------------------------------------------------------------------------------------------
-    def start(self) -> None:
-        if self.target.mode == "attach":
-            if self.server is None:
-                self.server = Server(self.target, self.out / "server.log")
-                self.server.start()
-            if not self.server.health(timeout=5)[0]:
-                raise Stop("the attached server is down")
-            return
-        if self.budget.starts >= self.budget.max_starts:
-            raise Stop("max-starts")
-        self.budget.starts += 1
-        self.state["starts"] = self.state.get("starts", 0) + 1
-        self.server = Server(self.target, self.out / "server.log")
-        self.server.start()
-        self.say(f"starting server ({self.budget.starts}/{self.budget.max_starts})")
-        try:
-            self.server.wait_healthy(self.start_timeout)
-        except ServerError:
-            self.server.stop()
-            raise
-        self.watch = crash_watch.CrashWatch(self.server, self.out, self.sigs)
-        self.answers, self.by_image = {}, {}
-
-    def stop(self) -> None:
-        if self.server is not None and self.target.mode != "attach":
-            if self.watch:
-                self.watch.finish()
-            self.server.stop()
-        self.server = None
-
-    def headers(self) -> dict:
-        key = self.server.api_key if self.server else None
-        return {"Authorization": f"Bearer {key}"} if key else {}
-
-    # -- the search ------------------------------------------------------------------------------------------
+    # -- the run -------------------------------------------------------------------------------------------
     def run(self) -> int:
-        self.start()
+        self.out.mkdir(parents=True, exist_ok=True)
         try:
-            spec = hunt_api.fetch(self.server.base_url, self.headers())
-            self.routes = hunt_api.routes(spec)
-            self.operators = hunt_api.operator_routes(spec)
-            if not self.routes:
-                raise HuntError("the server's /openapi.json lists no pooling route the hunt can build a body for")
-            self.model = self.server.model_name()
-            self.say(f"routes: {', '.join(sorted({r.path + ' (' + r.form + ')' for r in self.routes}))}"
-                     + (f"; operator actions: {', '.join(self.operators)}" if self.operators else ""))
-            self._search()
+            self._start()
+            api, operators = self._api()
+            self.say(
+                f"hunt: {len(api)} pooling route(s) from /openapi.json ({', '.join(api)}); operator actions: "
+                f"{', '.join(operators) or 'none (VLLM_SERVER_DEV_MODE=1 exposes them)'}"
+            )
+            skipped: set[str] = set()
+            strategy = hunt_case.cases(api, self.model, operators, lambda r, n: skipped.add(f"{r} {n}"))
+            if skipped:
+                self.say(f"hunt: fields the schema library cannot draw from, left out: {', '.join(sorted(skipped))}")
+            self.state["skipped_fields"] = sorted(skipped)
+            self._replay_findings(api)
+            self._search(strategy, api)
+            why = "the case budget"
+        except _Spent as e:
+            why = e.why
         finally:
-            self.stop()
-            self._save_state()
-        self.triage()
+            if self.server is not None:
+                self.watch.finish()
+                self.server.stop()
+            self._save()
+        self.say(
+            f"hunt: stopped after {why}: {self.state['cases']} case(s), {self.state['requests']} request(s), "
+            f"{self.state['starts']} server start(s), {self._minutes():.1f} min; "
+            f"{len(self.findings)} distinct finding(s)"
+        )
+        if self.minimize:
+            self._minimize_crashes()
+        from .hunt_report import write as write_report
+
+        files = write_report(self)
+        self.say(f"hunt: report {files['md']}")
         return 1 if self.findings else 0
 
-    def versions_line(self) -> str:
-        t = self.target
-        what = f"vLLM {t.engine}" if t.mode == "engine" else t.mode
-        return what + (f" {' '.join(t.flags)}" if t.flags else " (defaults)")
+    def _search(self, strategy, api) -> None:
+        start = self.state["seed"] + self.state["cases"]  # a re-run searches on: other cases than the last run's
 
-    def triage(self) -> None:
-        shrinker = hunt_triage.Shrinker(self.target, self.routes, self.model, self.sigs, self.out / "shrink",
-                                        self._take_start, start_timeout=self.start_timeout, say=self.say)
-        for fp, f in self.findings.items():
-            if f.get("repro_steps") is not None:
-                continue  # triaged by an earlier run
-            steps = f["steps"][: f["at_step"] + 1]
-            if f["oracle"] == "crash" and self.target.mode != "attach":
-                self.say(f"shrinking {fp} ({len(steps)} steps)")
-                steps, f["confirmed"] = shrinker.shrink(f)
-            f["repro_steps"] = len(steps)
-            f["repro"] = steps
-            hunt_triage.write_finding(self.out / "findings" / fp, f, steps, self.routes, self.model,
-                                      self.versions_line())
-            self._save_state()
-        hunt_triage.report(self.out, self.state, self.versions_line())
-        self.say(f"{len(self.findings)} findings in {self.state['cases']} cases, {self.state['requests']} requests, "
-                 f"{self.state['starts']} server starts: {self.out / 'findings.md'}")
+        @seed(start)
+        @settings(
+            max_examples=max(1, self.budget.max_cases - self.state["cases"]),
+            database=None,
+            deadline=None,
+            phases=[Phase.generate],
+            suppress_health_check=list(HealthCheck),
+        )
+        @given(strategy)
+        def one(case: hunt_case.Case) -> None:
+            self._check_budget()
+            self._run_case(case, api, "search")
 
-    def _take_start(self) -> bool:
-        if self.budget.starts >= self.budget.max_starts:
-            return False
-        self.budget.starts += 1
-        self.state["starts"] = self.state.get("starts", 0) + 1
-        return True
+        one()
 
-    def _search(self) -> None:
-        hunt = self
-        route_st = st.sampled_from(self.routes)
-        params_of = {(r.path, r.form): hunt_api.params_strategy(r) for r in self.routes}
+    def _replay_findings(self, api) -> None:
+        for f in list(self.findings.values()):
+            folder = self.out / "findings" / str(f.first_case)
+            if (folder / "case.json").exists() and f.oracle != "crash":  # a crash's case is re-run by its repro
+                self._check_budget()
+                self.say(f"hunt: sending again the case of finding {f.first_case} ({f.title})")
+                self._run_case(hunt_case.Case.from_json((folder / "case.json").read_text()), api, "replay")
 
-        class Case(RuleBasedStateMachine):
-            def __init__(self):
-                super().__init__()
-                hunt.begin_case()
-
-            @rule(route=route_st, slot=hunt_media.slots, kind=hunt_media.kinds, data=st.data())
-            def send(self, route, slot, kind, data):
-                params = data.draw(params_of[route.path, route.form], label="params")
-                hunt.step({"op": "send", "route": route.path, "form": route.form, "slot": slot, "kind": kind,
-                           "params": params})
-
-            @rule(route=route_st, slot=hunt_media.slots, kind=hunt_media.kinds, delay=st.sampled_from(HANG_UP_MS))
-            def hang_up(self, route, slot, kind, delay):
-                hunt.step({"op": "hangup", "route": route.path, "form": route.form, "slot": slot, "kind": kind,
-                           "params": {}, "delay_ms": delay})
-
-            @precondition(lambda self: bool(hunt.operators))
-            @rule(action=st.sampled_from(self.operators or ["-"]))
-            def operator(self, action):
-                hunt.step({"op": "operator", "route": action})
-
-        db = DirectoryBasedExampleDatabase(str(self.out / "examples"))
-        # no shrinking here: a case replayed on a server it may have changed proves nothing; distinct findings
-        # are shrunk on fresh servers (hunt_shrink)
-        s = settings(max_examples=10**6, stateful_step_count=STEPS_PER_CASE, database=db, deadline=None,
-                     phases=(Phase.explicit, Phase.reuse, Phase.generate), derandomize=False,
-                     suppress_health_check=list(HealthCheck), report_multiple_bugs=False)
-        # A case's draws depend on the server (a dead server ends a case early), which Hypothesis's data tree
-        # calls flaky: the search then goes on with a new run of the machine.
-        while True:
-            try:
-                run_state_machine_as_test(Case, settings=s)
-            except Stop as e:
-                self.say(f"search ended: {e}")
-                return
-            except (errors.FlakyStrategyDefinition, errors.FlakyReplay):
-                continue
-
-    def begin_case(self) -> None:
-        why = self.budget.spent()
-        if why:
-            raise Stop(why)
-        self.state["cases"] = self.state.get("cases", 0) + 1
-        self.case = {"salt": self.seed * 1_000_003 + self.state["cases"], "steps": []}
-        if self.server is None:
-            self.start()
-
-    def step(self, step: dict) -> None:
-        if self.server is None:  # the case's server died at an earlier step: the rest of the case has no target
-            return
-        why = self.budget.spent()
-        if why:
-            raise Stop(why)
-        self.case["steps"].append(step)
-        self.budget.requests += 1
-        self.state["requests"] = self.state.get("requests", 0) + 1
-        route = next((r for r in self.routes if r.path == step["route"] and r.form == step.get("form")), None)
-        salt = self.case["salt"]
-        if step["op"] == "operator":
-            answer = hunt_steps.send(self.server.base_url, self.headers(), step["route"], None, self.request_timeout)
-        else:
-            body = hunt_steps.build_body(step, route, self.model, salt)
-            if step["op"] == "hangup":
-                answer = hunt_steps.hang_up(self.server.base_url, self.headers(), step["route"], body,
-                                            step["delay_ms"])
+    # -- one case ------------------------------------------------------------------------------------------
+    def _run_case(self, case: hunt_case.Case, api, why: str) -> None:
+        assert self.server is not None
+        n = self.state["cases"] = self.state["cases"] + 1
+        self.state["requests"] += len(case.steps)
+        headers = auth_headers(self.server.api_key) if self.server.api_key else {}
+        sent = hunt_case.send(case, self.server.base_url, headers, self.request_timeout)
+        self.life.append((case, sent))
+        crash = self._settle()
+        lines = self.tail.new_lines()
+        found = self._judge(case, sent, crash, lines, api)
+        with open(self.out / "cases.jsonl", "a") as f:
+            f.write(
+                json.dumps(
+                    {
+                        "case": n,
+                        "why": why,
+                        "steps": json.loads(case.to_json()),
+                        "statuses": [s.status for s in sent],
+                        "answers": [s.text[:160] for s in sent],
+                        "findings": [x.fingerprint for x in found],
+                        "crash": crash.chain if crash else None,
+                    },
+                    separators=(",", ":"),
+                )
+                + "\n"
+            )
+        new = [x for x in found if x.fingerprint not in self.findings]
+        for x in found:
+            if x.fingerprint in self.findings:
+                old = self.findings[x.fingerprint]
+                old.count += 1
+                old.cases.append(n)
             else:
-                answer = hunt_steps.send(self.server.base_url, self.headers(), step["route"], body,
-                                         self.request_timeout)
-        self._judge(step, route, answer, body if step["op"] != "operator" else None)
-
-    # -- oracles ---------------------------------------------------------------------------------------------
-    def _judge(self, step: dict, route, answer: hunt_steps.Answer, body) -> None:
-        dying = step["op"] == "send" and (answer.status is None or answer.status >= 500)
-        crash = self._check_crash(settle=SETTLE_S if dying else 0.0)
-        self._log_findings(step)
+                x.first_case, x.cases = n, [n]
+                self.findings[x.fingerprint] = x
+                folder = self.out / "findings" / str(n)
+                folder.mkdir(parents=True, exist_ok=True)
+                (folder / "case.json").write_text(case.to_json())
+                (folder / "answers.json").write_text(json.dumps(_answers(sent)))
+                if x.oracle in ("crash", "hang"):  # the poison may have come in an earlier case of the server's life
+                    life = [{"steps": json.loads(c.to_json()), "answers": _answers(a)} for c, a in self.life]
+                    (folder / "life.json").write_text(json.dumps(life))
+        statuses = ",".join("-" if s.status is None else str(s.status) for s in sent)
+        mark = f"; NEW: {'; '.join(x.title for x in new)}" if new else ""
+        self.say(f"  case {n}: {len(case.steps)} request(s) [{statuses}]{mark}")
+        self._save()
         if crash is not None:
-            self.record("crash", crash.chain or crash.signature, f"{crash.reason}: {crash.signature}", step)
-            self.stop()
-            return
-        if answer.status is not None and answer.status >= 500 and step["op"] == "send":
-            drift = self.sigs.drift_answer(answer.status, answer.text)
-            if drift:
-                self.record("drift", f"{answer.status} {drift}", answer.text[:200], step)
-            else:
-                self.record("5xx", str(answer.status), answer.text[:200], step)
-        if answer.status == 200 and route is not None and step["op"] == "send":
-            why = hunt_api.schema_error(route, answer.json)
-            if why:
-                self.record("schema", why.split(":")[0], why, step)
-            self._same_answer(step, route, body, answer.json)
+            self._restart()
 
-    def _check_crash(self, settle: float):
-        if self.watch is None:
-            return None
-        end = time.time() + settle
-        while True:
+    def _settle(self):
+        end = time.time() + self.settle
+        while time.time() < end:
             crash = self.watch.check()
-            if crash or time.time() >= end or self.server.exit_code() is not None:
+            if crash is not None:
                 return crash
-            time.sleep(0.2)  # the crash watcher's cadence: its exit, not the timer, ends a dying server's wait
+            time.sleep(TICK)  # observation period, as the campaign runner's
+        return None
 
-    def _log_findings(self, step: dict) -> None:
-        if self.watch is None:
-            return
-        lines = getattr(self, "_seen_lines", 0)
-        matches = self.watch.matches
-        for m in matches[lines:]:
-            if m.signature.drift and not m.signature.fatal:
-                self.record("drift", m.signature.name, m.line[:200], step)
-        self._seen_lines = len(matches)
-        text = self.server.log_path.read_text(errors="replace").splitlines()
-        start = getattr(self, "_log_lines", 0)
-        end = len(text)
-        while end > start and hunt_oracles.continues(text[end - 1]):
-            end -= 1  # a traceback still being written is read whole at the next step
-        for name, process, first in hunt_oracles.unknown_signatures(text[start:end], self.sigs):
-            self.record("unknown_signature", name, first, step, process=process)
-        self._log_lines = end
+    def _judge(self, case, sent, crash, lines, api) -> list[Finding]:
+        out: dict[str, Finding] = {}
 
-    def _same_answer(self, step: dict, route, body: dict, answer) -> None:
+        def add(oracle: str, fp: str, title: str, detail: str = "") -> None:
+            out.setdefault(fp, Finding(oracle, fp, title, detail))
+
+        if crash is not None:
+            oracle = "hang" if crash.reason == crash_watch.HANG else "crash"
+            add(
+                oracle,
+                f"{oracle}|{crash.chain or crash.signature}",
+                f"the server died: {crash.chain}",
+                f"reason {crash.reason}, exit code {crash.exit_code}",
+            )
+        for m in self.sigs.scan("\n".join(lines)):
+            if m.signature.drift:
+                add(
+                    "drift",
+                    f"drift|log|{hunt_oracles.process_of(m.line)}|{m.signature.name}",
+                    f"cache drift logged ({m.signature.name}, {hunt_oracles.process_of(m.line)})",
+                    m.line[:300],
+                )
+        for e in hunt_oracles.log_errors(lines, self.sigs):
+            add("unknown_signature", e.fingerprint, e.title, "\n".join(e.lines[-12:])[:2000])
+        for step, s in zip(case.steps, sent):
+            got = hunt_oracles.status_finding(step.path, s.status, s.text, self.sigs)
+            if got and crash is not None and got[0] == "server_error":
+                continue  # the answer of a dying server: the crash is the finding
+            if got:
+                add(*got, s.text[:300])
+            if s.status == 200 and step.body is not None and isinstance(s.answer, dict):
+                route = api.get(step.path)
+                why = hunt_oracles.bad_response(s.answer, route.response if route else None)
+                if why:
+                    add(
+                        "bad_response",
+                        f"bad_response|{step.path}|{why.split(':')[0]}",
+                        f"a 200 from {step.path} does not match its response schema",
+                        why,
+                    )
+                for wrong in self.answers.check(step.path, step.body, s.answer):
+                    add("wrong_answer", f"wrong_answer|{wrong.split(' on ')[0]}", wrong)
+        return list(out.values())
+
+    # -- the server ----------------------------------------------------------------------------------------
+    def _start(self) -> None:
+        if self.target.mode != "attach":
+            self._take_start()
+        log = self.out / "servers" / f"server-{self.state['starts']}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        if self.target.mode == "attach" and self.server_log is not None:
+            log = Path(self.server_log)
+        self.server = Server(self.target, log)
         try:
-            keys = sameness.input_keys(step["route"], body)
-            vectors = sameness.vectors(answer, body)
-        except (ValueError, KeyError, TypeError):
-            return
-        image = (self.case["salt"], step["slot"], step["kind"])
-        for key, vec in zip(keys, vectors):
-            first = self.answers.setdefault(key, list(vec))
-            if first is not vec and not sameness.agree(first, vec):
-                self.record("wrong_answer", "same input, another answer",
-                            f"cosine {sameness.cosine(first, vec):.5f} < {sameness.COSINE_MIN}", step)
-            for other, (okey, ovec) in self.by_image.items():
-                if other != image and okey != key and other[0] == image[0] and sameness.collapsed(ovec, vec) \
-                        and step["kind"] not in hunt_media.BROKEN:
-                    self.record("wrong_answer", "distinct images, one embedding",
-                                f"{other[2]}#{other[1]} and {step['kind']}#{step['slot']}", step)
-            self.by_image.setdefault(image, (key, list(vec)))
+            self.server.start()
+            self.server.wait_healthy(self.startup_timeout)
+        except ServerError:
+            self.server.stop()
+            self.server = None
+            raise
+        self.watch = crash_watch.CrashWatch(self.server, self.out / "servers" / str(self.state["starts"]), self.sigs)
+        self.watch.healthy_at(self.server.healthy_at)
+        self.tail = LogTail(log)
+        if self.target.mode == "attach":
+            self.watch.skip_existing()
+            self.tail.skip_to_end()
+        self.model = self.server.model_name()
+        self.answers = hunt_oracles.Answers()
+        self.life: list[tuple[hunt_case.Case, list[hunt_case.Sent]]] = []  # the cases this server was sent
 
-    def record(self, oracle: str, signature: str, detail: str, step: dict, process: str = "") -> None:
-        f = hunt_oracles.Finding(oracle, signature, detail, step.get("route", ""), process,
-                                 list(self.case["steps"]), len(self.case["steps"]) - 1, self.case["salt"])
-        fp = f.fingerprint
-        seen = self.findings.get(fp)
-        if seen:
-            seen["count"] += 1
-            return
-        self.findings[fp] = {**asdict(f), "fingerprint": fp, "severity": f.severity, "count": 1,
-                             "first_case": self.state["cases"], "first_t": time.time(),
-                             "first_request": self.state["requests"],
-                             "first_start": self.state.get("starts", 0)}
-        self.say(f"finding {fp}: {oracle} {signature} (case {self.state['cases']}, "
-                 f"request {self.state['requests']})")
-        self._save_state()
+    def _restart(self) -> None:
+        assert self.server is not None
+        self.watch.finish()
+        self.server.stop()
+        self.server = None
+        if self.target.mode == "attach":
+            raise _Spent("the attached server died (mmchaos cannot restart a server it did not start)")
+        self._check_budget()
+        self._start()
 
-    # -- state -----------------------------------------------------------------------------------------------
-    def _load_state(self) -> dict:
-        path = self.out / "hunt.json"
-        if path.exists():
-            return json.loads(path.read_text())
-        return {"seed": self.seed, "cases": 0, "requests": 0, "starts": 0, "findings": {}}
+    def _take_start(self) -> None:
+        if self.state["starts"] >= self.budget.max_starts:
+            raise _Spent(f"{self.budget.max_starts} server start(s)")
+        self.state["starts"] += 1
 
-    def _save_state(self) -> None:
-        self.state["target"] = self.target.describe(self.server.redactor) if self.server else \
-            self.state.get("target")
-        write_json_atomic(self.out / "hunt.json", json.loads(json.dumps(self.state, default=str)))
+    def _api(self) -> tuple[dict[str, api_schema.Route], list[str]]:
+        assert self.server is not None
+        try:
+            r = requests.get(
+                self.server.base_url + "/openapi.json",
+                timeout=30,
+                headers=auth_headers(self.server.api_key) if self.server.api_key else {},
+            )
+            r.raise_for_status()
+            doc = r.json()
+        except (requests.RequestException, ValueError) as e:
+            raise HuntError(
+                f"the target serves no readable /openapi.json ({type(e).__name__}): the hunt builds its "
+                "requests from it"
+            ) from e
+        try:
+            api = api_schema.routes(doc)
+        except api_schema.ApiSchemaError as e:
+            raise HuntError(str(e)) from e
+        if not api:
+            raise HuntError(
+                "the target's /openapi.json lists no pooling route (/v1/embeddings, /pooling, /score, "
+                "...): nothing to hunt on"
+            )
+        return api, api_schema.operator_routes(doc)
+
+    # -- budget and state ------------------------------------------------------------------------------------
+    def _minutes(self) -> float:
+        return (self.seconds_before + time.time() - self.t0) / 60
+
+    def _check_budget(self) -> None:
+        if self._minutes() >= self.budget.max_minutes:
+            raise _Spent(f"{self.budget.max_minutes:g} minute(s)")
+        if self.state["requests"] >= self.budget.max_requests:
+            raise _Spent(f"{self.budget.max_requests} request(s)")
+        if self.state["cases"] >= self.budget.max_cases:
+            raise _Spent(f"{self.budget.max_cases} case(s)")
+
+    def _save(self) -> None:
+        self.state["seconds"] = self.seconds_before + time.time() - self.t0
+        self.state["findings"] = [f.row() for f in self.findings.values()]
+        write_json_atomic(self.out / "state.json", self.state)
+
+    # -- shrinking -----------------------------------------------------------------------------------------
+    def _minimize_crashes(self) -> None:
+        from . import bug_report
+        from .minimize import MinimizeError, Minimizer
+
+        for f in self.findings.values():
+            if f.oracle != "crash" or self.target.mode == "attach":
+                continue
+            folder = self.out / "findings" / str(f.first_case)
+            if (folder / "minimized" / "repro.py").exists():
+                continue
+            left = self.budget.max_starts - self.state["starts"]
+            if left <= 0:
+                self.say(f"hunt: finding {f.first_case} not shrunk: no server start left in the budget")
+                continue
+            trial = folder / "trial"
+            life = [
+                (
+                    hunt_case.Case.from_json(json.dumps(c["steps"])),
+                    [hunt_case.Sent(a["step"], a["status"], a["text"], 0.0) for a in c["answers"]],
+                )
+                for c in json.loads((folder / "life.json").read_text())
+            ]
+            crash_trial(self, life, f, trial)
+            try:
+                m = Minimizer(
+                    trial,
+                    folder / "minimized",
+                    repeats=self.repeats,
+                    max_starts=left,
+                    max_minutes=max(1.0, self.budget.max_minutes - self._minutes()),
+                    startup_timeout=self.startup_timeout,
+                    keep_images=True,
+                    signatures=self.sigs,
+                    progress=lambda line: self.say("    " + line),
+                )
+            except (MinimizeError, ServerError) as e:
+                self.say(f"hunt: finding {f.first_case} not shrunk: {e}")
+                continue
+            self.say(f"hunt: shrinking finding {f.first_case} ({f.title}) on fresh servers, {self.repeats} run(s) each")
+            try:
+                result = m.run()
+            finally:
+                self.state["starts"] += m.budget.starts
+                self._save()
+            bug_report.write(m, result)
+            f.detail = (
+                f"{f.detail}\nshrunk to {len(result.trace)} request(s), "
+                f"{'confirmed' if result.confirmed else result.note}"
+            ).strip()
+            self._save()
+
+
+def _answers(sent: list[hunt_case.Sent]) -> list[dict]:
+    return [{"step": x.step, "status": x.status, "text": x.text[:500]} for x in sent]
+
+
+def crash_trial(hunt: Hunt, life: list, finding: Finding, folder: Path) -> None:
+    """A trial folder as the minimizer reads one: the server the crash happened on, the crash, and as its trace
+    every case that server was sent, in order (case k's session j is a lane of its own)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    t = hunt.target
+    manifest = {
+        "target": t.mode,
+        "target_detail": t.describe(Redactor(set())),
+        "engine": t.engine,
+        "flags": t.flags,
+        "env": t.env,
+    }
+    write_json_atomic(folder / schema.MANIFEST, manifest)
+    images: dict[str, dict] = {}
+    rows = []
+    for k, (case, sent) in enumerate(life):
+        got = {s.step: s for s in sent}
+        for i, step in enumerate(case.steps):
+            body = step.body if step.body is not None else {}
+            status = got[i].status if i in got else None
+            hung_up = step.hang_up_ms is not None
+            template, urls = body_template(_with_data_urls(body, images))
+            rows.append(
+                {
+                    "worker": "hunt",
+                    "user_id": k * hunt_case.SESSIONS + step.session,
+                    "seq": len(rows),
+                    "attempt": 1,
+                    "request_group": str(len(rows)),
+                    "request_id": f"hunt-{k + 1}-{i + 1}",
+                    "t_start": k * 10.0 + i * 0.01,  # cases one after the other, as they were sent
+                    "endpoint": step.path,
+                    "kind": HUNT_KIND,
+                    "case": None,
+                    "probe": None,
+                    "expected_status": status,
+                    "status": status,
+                    "outcome": schema.ABORTED if hung_up and status is None else None,
+                    "image_hashes": ",".join(u.hash for u in urls) or None,
+                    "abort_after_ms": step.hang_up_ms,
+                    "body": template,
+                    "images": ",".join(u.hash for u in urls) or None,
+                }
+            )
+    save(Trace.of(pd.DataFrame(rows), list(images.values())), folder)
+    crash = {k: None for k in schema.CRASHES.names}
+    crash.update(
+        t_detected=1e9,
+        reason="process_exit",
+        signature=finding.fingerprint.split("→")[-1].strip(),
+        chain=finding.fingerprint.split("|", 1)[1],
+        restart=0,
+    )
+    from mmchaos.tables import PartWriter, table_dir
+
+    w = PartWriter(table_dir(folder, "crashes"), schema.CRASHES, tag="hunt")
+    w.add(crash)
+    w.flush()
+
+
+class _HashedURL(DataURL):
+    hash: str
+
+
+def _with_data_urls(node, images: dict[str, dict]):
+    """``node`` with each data URL string made a DataURL (so the trace keeps it once, by hash, as a URL image)."""
+    if isinstance(node, dict):
+        return {k: _with_data_urls(v, images) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_with_data_urls(v, images) for v in node]
+    if isinstance(node, str) and node.startswith("data:"):
+        from mmchaos.payloads.pool import content_hash
+
+        u = _HashedURL(node)
+        u.hash = content_hash(node.encode())
+        images.setdefault(
+            u.hash,
+            {
+                "hash": u.hash,
+                "form": "url",
+                "mime": None,
+                "format": None,
+                "width": None,
+                "height": None,
+                "mode": None,
+                "quality": None,
+                "data": node.encode(),
+                "spec": None,
+                "base": None,
+                "token": None,
+            },
+        )
+        return u
+    return node

@@ -1,99 +1,189 @@
-"""What counts as a finding, and the fingerprint that says two findings are one.
+"""What counts as a finding of the hunt, and its fingerprint.
 
-- ``crash``: the server died or hung (the crash watcher), named by its signature chain;
-- ``unknown_signature``: an ERROR line, traceback or assertion the signature table does not name, named from its
-  exception type and innermost vLLM frame (file:function), so the user can add it to the table;
-- ``5xx``: a 5xx answer to a request the schema allows; a 503 naming a cache miss, and a drift line in the log, are
-  the lower class ``drift``;
-- ``wrong_answer``: the same input answered with another embedding (mmchaos.sameness), or distinct images
-  collapsing onto one;
-- ``schema``: a 200 whose body does not validate against the server's own response schema.
-"""
+Oracles: the server died or hung (the crash watcher); an error line or traceback in the server log that the
+signature table does not name (an *unknown signature*, named from its exception type and innermost vLLM frame);
+a 5xx to a request (the known drift answer, a retryable 503, and known drift lines are the lower class ``drift``);
+the same input answered differently, or distinct images answered alike (``mmchaos.sameness``); a 200 whose body
+does not validate against the route's response schema from the server's own /openapi.json.
+
+A fingerprint is what makes two findings the same bug: the oracle, the process that logged it, the exception type
+or signature chain, and the innermost vLLM frames. A known signature's text raised by another process or frame is
+another finding."""
 
 from __future__ import annotations
 
-import hashlib
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+import jsonschema
+import numpy as np
+
+from mmchaos import sameness
 from mmchaos.signatures import Signatures
 
-ERRORISH = re.compile(r"\bERROR\b|Traceback \(most recent call last\)|AssertionError|\bassert ")
-FRAME = re.compile(r'File "([^"]*?/vllm/[^"]+)", line \d+, in (\S+)')
-EXCEPTION = re.compile(r"^\s*(?:\(\w+ pid=\d+\)\s*)?(?:[\w.]+\.)?([A-Z]\w*(?:Error|Exception|Exit))\b(?::|$)")
-PROCESS = re.compile(r"\((EngineCore[\w_]*|APIServer[\w_]*|VllmWorker[\w_-]*|Worker[\w_-]*)\s+pid=\d+\)")
-PREFIX = re.compile(r"^\(\S+ pid=\d+\)\s?")  # vLLM's prefix on a child process's lines
-# log lines of a server we did not hurt: the harness's own hang-ups, shutdowns we asked for
-BENIGN = re.compile(r"Aborted request|client disconnected|CancelledError|shutting down|Shutting down")
+ERROR_LINE = re.compile(
+    r"\b(ERROR|CRITICAL)\b|Traceback \(most recent call last\)|^\s*\w*(Error|Exception):|"
+    r"AssertionError"
+)
+PROCESS = re.compile(r"\((\w+?)(?:_DP\d+)?(?:_TP\d+)? pid=\d+\)")  # vLLM prefixes each line with its process
+FRAME = re.compile(r'File "[^"]*/(vllm/[^"]+)", line \d+, in (\w+)')
+EXCEPTION = re.compile(
+    r"^(?:\(\w+ pid=\d+\)\s*)?(?:\S+\s+)*?([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt))"
+    r"(?::|$)"
+)
+FRAMES_KEPT = 2  # innermost vLLM frames in a fingerprint: the function that raised and its caller
 
 
 @dataclass
 class Finding:
-    oracle: str
-    signature: str  # the chain, the new signature's name, the status, ...
-    detail: str
-    route: str = ""
-    process: str = ""
-    steps: list = field(default_factory=list)  # the case's steps up to and including the one that showed it
-    at_step: int = -1
-    salt: int = 0
+    oracle: str  # crash | hang | unknown_signature | server_error | drift | wrong_answer | bad_response
+    fingerprint: str
+    title: str
+    detail: str = ""
+    count: int = 1
+    first_case: int = 0
+    cases: list[int] = field(default_factory=list)
+
+    def row(self) -> dict:
+        return dict(self.__dict__)
+
+
+def process_of(line: str) -> str:
+    m = PROCESS.search(line)
+    return m.group(1) if m else "server"
+
+
+@dataclass
+class LogError:
+    """One error of the server log: its lines (a traceback is one error), process, exception type and frames."""
+
+    lines: list[str]
+    process: str
+    exception: str
+    frames: list[str]
 
     @property
     def fingerprint(self) -> str:
-        key = "|".join((self.oracle, self.signature, self.process, self.route))
-        return hashlib.sha256(key.encode()).hexdigest()[:12]
+        return "|".join(("unknown_signature", self.process, self.exception, *self.frames[-FRAMES_KEPT:]))
 
     @property
-    def severity(self) -> str:
-        return "drift" if self.oracle == "drift" else "finding"
+    def title(self) -> str:
+        where = self.frames[-1] if self.frames else "no vLLM frame"
+        return f"{self.exception} in {where} ({self.process})"
 
 
-def unknown_signatures(lines: list[str], sigs: Signatures) -> list[tuple[str, str, str]]:
-    """(name, process, first line) of each block of error lines that no signature names. A traceback block runs
-    from its first errorish line to the exception line; its name is ``<ExceptionType>@<file>:<function>`` of the
-    innermost vLLM frame."""
-    out, block = [], []
-    for line in lines + [""]:
-        body = PREFIX.sub("", line)
-        if block and not (body.strip() and (body.startswith((" ", "\t")) or FRAME.search(body)
-                                            or EXCEPTION.search(body) or ERRORISH.search(body))):
-            out.append(_name(block))
-            block = []
-        if ERRORISH.search(line) or (block and line.strip()):
+def log_errors(lines: Iterable[str], sigs: Signatures) -> list[LogError]:
+    """The errors of ``lines`` no signature names. A traceback's lines are grouped (it ends at its exception
+    line); an error line a signature names, with its traceback, is a known one and left out."""
+    out: list[LogError] = []
+    block: list[str] = []
+    header: str | None = None  # an error line without an exception: the heading of the traceback that may follow
+    for line in lines:
+        if "Traceback (most recent call last)" in line:
+            block, header = [*([header] if header else []), line], None
+            continue
+        if header is not None:
+            out.append(_error([header], "error_line"))
+            header = None
+        if block:
             block.append(line)
-    return [o[:3] for o in out
-            if o and not any(sigs.match(b) for b in o[3]) and not any(BENIGN.search(b) for b in o[3])]
+            m = EXCEPTION.search(_message(line))
+            if m and not FRAME.search(line) and not line.strip().startswith("File "):
+                out.append(_error(block, m.group(1)))
+                block = []
+            elif len(block) > 400:
+                block = []  # not a traceback after all
+            continue
+        if ERROR_LINE.search(line):
+            m = EXCEPTION.search(_message(line))
+            if m:
+                out.append(_error([line], m.group(1)))
+            else:
+                header = line
+    if header is not None:
+        out.append(_error([header], "error_line"))
+    return [e for e in out if not any(sigs.match(x) for x in e.lines)]
 
 
-def continues(line: str) -> bool:
-    """The line may belong to an error block (so a block ending at it may still be open)."""
-    body = PREFIX.sub("", line)
-    return bool(body.strip()) and bool(body.startswith((" ", "\t")) or FRAME.search(body) or EXCEPTION.search(body)
-                                       or ERRORISH.search(body))
+def _message(line: str) -> str:
+    """The line without vLLM's prefix (process, level, time, source)."""
+    text = PROCESS.sub("", line)
+    return re.sub(r"^\s*(?:ERROR|WARNING|INFO|CRITICAL|DEBUG)\s+\S+\s+\S+\s+\[[^\]]*\]\s*", "", text).strip()
 
 
-def _name(block: list[str]):
-    frames = [FRAME.search(b) for b in block]
-    frames = [f for f in frames if f]
-    exc = next((m.group(1) for b in reversed(block) if (m := EXCEPTION.search(b.split(" ", 3)[-1] if b else ""))
-                or (m := EXCEPTION.search(b))), None)
-    if exc is None and any("assert" in b for b in block):
-        exc = "AssertionError"
-    if exc is None and not frames:
-        return None if not any(re.search(r"\bERROR\b", b) for b in block) else \
-            (f"error:{_words(block[0])}", _process(block), block[0].strip()[:300], block)
-    where = ""
-    if frames:
-        path, fn = frames[-1].group(1), frames[-1].group(2)
-        where = "@" + path.split("/vllm/", 1)[1] + ":" + fn
-    return (f"{exc or 'Error'}{where}", _process(block), block[0].strip()[:300], block)
+def _error(block: list[str], exception: str) -> LogError:
+    frames = [f"{m.group(1)}:{m.group(2)}" for x in block for m in [FRAME.search(x)] if m]
+    return LogError(block, process_of(block[0]), exception.rsplit(".", 1)[-1], frames)
 
 
-def _process(block: list[str]) -> str:
-    m = next((PROCESS.search(b) for b in block if PROCESS.search(b)), None)
-    return re.sub(r"_?\d+$", "", m.group(1)) if m else "APIServer"
+def status_finding(path: str, status: int | None, text: str, sigs: Signatures) -> tuple[str, str, str] | None:
+    """(oracle, fingerprint, title) of an answer that is a finding: a 5xx; the drift answer is the lower class."""
+    if status is None or status < 500:
+        return None
+    drift = sigs.drift_answer(status, text)
+    if drift:
+        return (
+            "drift",
+            f"drift|answer|{drift}",
+            f"{status} answered for a cached image the engine did not have ({drift})",
+        )
+    kind = re.sub(r"\d+", "N", _error_type(text))[:80]
+    return "server_error", f"server_error|{path}|{status}|{kind}", f"{status} from {path}: {kind}"
 
 
-def _words(line: str) -> str:
-    text = re.sub(r"^.*?\bERROR\b[^\]]*\]?\s*", "", line)
-    return "_".join(re.findall(r"[A-Za-z]+", text)[:4]).lower() or "line"
+def _error_type(text: str) -> str:
+    m = re.search(r'"type"\s*:\s*"([^"]+)"', text)
+    return m.group(1) if m else (text.strip().splitlines() or ["(empty body)"])[0][:80]
+
+
+def bad_response(answer: object, schema: dict | None) -> str | None:
+    """Why a 200's body does not validate against the route's response schema (None: it does, or no schema)."""
+    if schema is None:
+        return None
+    try:
+        jsonschema.validate(answer, schema)
+    except jsonschema.ValidationError as e:
+        return f"{'/'.join(map(str, e.absolute_path)) or '(body)'}: {e.message[:160]}"
+    except jsonschema.SchemaError:
+        return None  # the server's schema itself does not hold: not the answer's fault
+    return None
+
+
+class Answers:
+    """The wrong-answer oracle over one server's life: each input's first answer, compared with every later one;
+    and the first answers of distinct inputs with media, which must not collapse onto one vector."""
+
+    def __init__(self) -> None:
+        self.first: dict[str, object] = {}
+        self.with_media: list[tuple[str, object]] = []
+
+    def check(self, path: str, body: dict, answer: dict) -> list[str]:
+        out: list[str] = []
+        try:
+            keys = sameness.input_keys(path, body)
+            vectors = sameness.vectors(answer, body)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return out  # not an answer with vectors: nothing to compare
+        if not vectors or any(v.size == 0 or not np.isfinite(v).all() for v in vectors):
+            return out  # a score's answer has no vector (sameness reads it as nan): not an embedding to compare
+        media = "image_url" in str(body) or bool(body.get("images"))
+        for key, vec in zip(keys, vectors):
+            if key in self.first:
+                if not sameness.agree(self.first[key], vec):  # type: ignore[arg-type]
+                    c = sameness.cosine(self.first[key], vec)  # type: ignore[arg-type]
+                    out.append(
+                        f"the same input answered differently on {path} (cosine {c:.4f} < {sameness.COSINE_MIN})"
+                    )
+                continue
+            self.first[key] = vec
+            if media:
+                if any(sameness.collapsed(v, vec) for k, v in self.with_media if k != key):  # type: ignore[arg-type]
+                    out.append(f"two distinct inputs with images answered one vector on {path}")
+                self.with_media.append((key, vec))
+        return out
+
+    def reset(self) -> None:
+        """A new server: answers of the old one are not the new one's."""
+        self.first.clear()
+        self.with_media.clear()

@@ -40,6 +40,7 @@ from . import repro_script
 from .candidate_run import Outcome, run_candidate, target_of
 from .server import ENGINE_BASE_FLAGS, Target
 
+HUNT_KIND = "hunt"  # rows of a hunt's case (harness/hunt.py)
 SOONEST_ABORT_MS = 1.0  # an abort is tried hanging up this soon after sending (likeliest to poison: repro.py)
 SMALL_SIDES = (64,)  # the long sides an image is tried at (vLLM scales small images up to its minimum anyway)
 
@@ -313,4 +314,7 @@ def _abort_sooner_first(guess: Trace) -> list[Trace]:
 def _poisons(row: pd.Series) -> bool:
     """A request that can leave P0 ahead of P1: a post-render failure or an abort (or the probes' such steps)."""
     kind, case = row["kind"], row.get("case")
+    if kind == HUNT_KIND:  # a hunt's request: it does not know the stage a 4xx failed at, so any 4xx may have
+        status = row.get("status")
+        return row.get("outcome") == schema.ABORTED or (status == status and status is not None and 400 <= status < 500)
     return kind in schema.POISON_KINDS or (kind == "probe" and case in schema.POISON_PROBE_STEPS)

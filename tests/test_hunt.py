@@ -1,180 +1,217 @@
-"""Fast tests of `mmchaos hunt` (no vLLM): what it may import, its oracles on real log text, its requests from a
-schema, its reproducer script, and its one-line errors on bad input."""
+"""The hunt's parts without a real server: the API read from a schema, bodies drawn from it, the log oracles, the
+wrong-answer oracle, and its one-line errors."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from cli_inprocess import mmchaos
+from conftest import TESTS, standin_server
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from mmchaos.harness import hunt_api, hunt_media, hunt_oracles, hunt_repro, hunt_triage
+from mmchaos.harness import hunt_case, hunt_oracles
+from mmchaos.payloads import api_schema, hunt_bodies, hunt_media
 from mmchaos.signatures import Signatures
 
-# The lists we wrote: the hunt must find what it finds without them
-LISTS = ("mmchaos.payloads.malformed", "mmchaos.payloads.catalogue", "mmchaos.payloads.mutations",
-         "mmchaos.harness.repro", "mmchaos.locustfiles")
-
-
-@pytest.mark.integration
-def test_hunt_imports_neither_the_catalogue_nor_the_probes_nor_the_mix():
-    probe = ("import sys, mmchaos.harness.hunt, mmchaos.harness.cli_hunt; "
-             "print('\\n'.join(m for m in sys.modules if m.startswith('mmchaos')))")
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
-    loaded = out.stdout.split()
-    assert "mmchaos.harness.hunt" in loaded
-    assert not [m for m in loaded if m in LISTS or m.startswith(tuple(x + '.' for x in LISTS))], loaded
-
-
-TRACEBACK = """\
-(EngineCore_DP0 pid=123) ERROR 12-03 11:00:00 [core.py:900] EngineCore encountered an issue
-(EngineCore_DP0 pid=123) Traceback (most recent call last):
-(EngineCore_DP0 pid=123)   File "/x/site-packages/vllm/v1/engine/core.py", line 10, in run_busy_loop
-(EngineCore_DP0 pid=123)     self._process()
-(EngineCore_DP0 pid=123)   File "/x/site-packages/vllm/multimodal/cache/shm.py", line 77, in get_item
-(EngineCore_DP0 pid=123)     assert addr is not None
-(EngineCore_DP0 pid=123) KeyError: 'abc'
-INFO 12-03 11:00:01 [api_server.py:1] fine
-"""
-
-
-def test_an_unknown_traceback_becomes_a_signature_named_by_exception_and_innermost_vllm_frame():
-    found = hunt_oracles.unknown_signatures(TRACEBACK.splitlines(), Signatures.default())
-    assert [(n, p) for n, p, _ in found] == [("KeyError@multimodal/cache/shm.py:get_item", "EngineCore_DP")]
-
-
-def test_a_known_signature_is_no_new_finding():
-    lines = ["ERROR 12-03 [x.py:1] AssertionError: assert req_state.detokenizer is not None"]
-    assert hunt_oracles.unknown_signatures(lines, Signatures.default()) == []
-
-
-def test_fingerprint_splits_by_process_and_route():
-    a = hunt_oracles.Finding("crash", "cache_drift → detokenizer_assert", "", "/v1/embeddings", "APIServer")
-    b = hunt_oracles.Finding("crash", "cache_drift → detokenizer_assert", "", "/v1/embeddings", "EngineCore")
-    assert a.fingerprint != b.fingerprint
-    assert a.fingerprint == hunt_oracles.Finding(**{**a.__dict__, "detail": "other"}).fingerprint
-
-
-SPEC = {
+OPENAPI = {
     "paths": {
-        "/v1/embeddings": {"post": {
-            "requestBody": {"content": {"application/json": {"schema": {"anyOf": [
-                {"$ref": "#/components/schemas/Completion"}, {"$ref": "#/components/schemas/Chat"}]}}}},
-            "responses": {"200": {"content": {"application/json": {
-                "schema": {"$ref": "#/components/schemas/Answer"}}}}}}},
-        "/v2/embed": {"post": {"requestBody": {"content": {"application/json": {
-            "schema": {"type": "object", "properties": {"images": {"type": "array"},
-                                                        "output_dimension": {"type": "integer"}}}}}}}},
-        "/health": {"get": {}},
+        "/v1/embeddings": {
+            "post": {
+                "requestBody": {
+                    "content": {"application/json": {"schema": {"anyOf": [{"$ref": "#/components/schemas/Chat"}]}}}
+                },
+                "responses": {
+                    "200": {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Out"}}}}
+                },
+            }
+        },
         "/reset_mm_cache": {"post": {}},
+        "/v1/chat/completions": {"post": {}},  # not a pooling route: never sent
     },
-    "components": {"schemas": {
-        "Completion": {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]},
-        "Chat": {"type": "object", "required": ["messages"], "properties": {
-            "messages": {"type": "array"}, "model": {"type": "string"},
-            "dimensions": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
-            "encoding_format": {"enum": ["float", "base64"]}}},
-        "Answer": {"type": "object", "required": ["data"], "properties": {"data": {"type": "array"}}},
-    }},
+    "components": {
+        "schemas": {
+            "Chat": {
+                "title": "EmbeddingChatRequest",
+                "type": "object",
+                "required": ["messages"],
+                "properties": {
+                    "messages": {"type": "array"},
+                    "model": {"type": "string"},
+                    "dimensions": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
+                    "encoding_format": {"enum": ["float", "base64"]},
+                },
+            },
+            "Out": {"type": "object", "required": ["data"], "properties": {"data": {"type": "array"}}},
+        }
+    },
 }
 
 
-def test_routes_and_forms_come_from_the_servers_schema():
-    routes = hunt_api.routes(SPEC)
-    assert [(r.path, r.form) for r in routes] == [("/v1/embeddings", "chat"), ("/v2/embed", "cohere")]
-    assert set(routes[0].params["properties"]) == {"dimensions", "encoding_format"}  # media and model are ours
-    assert hunt_api.operator_routes(SPEC) == ["/reset_mm_cache"]
-    assert hunt_api.schema_error(routes[0], {"data": []}) is None
-    assert "data" in hunt_api.schema_error(routes[0], {"object": "list"})
+def test_routes_come_from_the_servers_schema_with_references_resolved():
+    api = api_schema.routes(OPENAPI)
+    assert list(api) == ["/v1/embeddings"]
+    form = api_schema.variants(api["/v1/embeddings"].request)[0]
+    assert form["title"] == "EmbeddingChatRequest" and "dimensions" in form["properties"]
+    assert api["/v1/embeddings"].response["required"] == ["data"]
+    assert api_schema.operator_routes(OPENAPI) == ["/reset_mm_cache"]
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.data())
+def test_bodies_follow_the_schema_and_carry_images(data):
+    form = api_schema.variants(api_schema.routes(OPENAPI)["/v1/embeddings"].request)[0]
+    body = data.draw(hunt_bodies.form(form, "m").bodies(hunt_media.media()))
+    assert body["model"] == "m" and isinstance(body["messages"], list)
+    assert set(body) <= {"model", "messages", "dimensions", "encoding_format"}
+    if "encoding_format" in body:
+        assert body["encoding_format"] in ("float", "base64")
+    if body.get("dimensions") is not None:
+        assert isinstance(body["dimensions"], int)
 
 
 @settings(max_examples=40, deadline=None)
-@given(hunt_api.params_strategy(hunt_api.routes(SPEC)[0]))
-def test_drawn_parameters_are_ones_the_schema_names(params):
-    assert set(params) <= {"dimensions", "encoding_format"}
-    assert params.get("encoding_format", "float") in ("float", "base64")
+@given(st.data())
+def test_a_case_reuses_images_across_its_requests_sometimes(data):
+    cases = hunt_case.cases(api_schema.routes(OPENAPI), "m", ["/reset_mm_cache"])
+    seen = [data.draw(cases) for _ in range(3)]
+    for case in seen:
+        assert 1 <= len(case.steps) <= hunt_case.MAX_STEPS
+        assert all(s.path in ("/v1/embeddings", "/reset_mm_cache") for s in case.steps)
+        assert hunt_case.Case.from_json(case.to_json()).to_json() == case.to_json()
 
 
-def test_pool_images_are_the_same_bytes_for_the_same_draw_and_new_for_another_case():
-    assert hunt_media.data_url(1, 0, "png64") == hunt_media.data_url(1, 0, "png64")
-    assert hunt_media.data_url(1, 0, "png64") != hunt_media.data_url(2, 0, "png64")
-    assert len({hunt_media.image_bytes(1, 0, k)[0] for k in hunt_media.KINDS}) == len(hunt_media.KINDS)
+def test_reuse_is_drawn():
+    # Hypothesis's own search (find): a case whose two requests send one image exists in the space
+    from hypothesis import find
+
+    cases = hunt_case.cases(api_schema.routes(OPENAPI), "m", [])
+    case = find(
+        cases,
+        lambda c: len({h for s in c.steps for h in s.images}) < sum(len(s.images) for s in c.steps),
+        settings=settings(max_examples=500, deadline=None, database=None),
+    )
+    assert sum(len(s.images) for s in case.steps) >= 2
 
 
-def test_the_cut_keeps_the_dying_requests_image_and_the_operator_actions():
-    steps = [{"op": "send", "slot": 0, "kind": "png64"}, {"op": "send", "slot": 1, "kind": "png64"},
-             {"op": "operator", "route": "/reset_mm_cache"}, {"op": "hangup", "slot": 0, "kind": "png64"},
-             {"op": "send", "slot": 0, "kind": "png64"}, {"op": "send", "slot": 0, "kind": "png64"}]
-    kept = hunt_triage.cut({"steps": steps, "at_step": 4})
-    assert kept == [steps[0], steps[2], steps[3], steps[4]]
+ASSERT_LOG = """\
+(APIServer pid=1) ERROR 12-03 11:43:23 [a.py:1] Traceback (most recent call last):
+(APIServer pid=1) ERROR 12-03 11:43:23 [a.py:1]   File "/s/vllm/v1/engine/async_llm.py", line 800, in output_handler
+(APIServer pid=1) ERROR 12-03 11:43:23 [a.py:1]     assert req_state.detokenizer is not None
+(APIServer pid=1) ERROR 12-03 11:43:23 [a.py:1] AssertionError
+"""
+UNKNOWN_LOG = """\
+(APIServer pid=1) ERROR:    Exception in ASGI application
+(APIServer pid=1) Traceback (most recent call last):
+(APIServer pid=1)   File "/s/vllm/multimodal/processing/processor.py", line 1589, in _matched_updates_from_result
+(APIServer pid=1)     assert update_idx is not None, (
+(APIServer pid=1) AssertionError: Failed to apply prompt replacement for mm_items['image'][0]
+(EngineCore pid=7) ERROR 12-03 11:43:23 [c.py:1] Traceback (most recent call last):
+(EngineCore pid=7) ERROR 12-03 11:43:23 [c.py:1]   File "/s/vllm/v1/engine/core.py", line 10, in step
+(EngineCore pid=7) ERROR 12-03 11:43:23 [c.py:1]     self.run()
+(EngineCore pid=7) ERROR 12-03 11:43:23 [c.py:1]   File "/s/vllm/multimodal/cache/shm.py", line 99, in get
+(EngineCore pid=7) ERROR 12-03 11:43:23 [c.py:1]     assert addr is not None
+(EngineCore pid=7) ERROR 12-03 11:43:23 [c.py:1] KeyError: 'abc'
+(APIServer pid=1) INFO 12-03 11:43:24 [api_server.py:1] 127.0.0.1 - "POST /v1/embeddings HTTP/1.1" 200 OK
+"""
 
 
-class _Echo(BaseHTTPRequestHandler):
-    got: list = []
-
-    def do_GET(self):
-        self.send_response(200 if self.path == "/health" else 404)
-        self.end_headers()
-
-    def do_POST(self):
-        _Echo.got.append((self.path, self.rfile.read(int(self.headers["Content-Length"] or 0))))
-        self.send_response(200)
-        self.end_headers()
-
-    def log_message(self, *_):
-        pass
+def test_an_error_the_table_names_is_no_unknown_signature():
+    assert hunt_oracles.log_errors(ASSERT_LOG.splitlines(), Signatures.load()) == []
 
 
-def _echo_server():
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Echo)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    return srv
+def test_an_unknown_traceback_is_named_by_its_exception_process_and_innermost_vllm_frame():
+    asgi, e = hunt_oracles.log_errors(UNKNOWN_LOG.splitlines(), Signatures.load())
+    # the error line heading a traceback is part of it, not an error of its own
+    assert asgi.exception == "AssertionError" and asgi.lines[0].endswith("Exception in ASGI application")
+    assert (
+        asgi.fingerprint == "unknown_signature|APIServer|AssertionError|"
+        "vllm/multimodal/processing/processor.py:_matched_updates_from_result"
+    )
+    assert e.exception == "KeyError" and e.process == "EngineCore"
+    assert e.frames[-1] == "vllm/multimodal/cache/shm.py:get"
+    assert e.fingerprint == (
+        "unknown_signature|EngineCore|KeyError|vllm/v1/engine/core.py:step|vllm/multimodal/cache/shm.py:get"
+    )
 
 
-@pytest.mark.integration
-def test_the_reproducer_sends_its_steps_in_order_and_says_survived(tmp_path):
-    routes = hunt_api.routes(SPEC)
-    steps = [{"op": "send", "route": "/v1/embeddings", "form": "chat", "slot": 0, "kind": "png64",
-              "params": {"dimensions": 5}},
-             {"op": "operator", "route": "/reset_mm_cache"},
-             {"op": "send", "route": "/v2/embed", "form": "cohere", "slot": 0, "kind": "png64", "params": {}}]
-    script = tmp_path / "repro.py"
-    script.write_text(hunt_repro.render("t", steps, routes, "m", 7))
-    srv = _echo_server()
-    _Echo.got = []
+def test_five_hundreds_are_findings_and_the_drift_answer_is_the_lower_class():
+    sigs = Signatures.load()
+    assert hunt_oracles.status_finding("/score", 400, "bad", sigs) is None
+    oracle, fp, _ = hunt_oracles.status_finding("/score", 500, '{"error":{"type":"InternalServerError"}}', sigs)
+    assert (oracle, fp) == ("server_error", "server_error|/score|500|InternalServerError")
+    drift = '{"error":{"message":"Multi-modal cache miss ... P0/P1 cache drift; returning a retryable response"}}'
+    assert hunt_oracles.status_finding("/v1/embeddings", 503, drift, sigs)[0] == "drift"
+
+
+def test_a_huge_header_png_claims_its_size_with_a_valid_checksum():
+    import base64
+    import io
+
+    from PIL import Image
+
+    m = hunt_media.make("PNG", 16, 16, 1, "huge_header")
+    data = base64.b64decode(m.url.split(",", 1)[1])
+    Image.MAX_IMAGE_PIXELS, saved = None, Image.MAX_IMAGE_PIXELS
     try:
-        out = subprocess.run([sys.executable, str(script), "--url", f"http://127.0.0.1:{srv.server_port}",
-                              "--settle", "0.5", "--json"], capture_output=True, text=True, timeout=60)
+        assert Image.open(io.BytesIO(data)).size == (hunt_media.HUGE_SIDE, hunt_media.HUGE_SIDE)
     finally:
-        srv.shutdown()
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert json.loads(out.stdout.splitlines()[-1])["crashed"] is False
-    assert [p for p, _ in _Echo.got] == ["/v1/embeddings", "/reset_mm_cache", "/v2/embed"]
-    first = json.loads(_Echo.got[0][1])
-    assert first["dimensions"] == 5
-    assert first["messages"][0]["content"][0]["image_url"]["url"] == hunt_media.data_url(7, 0, "png64")
+        Image.MAX_IMAGE_PIXELS = saved
 
 
-def _cli(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "mmchaos.harness.cli", "hunt", *args], capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ})
+def test_the_wrong_answer_oracle_sees_a_changed_answer_and_a_collapse():
+    img = hunt_media.make("PNG", 16, 16, 1, "none").url
+    other = hunt_media.make("PNG", 16, 16, 2, "none").url
+    body = {"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": img}}]}]}
+    body2 = json.loads(json.dumps(body).replace(img, other))
+    answers = hunt_oracles.Answers()
+    assert answers.check("/v1/embeddings", body, {"data": [{"index": 0, "embedding": [1.0, 0.0, 0.0]}]}) == []
+    assert answers.check("/v1/embeddings", body, {"data": [{"index": 0, "embedding": [1.0, 0.001, 0.0]}]}) == []
+    assert answers.check("/v1/embeddings", body, {"data": [{"index": 0, "embedding": [0.0, 1.0, 0.0]}]})
+    score = {"model": "m", "text_1": "a", "text_2": "b"}
+    for _ in range(2):  # a score is no vector: never "answered differently"
+        assert answers.check("/v1/score", score, {"data": [{"index": 0, "object": "score", "score": 0.5}]}) == []
+    assert answers.check("/v1/embeddings", body2, {"data": [{"index": 0, "embedding": [1.0, 0.0, 0.0]}]})
 
 
-@pytest.mark.integration
+def test_a_response_that_does_not_match_its_schema_is_a_finding():
+    schema = api_schema.routes(OPENAPI)["/v1/embeddings"].response
+    assert hunt_oracles.bad_response({"data": []}, schema) is None
+    assert "data" in hunt_oracles.bad_response({"object": "list"}, schema)
+
+
+def _hunt(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "mmchaos.harness.cli", "hunt", *args], capture_output=True, text=True, timeout=300
+    )
+
+
 def test_bad_input_is_one_line_and_exit_2(tmp_path):
-    srv = _echo_server()  # answers /health, has no /openapi.json
-    try:
-        cases = [("--max-starts", "0", "--url", "http://127.0.0.1:1"), (),
-                 ("--url", f"http://127.0.0.1:{srv.server_port}", "--out", str(tmp_path / "o"))]
-        for args in cases:
-            r = _cli(*args)
-            assert r.returncode == 2, (args, r.stdout, r.stderr)
-            assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) <= 2, r.stderr
-        assert "openapi.json" in r.stderr
-    finally:
-        srv.shutdown()
+    r = mmchaos("hunt", "--url", "http://127.0.0.1:9", "--max-starts", "0", "--out", str(tmp_path / "h"))
+    assert r.returncode == 2 and "--max-starts must be positive" in r.stdout + r.stderr
+    r = mmchaos("hunt", "--out", str(tmp_path / "h"))
+    assert r.returncode == 2 and "give one target" in r.stdout + r.stderr
+    assert "Traceback" not in r.stdout + r.stderr
+
+
+@pytest.mark.integration
+def test_a_target_without_openapi_json_cannot_be_hunted(tmp_path):
+    with standin_server(tmp_path / "standin.log") as s:
+        r = _hunt("--url", s.base_url, "--out", str(tmp_path / "h"), "--max-cases", "1")
+    out = r.stdout + r.stderr
+    assert r.returncode == 2 and "/openapi.json" in out and "Traceback" not in out
+    assert len([x for x in out.splitlines() if x.startswith("mmchaos:")]) == 1
+
+
+@pytest.mark.integration
+def test_the_hunt_does_not_import_the_lists_it_must_not_need():
+    # the search may not lean on what we already know fails: the malformed catalogue, the probes, the mix's kinds
+    code = (
+        "import sys, mmchaos.harness.hunt, mmchaos.harness.cli_hunt; print([m for m in sys.modules if any(x in m "
+        "for x in ('malformed', 'catalogue', 'mutations', 'probes', 'locustfiles', 'repro_script_cases'))])"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=TESTS.parent, check=True)
+    assert r.stdout.strip() == "[]"

@@ -1,0 +1,84 @@
+"""The hunt's media: images drawn by Hypothesis (format, size, content seed) and the damaged forms a client may send
+(truncated, bytes of one format under another's type, not base64 at all), each as the data URL a request carries.
+Drawn images are kept in a bundle by the hunt's cases, so a later request can send the same one again: reuse is
+what the multimodal cache is about."""
+
+from __future__ import annotations
+
+import base64
+import io
+import struct
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+from hypothesis import strategies as st
+from PIL import Image
+
+from .pool import content_hash
+
+FORMATS = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp", "GIF": "image/gif", "BMP": "image/bmp"}
+SIDES = (16, 64, 128, 300)  # vLLM resizes to its own bounds: the tiny and the large both go through that
+DAMAGE = ("none", "truncated", "wrong_mime", "not_base64", "empty", "huge_header")
+HUGE_SIDE = 60000  # a PNG header claiming 60000 x 60000 pixels: over Pillow's decompression-bomb limit
+
+
+@dataclass(frozen=True)
+class Media:
+    """One image as sent: its data URL and the hash of the URL's content (the image's identity in our rows)."""
+
+    url: str
+    hash: str
+    damage: str
+    format: str
+    width: int
+    height: int
+
+    def describe(self) -> str:
+        extra = "" if self.damage == "none" else f", {self.damage}"
+        return f"{self.format} {self.width}x{self.height}{extra} #{self.hash[:8]}"
+
+
+def encode(fmt: str, width: int, height: int, seed: int) -> bytes:
+    rng = np.random.default_rng(seed)
+    pixels = rng.integers(0, 256, size=(height, width, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format=fmt)
+    return buf.getvalue()
+
+
+def make(fmt: str, width: int, height: int, seed: int, damage: str) -> Media:
+    data, mime = encode(fmt, width, height, seed), FORMATS[fmt]
+    if damage == "truncated":
+        data = data[: max(1, len(data) // 2)]
+    elif damage == "wrong_mime":
+        mime = FORMATS["JPEG" if fmt != "JPEG" else "PNG"]
+    elif damage == "empty":
+        data = b""
+    elif damage == "huge_header":
+        data, mime = _huge_png_header(encode("PNG", width, height, seed)), FORMATS["PNG"]
+    b64 = base64.b64encode(data).decode("ascii")
+    if damage == "not_base64":
+        b64 = b64[:16] + "!!" + b64[16:]
+    url = f"data:{mime};base64,{b64}"
+    return Media(url, content_hash(url.encode()), damage, fmt, width, height)
+
+
+def _huge_png_header(png: bytes) -> bytes:
+    """``png`` with its IHDR claiming HUGE_SIDE x HUGE_SIDE pixels (its checksum made right, so only the size is
+    wrong)."""
+    ihdr = bytearray(png[12:29])  # chunk type and its 13 bytes of data
+    ihdr[4:12] = struct.pack(">II", HUGE_SIDE, HUGE_SIDE)
+    return png[:12] + bytes(ihdr) + struct.pack(">I", zlib.crc32(ihdr)) + png[33:]
+
+
+def media() -> st.SearchStrategy[Media]:
+    """An image: mostly intact (a cache hit needs an image the server accepted), sometimes damaged."""
+    return st.builds(
+        make,
+        fmt=st.sampled_from(sorted(FORMATS)),
+        width=st.sampled_from(SIDES),
+        height=st.sampled_from(SIDES),
+        seed=st.integers(0, 2**16),
+        damage=st.sampled_from(DAMAGE[1:]) | st.just("none") | st.just("none") | st.just("none"),
+    )

@@ -1,0 +1,107 @@
+"""The hunt against real vLLM: what it must find where we know the ground truth (issue 25's bars), with none of
+our lists of failures (tests/test_hunt.py proves it does not import them). Bounded by counts of cases and server
+starts, never by time reached."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import REPORT_VERSION, require_engine_and_model, vllm_server
+
+pytestmark = pytest.mark.engine
+SEED_CRASH = "crash|cache_drift → detokenizer_assert"
+
+
+def _hunt(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "mmchaos.harness.cli", "hunt", *args], capture_output=True, text=True, timeout=3000
+    )
+
+
+def _findings(out) -> list[dict]:
+    return json.loads((out / "state.json").read_text())["findings"]
+
+
+def test_on_030_default_the_hunt_finds_the_seed_crash_and_shrinks_it_to_a_reproducer(tmp_path):
+    require_engine_and_model(REPORT_VERSION)
+    out = tmp_path / "hunt"
+    r = _hunt(
+        "--engine",
+        REPORT_VERSION,
+        "--out",
+        str(out),
+        "--seed",
+        "0",
+        "--max-cases",
+        "40",
+        "--max-starts",
+        "8",
+        "--repeats",
+        "1",
+        "--max-minutes",
+        "40",
+    )
+    assert r.returncode == 1, r.stderr[-3000:] + r.stderr[-2000:]
+    crashes = [f for f in _findings(out) if f["oracle"] == "crash"]
+    assert SEED_CRASH in [f["fingerprint"] for f in crashes], r.stderr[-3000:]
+    first = next(f for f in crashes if f["fingerprint"] == SEED_CRASH)
+    folder = out / "findings" / str(first["first_case"]) / "minimized"
+    assert (folder / "issue.md").is_file()
+    sent = [json.loads(x) for x in (folder / "minimal.jsonl").read_text().splitlines() if x.strip()]
+    assert 1 <= len(sent) <= 3, sent
+    assert (out / "findings.md").read_text().count(SEED_CRASH) >= 1
+    # the reproducer it hands out kills a fresh 0.30.0 default server, and not one with the cache off
+    for flags, crashed in (([], True), (["--mm-processor-cache-gb", "0"], False)):
+        with vllm_server(REPORT_VERSION, flags, tmp_path / f"repro-{len(flags)}.log") as s:
+            rr = subprocess.run(
+                [sys.executable, str(folder / "repro.py"), "--url", s.base_url, "--settle", "5"],
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
+        assert rr.returncode == (1 if crashed else 0), (flags, rr.stdout[-2000:])
+
+
+def test_on_032_default_the_drift_is_a_retryable_finding_and_nothing_crashes(fixed_server, tmp_path):
+    out = tmp_path / "hunt"
+    r = _hunt(
+        "--url",
+        fixed_server.base_url,
+        "--server-log",
+        str(fixed_server.log_path),
+        "--out",
+        str(out),
+        "--seed",
+        "0",
+        "--max-cases",
+        "60",
+        "--max-minutes",
+        "20",
+    )
+    oracles = {f["oracle"] for f in _findings(out)}
+    assert "drift" in oracles and not oracles & {"crash", "hang"}, r.stderr[-3000:]
+    assert fixed_server.exit_code() is None and fixed_server.health()[0]
+
+
+def test_on_030_with_the_cache_off_there_is_no_drift(workaround_server, tmp_path):
+    out = tmp_path / "hunt"
+    r = _hunt(
+        "--url",
+        workaround_server.base_url,
+        "--server-log",
+        str(workaround_server.log_path),
+        "--out",
+        str(out),
+        "--seed",
+        "0",
+        "--max-cases",
+        "30",
+        "--max-minutes",
+        "20",
+    )
+    assert r.returncode in (0, 1), r.stdout[-2000:] + r.stderr[-2000:]
+    oracles = {f["oracle"] for f in _findings(out)}
+    assert not oracles & {"drift", "crash", "hang"}, r.stderr[-3000:]
