@@ -150,6 +150,8 @@ def campaign_toml(plan: CampaignPlan, cfg: Config, workers: int, flags: list[str
     # the load comes from the worker pods (processes = 0: none beside the master in its own pod)
     workload = {**plan.workload, "locustfile": LOCUSTFILE, "processes": 0, "expect_workers": workers,
                 "master_bind_host": "*", "master_bind_port": MASTER_PORT}
+    if not workload.get("rate"):  # a closed loop says so by leaving the rate out (a rate of 0 is refused)
+        workload.pop("rate", None)
     env = {k: f"<Secret {SECRET}, key {k}>" if k in secret_env(cfg.env) else v for k, v in cfg.env.items()}
     config = {"name": cfg.name, "description": cfg.description, "flags": flags, "env": env}
     lines = [f"# {plan.path.name}, configuration {cfg.name}, rewritten by `mmchaos k8s` for the cluster: attach to",
