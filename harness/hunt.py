@@ -34,6 +34,7 @@ from mmchaos.payloads.pool import DataURL
 from mmchaos.payloads.traces import Trace, save
 from mmchaos.redact import Redactor
 from mmchaos.signatures import Signatures
+from mmchaos.tables import PartWriter, table_dir
 
 from . import crash_watch, hunt_case, hunt_oracles
 from .hunt_oracles import Finding
@@ -294,8 +295,12 @@ class Hunt:
         self._start()
 
     def _take_start(self) -> None:
-        if self.state["starts"] >= self.budget.max_starts:
-            raise _Spent(f"{self.budget.max_starts} server start(s)")
+        # once a crash is found, starts are kept for shrinking it: a guess and its confirmation per run, and one more
+        crashed = any(f.oracle == "crash" for f in self.findings.values())
+        reserve = 2 * self.repeats + 1 if self.minimize and crashed and self.target.mode != "attach" else 0
+        if self.state["starts"] >= self.budget.max_starts - reserve:
+            why = f" ({reserve} kept for shrinking the crash)" if reserve else ""
+            raise _Spent(f"{self.budget.max_starts} server start(s){why}")
         self.state["starts"] += 1
 
     def _api(self) -> tuple[dict[str, api_schema.Route], list[str]]:
@@ -443,6 +448,23 @@ def crash_trial(hunt: Hunt, life: list, finding: Finding, folder: Path) -> None:
                 }
             )
     save(Trace.of(pd.DataFrame(rows), list(images.values())), folder)
+    # the requests of the last case the dying server did not answer (or answered 5xx) are the ones the crash
+    # names: the minimizer's first guess is each of them after the earlier failed request that sent its image
+    last = [r for r in rows if r["request_id"].startswith(f"hunt-{len(life)}-")]
+    named = [r for r in last if r["abort_after_ms"] is None and (r["status"] is None or r["status"] >= 500)]
+    events = PartWriter(table_dir(folder, "log_events"), schema.LOG_EVENTS, tag="hunt")
+    for r in named:
+        events.add(
+            {
+                "t": 0.0,
+                "signature": None,
+                "fatal": None,
+                "mm_hash": None,
+                "request_id": r["request_id"],
+                "line": "the crash's case: no answer, or a 5xx, from the dying server",
+            }
+        )
+    events.flush()
     crash = {k: None for k in schema.CRASHES.names}
     crash.update(
         t_detected=1e9,
@@ -451,8 +473,6 @@ def crash_trial(hunt: Hunt, life: list, finding: Finding, folder: Path) -> None:
         chain=finding.fingerprint.split("|", 1)[1],
         restart=0,
     )
-    from mmchaos.tables import PartWriter, table_dir
-
     w = PartWriter(table_dir(folder, "crashes"), schema.CRASHES, tag="hunt")
     w.add(crash)
     w.flush()

@@ -273,7 +273,9 @@ def _locate(loc: tuple) -> tuple[str, str, int, FieldInfo | None, type[BaseModel
 
 def problem(error: ValidationError) -> FileProblem:
     """The first of pydantic's errors as one campaign-file problem, in today's words."""
-    e = error.errors()[0]
+    errors = error.errors()
+    # a misspelt section first: it is why its section is missing ("[campain]" -> "missing the [campaign] section")
+    e = next((x for x in errors if x["type"] == "extra_forbidden" and len(x["loc"]) == 1), errors[0])
     section, key, nth, info, model, item = _locate(e["loc"])
     where = f"[{section}]" if section else ""
     value = e.get("input")

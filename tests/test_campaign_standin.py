@@ -152,7 +152,7 @@ def test_unfinished_trial_is_run_again(tmp_path):
                                                                         "did you mean 'trials'?"),
         ('[campaign]\nname = "x"\ntrials = "two"\n[[config]]\nname = "a"\n', ":3: 'trials' must be int, not str"),
         ('[campaign]\nname = "x"\n[workload]\nusers = 2\nshape = "steady"\n[crash]\npolicy = "retry"\n'
-         '[[config]]\nname = "a"\nengine = "0.30.0"\n', ":7: crash policy 'retry' unknown"),
+         '[[config]]\nname = "a"\nengine = "0.30.0"\n', ":7: policy 'retry' unknown; did you mean 'restart'?"),
         ('[campaign]\nname = "x"\n[[config]]\nname = "a"\nengine = "0.30.0"\n[[config]]\nname = "b"\n'
          'engin = "0.32.0"\n', ":8: unknown key 'engin' in [config]; did you mean 'engine'?"),
         ('[campaign]\nname = "x"\n', "no [[config]] tables"),
