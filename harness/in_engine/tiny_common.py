@@ -10,7 +10,7 @@ import hashlib
 import os
 import shutil
 
-from tiny_model import SEED, dump_json, init_tensor  # noqa: E402  (the Qwen3-VL recipe: one home each)
+from tiny_model import SEED, die, dump_json, init_tensor  # noqa: E402  (the Qwen3-VL recipe: one home each)
 
 
 def step(n: int, total: int, what: str) -> None:
@@ -76,3 +76,16 @@ def write_folder(out, build):
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return summary
+
+
+def main(argv, script: str, recipe_version: str, build) -> int:
+    """A recipe's command line: ``script OUTDIR`` builds the model into OUTDIR with ``build`` and says what it wrote."""
+    if len(argv) != 2 or argv[1].startswith("-"):
+        die(f"usage: {script} OUTDIR")
+    out = os.path.abspath(argv[1])
+    if not os.path.isdir(os.path.dirname(out)):
+        die(f"parent directory does not exist: {os.path.dirname(out)}")
+    summary = write_folder(out, build)
+    size = sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out))
+    print(f"tiny model {recipe_version}: {out} ({size} bytes, {summary['params']} params)")
+    return 0

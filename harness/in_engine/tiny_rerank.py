@@ -16,7 +16,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import tiny_model as qwen  # noqa: E402  (sets the offline variables before transformers is imported)
-from tiny_common import step, write_folder  # noqa: E402
+import tiny_common  # noqa: E402
+from tiny_common import step  # noqa: E402
 
 RECIPE_VERSION = "mmchaos-tiny-qwen3vl-rerank-v1"
 ARCHITECTURE = "Qwen3VLForSequenceClassification"
@@ -46,17 +47,5 @@ def build(tmp):
             "image_tokens_40x56": n_img, "classifier_from_token": CLASSIFIER_TOKENS}
 
 
-def main(argv):
-    if len(argv) != 2 or argv[1].startswith("-"):
-        qwen.die("usage: tiny_rerank.py OUTDIR")
-    out = os.path.abspath(argv[1])
-    if not os.path.isdir(os.path.dirname(out)):
-        qwen.die(f"parent directory does not exist: {os.path.dirname(out)}")
-    summary = write_folder(out, build)
-    size = sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out))
-    print(f"tiny model {RECIPE_VERSION}: {out} ({size} bytes, {summary['params']} params)")
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    sys.exit(tiny_common.main(sys.argv, "tiny_rerank.py", RECIPE_VERSION, build))
