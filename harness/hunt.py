@@ -408,12 +408,14 @@ def crash_trial(hunt: Hunt, life: list, finding: Finding, folder: Path) -> None:
     every case that server was sent, in order (case k's session j is a lane of its own)."""
     folder.mkdir(parents=True, exist_ok=True)
     t = hunt.target
+    # masked as a campaign's manifest is (a masked key is a key all the same: the minimizer's client sends the mask)
+    redactor = Redactor.from_environment(t.secrets())
     manifest = {
         "target": t.mode,
-        "target_detail": t.describe(Redactor(set())),
+        "target_detail": t.describe(redactor),
         "engine": t.engine,
-        "flags": t.flags,
-        "env": t.env,
+        "flags": redactor.argv(t.flags),
+        "env": redactor.env(t.env),
     }
     write_json_atomic(folder / schema.MANIFEST, manifest)
     images: dict[str, dict] = {}

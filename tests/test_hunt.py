@@ -215,3 +215,19 @@ def test_the_hunt_does_not_import_the_lists_it_must_not_need():
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=TESTS.parent, check=True)
     assert r.stdout.strip() == "[]"
+
+
+def test_a_crash_trial_keeps_no_key_of_the_target(tmp_path):
+    from mmchaos.harness import hunt
+    from mmchaos.harness.hunt_oracles import Finding
+    from mmchaos.harness.server import Target
+
+    key = "sekret-key-123456"
+    case = hunt_case.Case([hunt_case.Step(0, "/v1/embeddings", {"model": "m", "input": "x"})])
+    h = hunt.Hunt(
+        Target(mode="engine", engine="0.30.0", flags=["--api-key", key]), tmp_path / "h", hunt.Budget(1, 1, 1, 1)
+    )
+    hunt.crash_trial(
+        h, [(case, [hunt_case.Sent(0, None, "", 0.0)])], Finding("crash", "crash|x", "x"), tmp_path / "trial"
+    )
+    assert all(key.encode() not in f.read_bytes() for f in (tmp_path / "trial").rglob("*") if f.is_file())
