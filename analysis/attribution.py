@@ -56,21 +56,39 @@ def attribute(c: CampaignResults, window_s: float = DEFAULT_WINDOW_S) -> tuple[p
 def _events(c: CampaignResults, window_s: float) -> pd.DataFrame:
     d = drift_events(c)
     t = d["t"].to_numpy()
-    drift = pd.DataFrame({
-        "config": d["config"].astype(str).to_numpy(), "trial": d["trial"].to_numpy(), "event": "drift",
-        "signature": d["signature"].astype(str).to_numpy(), "t": t, "t_rel": d["t_rel"].to_numpy(),
-        "mm_hash": d["image_hash"].astype(object).to_numpy(), "lo": t - window_s, "hi": t,
-        "server_mm_hash": d["mm_hash"].astype(object).to_numpy(), "request_id": d["request_id"].astype(object).to_numpy(),
-    })
+    drift = pd.DataFrame(
+        {
+            "config": d["config"].astype(str).to_numpy(),
+            "trial": d["trial"].to_numpy(),
+            "event": "drift",
+            "signature": d["signature"].astype(str).to_numpy(),
+            "t": t,
+            "t_rel": d["t_rel"].to_numpy(),
+            "mm_hash": d["image_hash"].astype(object).to_numpy(),
+            "lo": t - window_s,
+            "hi": t,
+            "server_mm_hash": d["mm_hash"].astype(object).to_numpy(),
+            "request_id": d["request_id"].astype(object).to_numpy(),
+        }
+    )
     cr = c.crashes
     t = cr["t_detected"].to_numpy(dtype=float)
     start = np.fmin(cr["t_last_healthy"].to_numpy(dtype=float), t)  # fmin: a missing last-healthy is ignored
-    crash = pd.DataFrame({
-        "config": cr["config"].astype(str).to_numpy(), "trial": cr["trial"].to_numpy(), "event": "crash",
-        "signature": cr["signature"].astype(object).fillna("(unclassified)").astype(str).to_numpy(),
-        "t": t, "t_rel": cr["t_rel"].to_numpy(), "mm_hash": None, "lo": start - window_s, "hi": t,
-        "server_mm_hash": None, "request_id": None,
-    })
+    crash = pd.DataFrame(
+        {
+            "config": cr["config"].astype(str).to_numpy(),
+            "trial": cr["trial"].to_numpy(),
+            "event": "crash",
+            "signature": cr["signature"].astype(object).fillna("(unclassified)").astype(str).to_numpy(),
+            "t": t,
+            "t_rel": cr["t_rel"].to_numpy(),
+            "mm_hash": None,
+            "lo": start - window_s,
+            "hi": t,
+            "server_mm_hash": None,
+            "request_id": None,
+        }
+    )
     ev = pd.concat([drift, crash], ignore_index=True)
     ev["config"] = pd.Categorical(ev["config"], categories=c.configs)
     ev = ev.sort_values(["config", "trial", "t"], ignore_index=True)
@@ -80,8 +98,9 @@ def _events(c: CampaignResults, window_s: float) -> pd.DataFrame:
 
 def _trial_code(config, trial, configs: list[str]) -> np.ndarray:
     """One int per (config, trial); both sides use the campaign's config order, so codes agree."""
-    codes = pd.Categorical(np.asarray(config, dtype=object) if not isinstance(config, pd.Series) else config,
-                           categories=configs).codes
+    codes = pd.Categorical(
+        np.asarray(config, dtype=object) if not isinstance(config, pd.Series) else config, categories=configs
+    ).codes
     return codes.astype(np.int64) * (1 << 32) + np.asarray(trial, dtype=np.int64)
 
 
@@ -90,8 +109,10 @@ class _ImageIndex:
 
     def __init__(self, c: CampaignResults):
         r = c.requests
-        img = r.loc[(r["n_images"] > 0) & r["image_hashes"].notna(),
-                    ["config", "trial", "t_start", "kind", "case", "image_hashes", "request_id", "status", "outcome"]]
+        img = r.loc[
+            (r["n_images"] > 0) & r["image_hashes"].notna(),
+            ["config", "trial", "t_start", "kind", "case", "image_hashes", "request_id", "status", "outcome"],
+        ]
         self.configs = c.configs
         self.img = img
         self.key = _trial_code(img["config"], img["trial"], c.configs)
@@ -147,8 +168,9 @@ class _ImageIndex:
         return np.concatenate(out_e), np.concatenate(out_r), matched
 
     def sent(self, e_ids: np.ndarray, rows: np.ndarray) -> pd.DataFrame:
-        return pd.DataFrame({"event_id": e_ids, "kind": self.kind[rows], "case": self.case[rows],
-                             "t_start": self.t[rows]})
+        return pd.DataFrame(
+            {"event_id": e_ids, "kind": self.kind[rows], "case": self.case[rows], "t_start": self.t[rows]}
+        )
 
 
 class _Labels:
@@ -170,8 +192,9 @@ class _Sorted:
     def __init__(self, group, t):
         group, t = np.asarray(group, np.int64), np.asarray(t, float)
         self.order = np.lexsort((t, group))
-        self.right = pd.DataFrame({"g": group[self.order], "t": t[self.order],
-                                   "pos": np.arange(len(self.order))}).sort_values("t", kind="stable")
+        self.right = pd.DataFrame(
+            {"g": group[self.order], "t": t[self.order], "pos": np.arange(len(self.order))}
+        ).sort_values("t", kind="stable")
 
     def join(self, ev_group, ev_lo, ev_hi) -> tuple[np.ndarray, np.ndarray]:
         """All (event index, request index) with equal group and ev_lo <= t <= ev_hi.
@@ -183,10 +206,20 @@ class _Sorted:
         if n_ev == 0 or len(self.order) == 0:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
         ev = pd.DataFrame({"g": np.asarray(ev_group, np.int64), "lo": ev_lo, "hi": ev_hi, "eid": np.arange(n_ev)})
-        first = pd.merge_asof(ev.sort_values("lo").drop(columns="hi"), self.right.rename(columns={"t": "lo"}),
-                              on="lo", by="g", direction="forward")
-        last = pd.merge_asof(ev.sort_values("hi").drop(columns="lo"), self.right.rename(columns={"t": "hi"}),
-                             on="hi", by="g", direction="backward")
+        first = pd.merge_asof(
+            ev.sort_values("lo").drop(columns="hi"),
+            self.right.rename(columns={"t": "lo"}),
+            on="lo",
+            by="g",
+            direction="forward",
+        )
+        last = pd.merge_asof(
+            ev.sort_values("hi").drop(columns="lo"),
+            self.right.rename(columns={"t": "hi"}),
+            on="hi",
+            by="g",
+            direction="backward",
+        )
         lo_pos = first.set_index("eid")["pos"].reindex(np.arange(n_ev)).to_numpy(dtype=float, na_value=np.nan)
         hi_pos = last.set_index("eid")["pos"].reindex(np.arange(n_ev)).to_numpy(dtype=float, na_value=np.nan)
         empty = np.isnan(lo_pos) | np.isnan(hi_pos) | (hi_pos < lo_pos)
@@ -197,8 +230,15 @@ class _Sorted:
         return e_ids, self.order[pos]
 
 
-CAUSE_COLUMNS = ["cause", "cause_kind", "cause_case", "cause_status", "cause_before_s", "cause_request_id",
-                 "named_image"]
+CAUSE_COLUMNS = [
+    "cause",
+    "cause_kind",
+    "cause_case",
+    "cause_status",
+    "cause_before_s",
+    "cause_request_id",
+    "named_image",
+]
 
 
 def _named_images(events: pd.DataFrame) -> list[list[str]]:
@@ -237,8 +277,13 @@ def _with_causes(c: CampaignResults, events: pd.DataFrame, index: _ImageIndex) -
     for i in np.flatnonzero((events["event"] == "crash").to_numpy()):
         # a crash takes the image of the drift line that opened its chain: the last of its server's life
         cfg, trial, t = events.at[i, "config"], events.at[i, "trial"], events.at[i, "t"]
-        d = events[(events["event"] == "drift") & (events["config"] == cfg) & (events["trial"] == trial)
-                   & (events["t"] <= t) & (events["t"] > life[i])]
+        d = events[
+            (events["event"] == "drift")
+            & (events["config"] == cfg)
+            & (events["trial"] == trial)
+            & (events["t"] <= t)
+            & (events["t"] > life[i])
+        ]
         if len(d):
             j = d.index[-1]
             images[i], ref_t[i], skip[i] = images[j], events.at[j, "t"], events.at[j, "request_id"]
@@ -262,17 +307,26 @@ def _with_causes(c: CampaignResults, events: pd.DataFrame, index: _ImageIndex) -
     rows = pairs["row"].to_numpy()
     kind, case = index.kind[rows], index.case[rows]
     outcome = img["outcome"].astype(str).to_numpy()[rows]
-    combos = {k: cause_rule.failed_after_render(k[0], None if k[1] == NO_CASE else k[1], k[2])
-              for k in set(zip(kind, case, outcome))}
+    combos = {
+        k: cause_rule.failed_after_render(k[0], None if k[1] == NO_CASE else k[1], k[2])
+        for k in set(zip(kind, case, outcome))
+    }
     failed = np.array([combos[k] for k in zip(kind, case, outcome)], dtype=bool)
     answered = (outcome == S.OK) & ~failed
-    found = cause_rule.causes(pairs["event"].to_numpy(), index.t[rows], ref_t[pairs["event"].to_numpy()], failed,
-                              answered)
+    found = cause_rule.causes(
+        pairs["event"].to_numpy(), index.t[rows], ref_t[pairs["event"].to_numpy()], failed, answered
+    )
     status = img["status"].to_numpy(dtype=float)
     for ev, k in found.items():
         r = rows[k]
-        use = cause_rule.Use(float(index.t[r]), str(kind[k]), None if case[k] == NO_CASE else str(case[k]),
-                             None if np.isnan(status[r]) else int(status[r]), str(outcome[k]), rid_of(img, r))
+        use = cause_rule.Use(
+            float(index.t[r]),
+            str(kind[k]),
+            None if case[k] == NO_CASE else str(case[k]),
+            None if np.isnan(status[r]) else int(status[r]),
+            str(outcome[k]),
+            rid_of(img, r),
+        )
         t_event = float(events.at[ev, "t"])
         events.at[ev, "cause"] = cause_rule.describe(use, t_event)
         events.at[ev, "cause_kind"], events.at[ev, "cause_case"] = use.kind, use.case or NO_CASE
@@ -294,12 +348,14 @@ def _label(kind, case) -> np.ndarray:
 def _per_event(events: pd.DataFrame, sent: pd.DataFrame) -> pd.DataFrame:
     sent = sent.assign(label=_label(sent["kind"], sent["case"])).sort_values(["event_id", "t_start"])
     g = sent.groupby("event_id")
-    per = pd.DataFrame({
-        "requests": g.size(),
-        "sent": g["label"].agg(lambda s: ", ".join(f"{k} ×{v}" for k, v in s.value_counts().items())),
-        "last_sent": g["label"].last(),
-        "last_t": g["t_start"].last(),
-    })
+    per = pd.DataFrame(
+        {
+            "requests": g.size(),
+            "sent": g["label"].agg(lambda s: ", ".join(f"{k} ×{v}" for k, v in s.value_counts().items())),
+            "last_sent": g["label"].last(),
+            "last_t": g["t_start"].last(),
+        }
+    )
     out = events.join(per, on="event_id")
     out["requests"] = out["requests"].fillna(0).astype(int)
     out["last_before_s"] = out["t"] - out.pop("last_t")
@@ -309,8 +365,20 @@ def _per_event(events: pd.DataFrame, sent: pd.DataFrame) -> pd.DataFrame:
 def _summary(c: CampaignResults, events: pd.DataFrame, sent: pd.DataFrame, index: _ImageIndex) -> pd.DataFrame:
     """Per config × event type × kind/case: share of events whose window held it, the same share for random
     windows (background) and their ratio (lift)."""
-    cols = ["config", "event", "kind", "case", "caused", "events_with", "events", "share_of_events",
-            "background_share", "lift", "requests", "match"]
+    cols = [
+        "config",
+        "event",
+        "kind",
+        "case",
+        "caused",
+        "events_with",
+        "events",
+        "share_of_events",
+        "background_share",
+        "lift",
+        "requests",
+        "match",
+    ]
     if not len(events) or not len(sent):
         return pd.DataFrame(columns=cols)
     ev = events[["event_id", "config", "event"]].assign(config=events["config"].astype(str))
@@ -326,16 +394,25 @@ def _summary(c: CampaignResults, events: pd.DataFrame, sent: pd.DataFrame, index
     with np.errstate(divide="ignore", invalid="ignore"):
         out["lift"] = out["share_of_events"] / out["background_share"]
     # the cause each incident's evidence names: the first column; a cause seen outside the window gets its row
-    caused = events[events["cause_kind"].notna()].assign(config=lambda d: d["config"].astype(str)) \
-        .groupby(["config", "event", "cause_kind", "cause_case"]).size().rename("caused")
+    caused = (
+        events[events["cause_kind"].notna()]
+        .assign(config=lambda d: d["config"].astype(str))
+        .groupby(["config", "event", "cause_kind", "cause_case"])
+        .size()
+        .rename("caused")
+    )
     caused.index = caused.index.set_names(["config", "event", "kind", "case"])
     out = out.set_index(["config", "event", "kind", "case"]).join(caused, how="outer").reset_index()
     out["caused"] = out["caused"].fillna(0).astype(int)
-    out["events"] = out["events"].fillna(pd.Series([n_events.get((a, b), 0) for a, b in
-                                                    zip(out["config"], out["event"])], index=out.index))
+    out["events"] = out["events"].fillna(
+        pd.Series([n_events.get((a, b), 0) for a, b in zip(out["config"], out["event"])], index=out.index)
+    )
     out["config"] = pd.Categorical(out["config"].astype(str), categories=c.configs)
-    return out.sort_values(["config", "event", "caused", "lift", "share_of_events"],
-                           ascending=[True, True, False, False, False], ignore_index=True)[cols]
+    return out.sort_values(
+        ["config", "event", "caused", "lift", "share_of_events"],
+        ascending=[True, True, False, False, False],
+        ignore_index=True,
+    )[cols]
 
 
 def _background(events: pd.DataFrame, index: _ImageIndex) -> tuple[pd.Series, pd.Series]:
@@ -353,16 +430,24 @@ def _background(events: pd.DataFrame, index: _ImageIndex) -> tuple[pd.Series, pd
         modes[(str(cfg), etype)] = SAME_IMAGE if same else WINDOW
         t = index.t[pick]
         hashes = index.img["image_hashes"].to_numpy()[pick].astype(str)
-        pseudo = pd.DataFrame({
-            "config": str(cfg), "trial": index.img["trial"].to_numpy()[pick], "lo": t - width, "hi": t,
-            "mm_hash": hashes if same else None,
-        })
+        pseudo = pd.DataFrame(
+            {
+                "config": str(cfg),
+                "trial": index.img["trial"].to_numpy()[pick],
+                "lo": t - width,
+                "hi": t,
+                "mm_hash": hashes if same else None,
+            }
+        )
         e, r, _ = index.pairs(pseudo)
         seen = pd.DataFrame({"e": e, "kind": index.kind[r], "case": index.case[r]}).drop_duplicates()
         share = seen.groupby(["kind", "case"]).size() / len(pick)
         rows.append(share.rename("background_share").reset_index().assign(config=str(cfg), event=etype))
-    bg = pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(
-        columns=["kind", "case", "background_share", "config", "event"])
+    bg = (
+        pd.concat(rows, ignore_index=True)
+        if rows
+        else pd.DataFrame(columns=["kind", "case", "background_share", "config", "event"])
+    )
     bg = bg.set_index(["config", "event", "kind", "case"])["background_share"]
     mode = pd.Series(modes, name="match", dtype=object)
     if len(mode):

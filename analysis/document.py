@@ -106,8 +106,10 @@ class Doc:
                     rows.append("<tr>" + "".join(cells) + "</tr>")
                 cap = f"<caption>{e(caption)}</caption>" if caption else ""
                 head = "".join(f"<th>{e(str(c))}</th>" for c in df.columns)
-                body.append(f'<div class="tw"><table>{cap}<thead><tr>{head}</tr></thead>'
-                            f'<tbody>{"".join(rows)}</tbody></table></div>')
+                body.append(
+                    f'<div class="tw"><table>{cap}<thead><tr>{head}</tr></thead>'
+                    f"<tbody>{''.join(rows)}</tbody></table></div>"
+                )
             elif kind == "image":
                 data = base64.b64encode(b[2]).decode("ascii")
                 body.append(f'<figure><img alt="{e(b[3])}" src="data:image/png;base64,{data}"></figure>')
@@ -115,16 +117,21 @@ class Doc:
                 body.append(f"<pre>{e(b[1])}</pre>")
         nav = "".join(f'<li><a href="#{b[3]}">{e(b[2])}</a></li>' for b in toc)
         return (
-            "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+            '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+            '<meta name="viewport" content="width=device-width, initial-scale=1">'
             f"<title>{e(self.title)}</title><style>{_CSS}</style></head><body>"
             f"<h1>{e(self.title)}</h1><nav><ol>{nav}</ol></nav>{''.join(body)}</body></html>\n"
         )
 
 
 # cells that are a verdict get its colour
-_VERDICT_CLASS = {"yes": ' class="yes"', "no": ' class="no"', "clean": ' class="yes"', "fails": ' class="no"',
-                  "survives with retryable errors": ' class="warn"'}
+_VERDICT_CLASS = {
+    "yes": ' class="yes"',
+    "no": ' class="no"',
+    "clean": ' class="yes"',
+    "fails": ' class="no"',
+    "survives with retryable errors": ' class="warn"',
+}
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:1180px;margin:2em auto;padding:0 1em;
 color:#1d1d1f;line-height:1.45}

@@ -27,9 +27,23 @@ from mmchaos.verdict_rule import is_poison
 
 from .results import CampaignResults
 
-BASE_COLUMNS = ("config", "trial", "engine", "target", "users", "duration_s", "uptime_s", "answered",
-                "valid_answered", "poison_requests", "abort_requests", "reused_poison", "poison_events",
-                "reuse_share", "crashes")
+BASE_COLUMNS = (
+    "config",
+    "trial",
+    "engine",
+    "target",
+    "users",
+    "duration_s",
+    "uptime_s",
+    "answered",
+    "valid_answered",
+    "poison_requests",
+    "abort_requests",
+    "reused_poison",
+    "poison_events",
+    "reuse_share",
+    "crashes",
+)
 NOT_TO_ENGINE = ("malformed_pre", "tokenize")  # kinds that never get their images to the engine (besides poison)
 
 
@@ -110,8 +124,7 @@ def _downtime(keys, start, end, crash_trial, crash_t, health: pd.DataFrame) -> n
     ok = health.loc[health["ok"].eq(True) & health["t"].notna()] if len(health) else health
     back = pd.DataFrame({"i": _trial_of(keys, ok), "t_back": ok["t"].to_numpy(float) if len(ok) else []})
     back = back.sort_values("t_back")
-    m = pd.merge_asof(cr, back, left_on="t", right_on="t_back", by="i", direction="forward",
-                      allow_exact_matches=False)
+    m = pd.merge_asof(cr, back, left_on="t", right_on="t_back", by="i", direction="forward", allow_exact_matches=False)
     i = m["i"].to_numpy()
     lo = np.maximum(m["t"].to_numpy(), start[i])
     hi = np.minimum(m["t_back"].fillna(np.inf).to_numpy(), end[i])
@@ -130,13 +143,19 @@ def _request_counts(keys, start, crash_trial, crash_t, r: pd.DataFrame) -> dict[
     valid = r["kind"].isin(S.VALID_KINDS).to_numpy() & answered
     poison = _poison_kind(r["kind"], r["case"]) & ~_is(r["outcome"], S.CUT) & ~_is(r["cause"], S.SERVER) & known
     reused, events = _events(ti, start, crash_trial, crash_t, r, poison)
+
     def count(m):
         return np.bincount(ti[m], minlength=n)
 
     aborts = poison & _is(r["kind"], "abort")  # of the poison, the client's disconnects (the rest: 400s, probes)
-    return {"answered": count(answered), "valid_answered": count(valid), "poison_requests": count(poison),
-            "abort_requests": count(aborts),
-            "reused_poison": count(reused), "poison_events": count(events)}
+    return {
+        "answered": count(answered),
+        "valid_answered": count(valid),
+        "poison_requests": count(poison),
+        "abort_requests": count(aborts),
+        "reused_poison": count(reused),
+        "poison_events": count(events),
+    }
 
 
 def _is(col: pd.Series, value: str) -> np.ndarray:
@@ -151,8 +170,13 @@ def _poison_kind(kind: pd.Series, case: pd.Series) -> np.ndarray:
     combo = (kc.astype(np.int64) + 1) * (len(cu) + 1) + (cc + 1)
     uniq, inverse = np.unique(combo, return_inverse=True)
     ku, cu = list(ku), list(cu)
-    rule = np.array([is_poison(ku[k] if k >= 0 else None, cu[c] if c >= 0 else None)
-                     for k, c in zip(uniq // (len(cu) + 1) - 1, uniq % (len(cu) + 1) - 1)], dtype=bool)
+    rule = np.array(
+        [
+            is_poison(ku[k] if k >= 0 else None, cu[c] if c >= 0 else None)
+            for k, c in zip(uniq // (len(cu) + 1) - 1, uniq % (len(cu) + 1) - 1)
+        ],
+        dtype=bool,
+    )
     return rule[inverse.ravel()] if len(kind) else np.zeros(0, bool)
 
 
@@ -172,8 +196,7 @@ def _events(ti, start, crash_trial, crash_t, r: pd.DataFrame, poison: np.ndarray
     if not poison.any():
         return reused, event
     t = r["t_start"].to_numpy(float)
-    life = _life(ti, t - start[np.maximum(ti, 0)], crash_trial, crash_t - start[np.maximum(crash_trial, 0)],
-                 len(start))
+    life = _life(ti, t - start[np.maximum(ti, 0)], crash_trial, crash_t - start[np.maximum(crash_trial, 0)], len(start))
     hashes = pa.array(_media_hashes(r), type=pa.string(), from_pandas=True)
     lists = pc.split_pattern(hashes, ",")
     parent = pc.list_parent_indices(lists).to_numpy()
@@ -226,4 +249,3 @@ def _life(ti, t_rel, crash_trial, crash_rel, n_trials) -> np.ndarray:
     first = np.searchsorted(np.sort(crash_trial[keep]), np.arange(n_trials))
     tis = np.maximum(ti, 0)
     return (np.searchsorted(ckey, tis * span + np.nan_to_num(t_rel), side="right") - first[tis]).astype(np.int64)
-

@@ -55,18 +55,25 @@ def fault_effects(c: CampaignResults, recover_within: dict[str, float] | None = 
     if f is None or f.empty:
         return pd.DataFrame()
     bounds = recover_within or {}
-    trial_end = {(str(r.config), int(r.trial)): r.t_end for r in c.trials.itertuples()} if "t_end" in c.trials \
-        else {}
+    trial_end = {(str(r.config), int(r.trial)): r.t_end for r in c.trials.itertuples()} if "t_end" in c.trials else {}
     drift = drift_events(c)
     rows = []
     f = f.sort_values("t_injected")
     for i, fr in enumerate(f.itertuples()):
         cfg, trial = str(fr.config), int(fr.trial)
-        later = f.iloc[i + 1:]
+        later = f.iloc[i + 1 :]
         later = later[(later["config"].astype(str) == cfg) & (later["trial"] == trial) & later["t_injected"].notna()]
-        row = {"config": cfg, "trial": trial, "fault": fr.fault, "kind": fr.kind, "target": fr.target,
-               "t_injected": fr.t_injected,
-               "target_pid": fr.target_pid, "at_s": fr.t_rel, "outcome": fr.outcome}
+        row = {
+            "config": cfg,
+            "trial": trial,
+            "fault": fr.fault,
+            "kind": fr.kind,
+            "target": fr.target,
+            "t_injected": fr.t_injected,
+            "target_pid": fr.target_pid,
+            "at_s": fr.t_rel,
+            "outcome": fr.outcome,
+        }
         if fr.outcome != S.FAULT_INJECTED or pd.isna(fr.t_injected):
             rows.append({**row, "verdict": NOT_INJECTED, "why": f"not injected: {fr.outcome} ({fr.detail})"})
             continue
@@ -84,8 +91,12 @@ def fault_effects(c: CampaignResults, recover_within: dict[str, float] | None = 
         # a crash within CRASH_WINDOW_S of the fault (before the next one) is what the fault led to: a server going
         # down can answer a request or two first (one of two API servers killed: the other, for a moment)
         cut_off = min(end, t0 + CRASH_WINDOW_S)
-        cr = c.crashes[(c.crashes["config"] == cfg) & (c.crashes["trial"] == trial)
-                       & (c.crashes["t_detected"] >= t0) & (c.crashes["t_detected"] <= cut_off)]
+        cr = c.crashes[
+            (c.crashes["config"] == cfg)
+            & (c.crashes["trial"] == trial)
+            & (c.crashes["t_detected"] >= t0)
+            & (c.crashes["t_detected"] <= cut_off)
+        ]
         crash = cr.sort_values("t_detected").iloc[0] if len(cr) else None
         since = float(crash["t_detected"]) if crash is not None else t0  # served again: by the restarted server
         served = done[ok_new & (r["t_start"] >= since)].min()
@@ -103,16 +114,28 @@ def fault_effects(c: CampaignResults, recover_within: dict[str, float] | None = 
         cured = r[r["request_group"].isin(groups) & (r["outcome"] == S.OK)]["request_group"].nunique()
         d = drift[(drift["config"] == cfg) & (drift["trial"] == trial) & (drift["t"] >= t0)] if len(drift) else drift
         bound = float(bounds.get(fr.fault, DEFAULT_RECOVER_S))
-        row.update({"outage_end": outage_end, "served_before": len(before) > 0,
-            "exited_after_s": float(crash["t_detected"] - t0) if crash is not None else None,
-            "exit": (f"{crash['reason']}" + (f" ({crash['signature']})" if crash["signature"] else "")
-                     + (f", exit code {int(crash['exit_code'])}" if not pd.isna(crash["exit_code"]) else ""))
-            if crash is not None else "",
-            "served_again_after_s": served - t0 if served is not None else None,
-            "health_200_without_service_s": blind,
-            "empty_2xx": empty_2xx, "failed": len(failed), "cut": int((hit["outcome"] == S.CUT).sum()), "cured_by_retries": int(cured),
-"drift_after": len(d), "recover_within_s": bound,
-        })
+        row.update(
+            {
+                "outage_end": outage_end,
+                "served_before": len(before) > 0,
+                "exited_after_s": float(crash["t_detected"] - t0) if crash is not None else None,
+                "exit": (
+                    f"{crash['reason']}"
+                    + (f" ({crash['signature']})" if crash["signature"] else "")
+                    + (f", exit code {int(crash['exit_code'])}" if not pd.isna(crash["exit_code"]) else "")
+                )
+                if crash is not None
+                else "",
+                "served_again_after_s": served - t0 if served is not None else None,
+                "health_200_without_service_s": blind,
+                "empty_2xx": empty_2xx,
+                "failed": len(failed),
+                "cut": int((hit["outcome"] == S.CUT).sum()),
+                "cured_by_retries": int(cured),
+                "drift_after": len(d),
+                "recover_within_s": bound,
+            }
+        )
         row["verdict"], row["why"] = _judge(row, bound, blind, end - t0)
         rows.append(row)
     return pd.DataFrame(rows)
@@ -122,18 +145,23 @@ def _judge(row: dict, bound: float, blind: float, left: float) -> tuple[str, str
     if not row["served_before"] and row["served_again_after_s"] is None:
         return UNDECIDED, "the server had answered no request before it, nor after: the fault is not what stalled it"
     if blind >= WEDGE_S:
-        return FAILS, (f"wedged: /health answered 200 for {blind:.0f} s while nothing was served (a liveness probe "
-                       f"would not fire)")
+        return FAILS, (
+            f"wedged: /health answered 200 for {blind:.0f} s while nothing was served (a liveness probe would not fire)"
+        )
     if row["empty_2xx"]:
-        return FAILS, (f"{row['empty_2xx']} answers were 2xx with no body: data lost without an error the client "
-                       "saw")
+        return FAILS, (f"{row['empty_2xx']} answers were 2xx with no body: data lost without an error the client saw")
     back = row["served_again_after_s"]
     if back is None and left < bound:
-        return UNDECIDED, (f"not serving again when the trial ended {left:.0f} s after it, before the {bound:g} s "
-                           "bound: a longer load decides")
+        return UNDECIDED, (
+            f"not serving again when the trial ended {left:.0f} s after it, before the {bound:g} s "
+            "bound: a longer load decides"
+        )
     if back is None or back > bound:
-        return FAILS, ("not serving again by the end of the trial" if back is None else
-                       f"served again only {back:.0f} s after it (bound {bound:g} s)")
+        return FAILS, (
+            "not serving again by the end of the trial"
+            if back is None
+            else f"served again only {back:.0f} s after it (bound {bound:g} s)"
+        )
     how = f"exited after {row['exited_after_s']:.1f} s, " if row["exited_after_s"] is not None else ""
     return RECOVERS, f"{how}served again after {back:.1f} s"
 
@@ -146,11 +174,19 @@ def outside_faults(df: pd.DataFrame, effects: pd.DataFrame, time_col: str) -> pd
     keep = pd.Series(True, index=df.index)
     for e in effects[effects["verdict"] != NOT_INJECTED].itertuples():
         t0 = e.t_injected
-        inside = ((df["config"].astype(str) == e.config) & (df["trial"] == e.trial) & (df[time_col] >= t0)
-                  & (df[time_col] <= e.outage_end + 1))
+        inside = (
+            (df["config"].astype(str) == e.config)
+            & (df["trial"] == e.trial)
+            & (df[time_col] >= t0)
+            & (df[time_col] <= e.outage_end + 1)
+        )
         if time_col == "t_start" and "latency_ms" in df:  # in flight when it was injected
-            inside |= ((df["config"].astype(str) == e.config) & (df["trial"] == e.trial) & (df[time_col] < t0)
-                       & (df[time_col] + df["latency_ms"].fillna(0) / 1000 > t0))
+            inside |= (
+                (df["config"].astype(str) == e.config)
+                & (df["trial"] == e.trial)
+                & (df[time_col] < t0)
+                & (df[time_col] + df["latency_ms"].fillna(0) / 1000 > t0)
+            )
         keep &= ~inside
     return df[keep]
 
@@ -162,11 +198,10 @@ def fault_axis(effects: pd.DataFrame) -> dict[str, tuple[str, list[str]]]:
         return out
     for cfg, g in effects.groupby("config", sort=False):
         judged = g[~g["verdict"].isin([NOT_INJECTED, UNDECIDED])]
-        level = ("not_exercised" if judged.empty else FAILS if (judged["verdict"] == FAILS).any() else RECOVERS)
+        level = "not_exercised" if judged.empty else FAILS if (judged["verdict"] == FAILS).any() else RECOVERS
         out[str(cfg)] = (level, [f"{x.fault} (trial {x.trial}): {x.verdict} — {x.why}" for x in g.itertuples()])
     return out
 
 
 def n_failed_faults(effects: pd.DataFrame) -> int:
     return int((effects["verdict"] == FAILS).sum()) if not effects.empty else 0
-

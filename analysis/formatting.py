@@ -46,4 +46,3 @@ def integer(x) -> str:
 
 def by_config(df: pd.DataFrame) -> dict[str, pd.Series]:
     return {str(r["config"]): r for _, r in df.iterrows()}
-

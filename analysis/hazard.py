@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 from statsmodels.discrete.discrete_model import NegativeBinomial
+
 # the two modules used, not statsmodels.api: it imports all of statsmodels (twice the time of these)
 from statsmodels.genmod import families
 from statsmodels.genmod.generalized_linear_model import GLM
@@ -43,8 +44,11 @@ ROLES = {
     "image reuse": ("pool_size", "fresh_fraction", "zipf"),
     "poison mix": ("malformed_post", "weight_malformed_post", "abort", "weight_abort", "abort_after_ms"),
 }
-ROLE_KNOBS = {"concurrency": "users", "image reuse": "pool_size, fresh_fraction, zipf",
-              "poison mix": "the malformed_post and abort weights, abort_after_ms"}
+ROLE_KNOBS = {
+    "concurrency": "users",
+    "image reuse": "pool_size, fresh_fraction, zipf",
+    "poison mix": "the malformed_post and abort weights, abort_after_ms",
+}
 
 
 @dataclass
@@ -113,8 +117,20 @@ class HazardFit:
         rows = []
         for cfg in self.configs:
             f = self.fits[cfg]
-            rows.append({"config": cfg, "model": f.model, **f.counts, "p": f.p, "p_lo": f.p_lo, "p_hi": f.p_hi,
-                         **f.rates, **f.quality, "terms": ", ".join(f.terms), "why": f.why})
+            rows.append(
+                {
+                    "config": cfg,
+                    "model": f.model,
+                    **f.counts,
+                    "p": f.p,
+                    "p_lo": f.p_lo,
+                    "p_hi": f.p_hi,
+                    **f.rates,
+                    **f.quality,
+                    "terms": ", ".join(f.terms),
+                    "why": f.why,
+                }
+            )
         return pd.DataFrame(rows)
 
 
@@ -123,8 +139,7 @@ def fit_hazard(c: CampaignResults, confidence: float = I.CONFIDENCE) -> HazardFi
     return fit_exposure(exposure(c), [str(x) for x in c.configs], confidence)
 
 
-def fit_exposure(exp: pd.DataFrame, configs: list[str] | None = None,
-                 confidence: float = I.CONFIDENCE) -> HazardFit:
+def fit_exposure(exp: pd.DataFrame, configs: list[str] | None = None, confidence: float = I.CONFIDENCE) -> HazardFit:
     """Fit every configuration of an exposure table (one row per trial, as :func:`exposure` returns)."""
     names = exp["config"].astype(str)
     configs = configs if configs is not None else list(dict.fromkeys(names))
@@ -148,40 +163,62 @@ def fit_config(rows: pd.DataFrame, config: str, confidence: float = I.CONFIDENCE
     notes = []
     if counts["trials_no_poison"]:
         dropped = rows.loc[rows["poison_events"] <= 0, "crashes"].sum()
-        notes.append(f"{counts['trials_no_poison']} of {len(rows)} trials had no poison event and are left "
-                     "out of the fit" + (f"; they crashed {int(dropped)} time(s) anyway (another cause)"
-                                         if dropped else ""))
+        notes.append(
+            f"{counts['trials_no_poison']} of {len(rows)} trials had no poison event and are left "
+            "out of the fit" + (f"; they crashed {int(dropped)} time(s) anyway (another cause)" if dropped else "")
+        )
     varying = [k for k in _candidates(used) if used[k].nunique() > 1] if len(used) else []
     odd = [k for k in knob_columns(used) if k not in varying and used[k].nunique(dropna=False) > 1]
     if odd:
         notes.append(f"{', '.join(odd)} varied but is not a number in every trial: not modelled, pooled over it")
     ranges = {k: (float(used[k].min()), float(used[k].max())) for k in varying}
-    base = {"config": config, "confidence": confidence, "ranges": ranges, "counts": counts,
-            "rates": _rates(rows, confidence), "notes": notes}
+    base = {
+        "config": config,
+        "confidence": confidence,
+        "ranges": ranges,
+        "counts": counts,
+        "rates": _rates(rows, confidence),
+        "notes": notes,
+    }
 
     if not len(used):
-        return _finish(base, used, NO_DATA, np.nan, np.nan, np.nan,
-                       "no poison event was sent: nothing to estimate")
+        return _finish(base, used, NO_DATA, np.nan, np.nan, np.nan, "no poison event was sent: nothing to estimate")
     if K == 0:
         _, _, hi = I.poisson_rate_ci(0, E, 1.0, confidence)
-        return _finish(base, used, NO_CRASH, 0.0, 0.0, float(hi),
-                       f"no crash in {int(E):,} poison events: the exact (Garwood) upper bound instead of a "
-                       "fit (a Poisson fit has no finite estimate at zero)")
+        return _finish(
+            base,
+            used,
+            NO_CRASH,
+            0.0,
+            0.0,
+            float(hi),
+            f"no crash in {int(E):,} poison events: the exact (Garwood) upper bound instead of a "
+            "fit (a Poisson fit has no finite estimate at zero)",
+        )
     if np.all(y >= e):
         ci = stats.binomtest(int(E), int(E)).proportion_ci(confidence, method="exact")
         if K > E:
             notes.append(f"{int(K - E)} crash(es) more than poison events: something else crashes it too")
-        return _finish(base, used, ALL_CRASHED, 1.0, float(ci.low), 1.0,
-                       f"every one of {int(E):,} poison events crashed the server: the exact binomial "
-                       "(Clopper-Pearson) interval, since a Poisson rate has no room to be checked below its data")
+        return _finish(
+            base,
+            used,
+            ALL_CRASHED,
+            1.0,
+            float(ci.low),
+            1.0,
+            f"every one of {int(E):,} poison events crashed the server: the exact binomial "
+            "(Clopper-Pearson) interval, since a Poisson rate has no room to be checked below its data",
+        )
 
     terms, reference = _terms(used, varying, notes)
     X = np.column_stack([np.ones(len(used))] + [used[k].to_numpy(float) - reference[k] for k in terms])
     offset = np.log(e)
     pois = _glm(y, X, offset, families.Poisson())
     if terms and not _stable(pois, terms, ranges):
-        notes.append(f"the crashes did not allow a fit of their dependence on {', '.join(terms)} (they sit at one "
-                     "end of the range): pooled over it")
+        notes.append(
+            f"the crashes did not allow a fit of their dependence on {', '.join(terms)} (they sit at one "
+            "end of the range): pooled over it"
+        )
         terms, reference, X = [], {}, X[:, :1]
         pois = _glm(y, X, offset, families.Poisson())
     quality = {**_quality(pois), "aic_poisson": float(pois.aic), "aic_nb": np.nan, "alpha": 0.0}
@@ -196,31 +233,59 @@ def fit_config(rows: pd.DataFrame, config: str, confidence: float = I.CONFIDENCE
         p, se = float(np.exp(params[0])), float(np.sqrt(cov[0, 0]))
         lo, hi = float(np.exp(params[0] - z * se)), float(np.exp(params[0] + z * se))
     if quality["df_resid"] > 1 and quality["pearson_df"] < 0.5:
-        notes.append(f"the crash counts vary less than a Poisson allows (Pearson χ²/df {quality['pearson_df']:.2f}): "
-                     "typical when p is high (each event crashes or not), so the interval is conservative")
+        notes.append(
+            f"the crash counts vary less than a Poisson allows (Pearson χ²/df {quality['pearson_df']:.2f}): "
+            "typical when p is high (each event crashes or not), so the interval is conservative"
+        )
     if hi > 1:
         ci = stats.binomtest(int(min(K, E)), int(E)).proportion_ci(confidence, method="exact")
-        notes.append(f"p is close to 1: the rate's interval reaches {num(hi)}, above any probability; as a share, "
-                     f"{int(min(K, E))} of {int(E)} poison events crashed it "
-                     f"(exact binomial {num(ci.low)}–{num(ci.high)})")
-    return _finish(base, used, model, p, lo, hi, why, terms=terms, reference=reference, params=params, cov=cov,
-                   alpha=alpha, quality=quality, coefs=_coefs(params, cov, terms, reference, ranges, z))
+        notes.append(
+            f"p is close to 1: the rate's interval reaches {num(hi)}, above any probability; as a share, "
+            f"{int(min(K, E))} of {int(E)} poison events crashed it "
+            f"(exact binomial {num(ci.low)}–{num(ci.high)})"
+        )
+    return _finish(
+        base,
+        used,
+        model,
+        p,
+        lo,
+        hi,
+        why,
+        terms=terms,
+        reference=reference,
+        params=params,
+        cov=cov,
+        alpha=alpha,
+        quality=quality,
+        coefs=_coefs(params, cov, terms, reference, ranges, z),
+    )
 
 
 def _counts(rows: pd.DataFrame, used: pd.DataFrame) -> dict[str, float]:
     pr, pe = float(rows["poison_requests"].sum()), float(rows["poison_events"].sum())
-    return {"trials": len(rows), "trials_used": len(used), "trials_no_poison": len(rows) - len(used),
-            "poison_requests": pr, "poison_events": pe, "reuse_share": pe / pr if pr > 0 else np.nan,
-            "reused_poison": float(rows["reused_poison"].sum()) if "reused_poison" in rows else np.nan,
-            "crashes": float(rows["crashes"].sum()), "crashes_in_fit": float(used["crashes"].sum()),
-            "uptime_s": float(rows["uptime_s"].sum()), "answered": float(rows["answered"].sum())}
+    return {
+        "trials": len(rows),
+        "trials_used": len(used),
+        "trials_no_poison": len(rows) - len(used),
+        "poison_requests": pr,
+        "poison_events": pe,
+        "reuse_share": pe / pr if pr > 0 else np.nan,
+        "reused_poison": float(rows["reused_poison"].sum()) if "reused_poison" in rows else np.nan,
+        "crashes": float(rows["crashes"].sum()),
+        "crashes_in_fit": float(used["crashes"].sum()),
+        "uptime_s": float(rows["uptime_s"].sum()),
+        "answered": float(rows["answered"].sum()),
+    }
 
 
 def _rates(rows: pd.DataFrame, confidence: float) -> dict[str, float]:
     k = rows["crashes"].sum()
     out = {}
-    for name, expo, scale in (("per_hour", rows["uptime_s"].sum() / 3600.0, 1.0),
-                              ("per_1k", rows["answered"].sum(), 1000.0)):
+    for name, expo, scale in (
+        ("per_hour", rows["uptime_s"].sum() / 3600.0, 1.0),
+        ("per_1k", rows["answered"].sum(), 1000.0),
+    ):
         est, lo, hi = I.poisson_rate_ci(k, expo, scale, confidence)
         out[name], out[name + "_lo"], out[name + "_hi"] = float(est), float(lo), float(hi)
     return out
@@ -237,7 +302,7 @@ def _terms(used: pd.DataFrame, varying: list[str], notes: list[str]) -> tuple[li
     closest to its median, so exp(intercept) is p at a point that was run."""
     terms = varying[: max(0, len(used) - 1)]  # one parameter per knob, plus the intercept
     if len(terms) < len(varying):
-        notes.append(f"too few trials to model {', '.join(varying[len(terms):])}: pooled over it")
+        notes.append(f"too few trials to model {', '.join(varying[len(terms) :])}: pooled over it")
     reference = {}
     for k in terms:
         vals = np.unique(used[k].to_numpy(float))
@@ -265,36 +330,60 @@ def _choose(y, X, offset, pois, quality, n):
     binomial's AIC and alpha in ``quality``."""
     aic_p = quality["aic_poisson"]
     if n < 2:
-        return POISSON, pois, 0.0, ("Poisson: one trial cannot show variation between trials, so there is no "
-                                    "dispersion to estimate")
+        return (
+            POISSON,
+            pois,
+            0.0,
+            ("Poisson: one trial cannot show variation between trials, so there is no dispersion to estimate"),
+        )
     nb = None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            nb = NegativeBinomial(y, X, offset=offset).fit(start_params=np.r_[pois.params, 0.1], disp=0,
-                                                           maxiter=300)
+            nb = NegativeBinomial(y, X, offset=offset).fit(start_params=np.r_[pois.params, 0.1], disp=0, maxiter=300)
         except (ValueError, np.linalg.LinAlgError):
             nb = None
     ok = nb is not None and nb.mle_retvals.get("converged", False) and np.all(np.isfinite(nb.params))
     if not ok:
-        return POISSON, pois, 0.0, ("Poisson: the negative binomial fit did not converge (no extra variation "
-                                    "between trials to estimate)")
+        return (
+            POISSON,
+            pois,
+            0.0,
+            ("Poisson: the negative binomial fit did not converge (no extra variation between trials to estimate)"),
+        )
     alpha, aic_nb = float(nb.params[-1]), float(nb.aic)
     quality.update(aic_nb=aic_nb, alpha=alpha)
     if aic_nb < aic_p and alpha > 1e-6:
         res = _glm(y, X, offset, families.NegativeBinomial(alpha=alpha))
-        return NEGBIN, res, alpha, (f"negative binomial: it lowers the AIC ({aic_nb:.1f} vs {aic_p:.1f}) because "
-                                    "crash counts vary between trials more than a Poisson allows, so its wider "
-                                    "interval is the honest one")
-    return POISSON, pois, 0.0, (f"Poisson: the negative binomial's extra dispersion parameter does not lower the "
-                                f"AIC ({aic_nb:.1f} vs {aic_p:.1f}): trials vary no more than chance allows")
+        return (
+            NEGBIN,
+            res,
+            alpha,
+            (
+                f"negative binomial: it lowers the AIC ({aic_nb:.1f} vs {aic_p:.1f}) because "
+                "crash counts vary between trials more than a Poisson allows, so its wider "
+                "interval is the honest one"
+            ),
+        )
+    return (
+        POISSON,
+        pois,
+        0.0,
+        (
+            f"Poisson: the negative binomial's extra dispersion parameter does not lower the "
+            f"AIC ({aic_nb:.1f} vs {aic_p:.1f}): trials vary no more than chance allows"
+        ),
+    )
 
 
 def _quality(res) -> dict[str, float]:
     """Deviance and Pearson χ² over residual degrees of freedom (near 1: the model's variance fits)."""
     df = float(res.df_resid)
-    return {"df_resid": df, "deviance_df": res.deviance / df if df > 0 else np.nan,
-            "pearson_df": res.pearson_chi2 / df if df > 0 else np.nan}
+    return {
+        "df_resid": df,
+        "deviance_df": res.deviance / df if df > 0 else np.nan,
+        "pearson_df": res.pearson_chi2 / df if df > 0 else np.nan,
+    }
 
 
 def _coefs(params, cov, terms, reference, ranges, z) -> pd.DataFrame:
@@ -302,27 +391,86 @@ def _coefs(params, cov, terms, reference, ranges, z) -> pd.DataFrame:
     for j, k in enumerate(terms, start=1):
         b, se = params[j], np.sqrt(cov[j, j])
         span = ranges[k][1] - ranges[k][0]
-        rows.append({"term": k, "role": role_of(k), "reference": reference[k], "min": ranges[k][0],
-                     "max": ranges[k][1], "per_unit": np.exp(b), "per_unit_lo": np.exp(b - z * se),
-                     "per_unit_hi": np.exp(b + z * se), "over_range": np.exp(b * span),
-                     "over_range_lo": np.exp((b - z * se) * span), "over_range_hi": np.exp((b + z * se) * span),
-                     "p_value": float(2 * stats.norm.sf(abs(b / se))) if se > 0 else np.nan})
-    return pd.DataFrame(rows, columns=["term", "role", "reference", "min", "max", "per_unit", "per_unit_lo",
-                                       "per_unit_hi", "over_range", "over_range_lo", "over_range_hi", "p_value"])
+        rows.append(
+            {
+                "term": k,
+                "role": role_of(k),
+                "reference": reference[k],
+                "min": ranges[k][0],
+                "max": ranges[k][1],
+                "per_unit": np.exp(b),
+                "per_unit_lo": np.exp(b - z * se),
+                "per_unit_hi": np.exp(b + z * se),
+                "over_range": np.exp(b * span),
+                "over_range_lo": np.exp((b - z * se) * span),
+                "over_range_hi": np.exp((b + z * se) * span),
+                "p_value": float(2 * stats.norm.sf(abs(b / se))) if se > 0 else np.nan,
+            }
+        )
+    return pd.DataFrame(
+        rows,
+        columns=[
+            "term",
+            "role",
+            "reference",
+            "min",
+            "max",
+            "per_unit",
+            "per_unit_lo",
+            "per_unit_hi",
+            "over_range",
+            "over_range_lo",
+            "over_range_hi",
+            "p_value",
+        ],
+    )
 
 
 def role_of(knob: str) -> str:
     return next((role for role, names in ROLES.items() if knob.removeprefix("sweep.") in names), "other")
 
 
-def _finish(base: dict, used: pd.DataFrame, model: str, p: float, lo: float, hi: float, why: str, terms=(),
-            reference=None, params=None, cov=None, alpha=0.0, quality=None, coefs=None) -> ConfigFit:
+def _finish(
+    base: dict,
+    used: pd.DataFrame,
+    model: str,
+    p: float,
+    lo: float,
+    hi: float,
+    why: str,
+    terms=(),
+    reference=None,
+    params=None,
+    cov=None,
+    alpha=0.0,
+    quality=None,
+    coefs=None,
+) -> ConfigFit:
     """The ConfigFit, with its per-point table. Without a fit (exact answers), no quality figures."""
-    no_fit = {"df_resid": np.nan, "deviance_df": np.nan, "pearson_df": np.nan, "aic_poisson": np.nan,
-              "aic_nb": np.nan, "alpha": 0.0}
-    f = ConfigFit(model=model, p=p, p_lo=lo, p_hi=hi, terms=list(terms), reference=dict(reference or {}),
-                  coefs=coefs if coefs is not None else _coefs([], [], [], {}, {}, 0), why=why,
-                  quality=quality or no_fit, points=pd.DataFrame(), params=params, cov=cov, alpha=alpha, **base)
+    no_fit = {
+        "df_resid": np.nan,
+        "deviance_df": np.nan,
+        "pearson_df": np.nan,
+        "aic_poisson": np.nan,
+        "aic_nb": np.nan,
+        "alpha": 0.0,
+    }
+    f = ConfigFit(
+        model=model,
+        p=p,
+        p_lo=lo,
+        p_hi=hi,
+        terms=list(terms),
+        reference=dict(reference or {}),
+        coefs=coefs if coefs is not None else _coefs([], [], [], {}, {}, 0),
+        why=why,
+        quality=quality or no_fit,
+        points=pd.DataFrame(),
+        params=params,
+        cov=cov,
+        alpha=alpha,
+        **base,
+    )
     f.points = _points(f, used)
     return f
 
@@ -332,15 +480,19 @@ def _points(f: ConfigFit, used: pd.DataFrame) -> pd.DataFrame:
     keys = list(f.ranges)
     if keys:
         g = used.groupby(keys, sort=True, dropna=False)
-        pts = pd.DataFrame({"trials": g.size(), "poison_events": g["poison_events"].sum(),
-                            "crashes": g["crashes"].sum()}).reset_index()
+        pts = pd.DataFrame(
+            {"trials": g.size(), "poison_events": g["poison_events"].sum(), "crashes": g["crashes"].sum()}
+        ).reset_index()
     else:
-        pts = pd.DataFrame({"trials": [len(used)], "poison_events": [used["poison_events"].sum()],
-                            "crashes": [used["crashes"].sum()]})
+        pts = pd.DataFrame(
+            {"trials": [len(used)], "poison_events": [used["poison_events"].sum()], "crashes": [used["crashes"].sum()]}
+        )
     est, lo, hi = I.poisson_rate_ci(pts["crashes"], pts["poison_events"], 1.0, f.confidence)
     if f.model == ALL_CRASHED:  # shares, as the model: exact binomial per point
-        cis = [stats.binomtest(int(n), int(n)).proportion_ci(f.confidence, method="exact") if n > 0 else None
-               for n in pts["poison_events"]]
+        cis = [
+            stats.binomtest(int(n), int(n)).proportion_ci(f.confidence, method="exact") if n > 0 else None
+            for n in pts["poison_events"]
+        ]
         lo = np.array([ci.low if ci else np.nan for ci in cis])
         hi = np.where(np.isnan(lo), np.nan, 1.0)
     pts["p"], pts["p_lo"], pts["p_hi"] = est, lo, hi
@@ -366,4 +518,3 @@ def curves(f: ConfigFit, n: int = 60) -> pd.DataFrame:
         est, lo, hi = f.p_curve(grid)
         out.append(pd.DataFrame({"x": xs, "group": gv, "p": est, "lo": lo, "hi": hi}))
     return pd.concat(out, ignore_index=True)
-

@@ -36,8 +36,7 @@ def table(c: CampaignResults) -> pd.DataFrame:
     if not (rates > 0).any() or "sched_lag_ms" not in r.columns:
         return pd.DataFrame()
     rate_of = {(str(cf), int(tr)): x for cf, tr, x in zip(t["config"], t["trial"], rates)}
-    r_rate = pd.Series([rate_of.get((str(cf), int(tr)), 0.0) for cf, tr in zip(r["config"], r["trial"])],
-                       index=r.index)
+    r_rate = pd.Series([rate_of.get((str(cf), int(tr)), 0.0) for cf, tr in zip(r["config"], r["trial"])], index=r.index)
     rows = []
     for (cfg, rate), trials in t[rates > 0].groupby([t["config"].astype(str), rates[rates > 0]]):
         sel = r[(r["config"].astype(str) == cfg) & (r_rate == rate)]
@@ -45,15 +44,24 @@ def table(c: CampaignResults) -> pd.DataFrame:
         lag = sched["sched_lag_ms"].to_numpy()
         ok = sel[(sel["outcome"] == schema.OK) & sel["kind"].isin(schema.VALID_KINDS)]
         sent, due, span = _sent_due_span(sched, rate)
-        rows.append({
-            "config": cfg, "rate": rate, "arrival": json.loads(trials.iloc[0]["workload"]).get("arrival", "poisson"),
-            "trials": len(trials), "scheduled": sent, "sent_per_s": sent / span if span > 0 else None,
-            "held": arrivals.held(sent, round(due)),
-            "lag_p50": _q(lag, 0.5), "lag_p99": _q(lag, 0.99), "lag_max": float(lag.max()) if len(lag) else None,
-            "p50_sent": _q(ok["latency_ms"].to_numpy(), 0.5), "p99_sent": _q(ok["latency_ms"].to_numpy(), 0.99),
-            "p50_sched": _q(latency_from_schedule(ok).to_numpy(), 0.5),
-            "p99_sched": _q(latency_from_schedule(ok).to_numpy(), 0.99),
-        })
+        rows.append(
+            {
+                "config": cfg,
+                "rate": rate,
+                "arrival": json.loads(trials.iloc[0]["workload"]).get("arrival", "poisson"),
+                "trials": len(trials),
+                "scheduled": sent,
+                "sent_per_s": sent / span if span > 0 else None,
+                "held": arrivals.held(sent, round(due)),
+                "lag_p50": _q(lag, 0.5),
+                "lag_p99": _q(lag, 0.99),
+                "lag_max": float(lag.max()) if len(lag) else None,
+                "p50_sent": _q(ok["latency_ms"].to_numpy(), 0.5),
+                "p99_sent": _q(ok["latency_ms"].to_numpy(), 0.99),
+                "p50_sched": _q(latency_from_schedule(ok).to_numpy(), 0.5),
+                "p99_sched": _q(latency_from_schedule(ok).to_numpy(), 0.99),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -81,20 +89,40 @@ def section(doc, c: CampaignResults) -> None:
     if not len(ol):
         return
     doc.h(2, "Open-loop arrivals")
-    doc.p("Requests were sent at the times of an arrival process (rate per second asked), by users sized for it. "
-          "'sent / s' counts the arrivals sent per second of load (the server's downtime included); 'sent / due' "
-          "is the share of the arrivals due that were sent (those a process had yet to send when it stopped "
-          "counted from how far behind it was); under "
-          f"{arrivals.DEFAULT_MIN_RATE_RATIO:.0%} the rate was not held: the generator, or a hung server "
-          "holding every user, fell behind. The schedule lag is how late an arrival was sent; latency 'from the "
-          "schedule' adds it (what a caller waited), and the report's other latency tables use it.")
-    held = ol["held"].map(lambda v: "—" if v is None or pd.isna(v) else f"{v:.1%}"
-                          + ("" if v >= arrivals.DEFAULT_MIN_RATE_RATIO else " (not held)"))
-    doc.table(pd.DataFrame({
-        "configuration": ol["config"], "asked / s": ol["rate"].map(num), "arrival": ol["arrival"],
-        "trials": ol["trials"], "sent": ol["scheduled"].map(integer), "sent / s": ol["sent_per_s"].map(num),
-        "sent / due": held, "lag p50 ms": ol["lag_p50"].map(num), "lag p99 ms": ol["lag_p99"].map(num),
-        "lag max ms": ol["lag_max"].map(num), "p50 ms as sent": ol["p50_sent"].map(num),
-        "p50 ms from schedule": ol["p50_sched"].map(num), "p99 ms as sent": ol["p99_sent"].map(num),
-        "p99 ms from schedule": ol["p99_sched"].map(num),
-    }), caption="Open loop: asked and sent rates, schedule lag and latency of successful valid requests")
+    doc.p(
+        "Requests were sent at the times of an arrival process (rate per second asked), by users sized for it. "
+        "'sent / s' counts the arrivals sent per second of load (the server's downtime included); 'sent / due' "
+        "is the share of the arrivals due that were sent (those a process had yet to send when it stopped "
+        "counted from how far behind it was); under "
+        f"{arrivals.DEFAULT_MIN_RATE_RATIO:.0%} the rate was not held: the generator, or a hung server "
+        "holding every user, fell behind. The schedule lag is how late an arrival was sent; latency 'from the "
+        "schedule' adds it (what a caller waited), and the report's other latency tables use it."
+    )
+    held = ol["held"].map(
+        lambda v: (
+            "—"
+            if v is None or pd.isna(v)
+            else f"{v:.1%}" + ("" if v >= arrivals.DEFAULT_MIN_RATE_RATIO else " (not held)")
+        )
+    )
+    doc.table(
+        pd.DataFrame(
+            {
+                "configuration": ol["config"],
+                "asked / s": ol["rate"].map(num),
+                "arrival": ol["arrival"],
+                "trials": ol["trials"],
+                "sent": ol["scheduled"].map(integer),
+                "sent / s": ol["sent_per_s"].map(num),
+                "sent / due": held,
+                "lag p50 ms": ol["lag_p50"].map(num),
+                "lag p99 ms": ol["lag_p99"].map(num),
+                "lag max ms": ol["lag_max"].map(num),
+                "p50 ms as sent": ol["p50_sent"].map(num),
+                "p50 ms from schedule": ol["p50_sched"].map(num),
+                "p99 ms as sent": ol["p99_sent"].map(num),
+                "p99 ms from schedule": ol["p99_sched"].map(num),
+            }
+        ),
+        caption="Open loop: asked and sent rates, schedule lag and latency of successful valid requests",
+    )

@@ -8,16 +8,16 @@ import matplotlib
 
 matplotlib.use("Agg")  # before pyplot: no display, no GUI toolkit
 
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
-from mmchaos import schema as S  # noqa: E402
-from mmchaos.outcomes import unexpected  # noqa: E402
+from mmchaos import schema as S
+from mmchaos.outcomes import unexpected
 
-from .results import CampaignResults  # noqa: E402
-from .stats import drift_events, pick_bin  # noqa: E402
+from .results import CampaignResults
+from .stats import drift_events, pick_bin
 
 DPI = 96
 RUNNING_METRIC = r"num_requests_running$"  # vllm:num_requests_running (the prefix varies between versions)
@@ -55,8 +55,10 @@ def crash_rates(crash: pd.DataFrame, configs: list[str]) -> bytes:
     col = colors(configs)
     fig, axes = plt.subplots(1, 2, figsize=(10, 0.5 * len(crash) + 1.6), sharey=True)
     y = np.arange(len(crash))[::-1]
-    for ax, (key, title) in zip(axes, (("per_1k_answered", "crashes per 1,000 answered requests"),
-                                       ("per_hour_up", "crashes per hour of uptime"))):
+    for ax, (key, title) in zip(
+        axes,
+        (("per_1k_answered", "crashes per 1,000 answered requests"), ("per_hour_up", "crashes per hour of uptime")),
+    ):
         est, lo, hi = crash[key].to_numpy(float), crash[key + "_lo"].to_numpy(float), crash[key + "_hi"].to_numpy(float)
         for yi, cfg, e, a, b in zip(y, crash["config"].astype(str), est, lo, hi):
             ax.errorbar(e, yi, xerr=[[e - a], [b - e]], fmt="o", color=col[cfg], capsize=4)
@@ -65,8 +67,9 @@ def crash_rates(crash: pd.DataFrame, configs: list[str]) -> bytes:
         ax.set_ylim(-0.6, len(crash) - 0.4)
         ax.grid(axis="x", alpha=0.3)
     axes[0].set_yticks(y, crash["config"].astype(str))
-    fig.suptitle("Crash rate (dot) with 95 % exact Poisson interval (bar)", fontsize=10,
-                 y=1.0 + 0.3 / fig.get_figheight())
+    fig.suptitle(
+        "Crash rate (dot) with 95 % exact Poisson interval (bar)", fontsize=10, y=1.0 + 0.3 / fig.get_figheight()
+    )
     return to_png(fig)
 
 
@@ -94,8 +97,9 @@ def survival(curves: dict[str, dict[str, pd.DataFrame]], durations: pd.DataFrame
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("share of trials without a crash")
     axes[1].legend(fontsize=8, loc="lower left")
-    fig.suptitle("Survival until the first crash (Kaplan–Meier; | = trial ended without crashing; band = 95 %)",
-                 fontsize=10)
+    fig.suptitle(
+        "Survival until the first crash (Kaplan–Meier; | = trial ended without crashing; band = 95 %)", fontsize=10
+    )
     return to_png(fig)
 
 
@@ -125,15 +129,22 @@ def latency_ecdf(grid: pd.DataFrame, configs: list[str]) -> bytes:
         ax.grid(alpha=0.3)
         for q in (0.5, 0.95):
             ax.axhline(q, color="grey", lw=0.6, ls=":")
-    for ax in list(axes.flat)[len(kinds):]:
+    for ax in list(axes.flat)[len(kinds) :]:
         ax.axis("off")
     axes[0, 0].set_ylabel("share of requests faster")
     handles, labels = axes[0, 0].get_legend_handles_labels()
     fig.suptitle("Latency of successful requests (ECDF; dotted lines at p50 and p95)", fontsize=10)
     bottom = 0.45 / fig.get_figheight()  # room for the legend, in inches
     fig.tight_layout(rect=(0, bottom, 1, 1))
-    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 4), fontsize=8, bbox_to_anchor=(0.5, 0.0),
-               frameon=False)
+    fig.legend(
+        handles,
+        labels,
+        loc="lower center",
+        ncol=min(len(labels), 4),
+        fontsize=8,
+        bbox_to_anchor=(0.5, 0.0),
+        frameon=False,
+    )
     return to_png(fig, tight=False)
 
 
@@ -143,8 +154,7 @@ def throughput_over_time(tp: pd.DataFrame, configs: list[str]) -> bytes:
     for cfg in configs:
         s = tp[tp["config"] == cfg]
         if len(s):
-            ax.plot(s["t"] / 60, s["ok_per_s"], color=col[cfg], ls=sty[cfg], label=cfg, lw=1.3,
-                    drawstyle="steps-post")
+            ax.plot(s["t"] / 60, s["ok_per_s"], color=col[cfg], ls=sty[cfg], label=cfg, lw=1.3, drawstyle="steps-post")
     ax.set_xlabel("minutes since trial start")
     ax.set_ylabel("successful requests / s")
     ax.set_ylim(bottom=0)
@@ -191,15 +201,29 @@ def timelines(c: CampaignResults, cfg: str, max_trials: int = MAX_TIMELINE_TRIAL
         for x in ct:
             ax.axvline(x, color="darkred", ls="--", lw=1.5)
             if len(ct) <= 3:  # with many crashes the labels only overlap; the legend says what the line is
-                ax.annotate("crash", (x, 1), xycoords=("data", "axes fraction"), color="darkred", fontsize=7,
-                            ha="left", va="top")
+                ax.annotate(
+                    "crash",
+                    (x, 1),
+                    xycoords=("data", "axes fraction"),
+                    color="darkred",
+                    fontsize=7,
+                    ha="left",
+                    va="top",
+                )
         ht = h.loc[h["trial"] == t, "t_rel"].to_numpy() / 60
         if len(ht):
             ax.plot(ht, np.zeros(len(ht)), "|", color="black", markersize=8, label="failed /health poll")
         dt = dr.loc[dr["trial"] == t, "t_rel"].to_numpy() / 60
         if len(dt):
-            ax.plot(dt, np.full(len(dt), 0.95), "v", color="tab:orange", markersize=5,
-                    transform=ax.get_xaxis_transform(), label="cache drift logged")
+            ax.plot(
+                dt,
+                np.full(len(dt), 0.95),
+                "v",
+                color="tab:orange",
+                markersize=5,
+                transform=ax.get_xaxis_transform(),
+                label="cache drift logged",
+            )
         if t in running.index.get_level_values(0):
             rs = running.loc[t]
             ax2 = ax.twinx()
@@ -221,6 +245,13 @@ def timelines(c: CampaignResults, cfg: str, max_trials: int = MAX_TIMELINE_TRIAL
     handles["crash detected"] = plt.Line2D([], [], color="darkred", ls="--")
     handles["requests running (/metrics)"] = plt.Line2D([], [], color="tab:blue", lw=0.7)
     axes[0, 0].set_title(f"{cfg}: timeline per trial ({bin_s:g} s bins)", fontsize=10)
-    fig.legend(list(handles.values()), list(handles.keys()), loc="lower center", ncol=6, fontsize=7,
-               bbox_to_anchor=(0.5, 0.0), frameon=False)
+    fig.legend(
+        list(handles.values()),
+        list(handles.keys()),
+        loc="lower center",
+        ncol=6,
+        fontsize=7,
+        bbox_to_anchor=(0.5, 0.0),
+        frameon=False,
+    )
     return to_png(fig, tight=False), hidden

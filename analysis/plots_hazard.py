@@ -22,12 +22,11 @@ def hazard_curves(fit: HazardFit) -> bytes:
     ncol = min(3, len(shown))
     nrow = math.ceil(len(shown) / ncol)
     fig, axes = plt.subplots(nrow, ncol, figsize=(4.4 * ncol, 3.3 * nrow), squeeze=False)
-    for ax in axes.ravel()[len(shown):]:
+    for ax in axes.ravel()[len(shown) :]:
         ax.axis("off")
     for ax, cfg in zip(axes.ravel(), shown):
         _panel(ax, fit[cfg])
-    fig.suptitle("Crashes per poison event: measured (dots, 95 % exact) and fitted (line, 95 % band)",
-                 fontsize=10)
+    fig.suptitle("Crashes per poison event: measured (dots, 95 % exact) and fitted (line, 95 % band)", fontsize=10)
     fig.tight_layout()
     return to_png(fig)
 
@@ -47,8 +46,16 @@ def _panel(ax, f) -> None:
         label = f"{group}={level:g}" if group else None
         crashed = sel["crashes"].to_numpy() > 0
         est, lo, hi = (sel[c].to_numpy(float) for c in ("p", "p_lo", "p_hi"))
-        ax.errorbar(x[crashed], est[crashed], yerr=[est[crashed] - lo[crashed], hi[crashed] - est[crashed]],
-                    fmt="o", color=color, capsize=3, ms=4, label=label)
+        ax.errorbar(
+            x[crashed],
+            est[crashed],
+            yerr=[est[crashed] - lo[crashed], hi[crashed] - est[crashed]],
+            fmt="o",
+            color=color,
+            capsize=3,
+            ms=4,
+            label=label,
+        )
         ax.plot(x[~crashed], hi[~crashed], "v", color=color, ms=6)  # no crash: only an upper bound
     cv = curves(f)
     if len(cv):

@@ -33,16 +33,27 @@ class Prediction:
             if not np.isfinite(r.p):
                 out.append(f"{r.config}: no estimate ({r.model})")
                 continue
-            mtbf = (f"at least {duration(r.mtbf_lo_s)}" if not np.isfinite(r.mtbf_s)
-                    else f"{duration(r.mtbf_s)} [{duration(r.mtbf_lo_s)}, {duration(r.mtbf_hi_s)}]")
+            mtbf = (
+                f"at least {duration(r.mtbf_lo_s)}"
+                if not np.isfinite(r.mtbf_s)
+                else f"{duration(r.mtbf_s)} [{duration(r.mtbf_lo_s)}, {duration(r.mtbf_hi_s)}]"
+            )
             at = f" at {r.at}" if r.at else ""
-            out.append(f"{r.config}: mean time between crashes {mtbf} — {num(r.poison_per_s)} reused poison "
-                       f"events/s × p {num(r.p)} [{num(r.p_lo)}, {num(r.p_hi)}] per event ({r.model}{at})")
+            out.append(
+                f"{r.config}: mean time between crashes {mtbf} — {num(r.poison_per_s)} reused poison "
+                f"events/s × p {num(r.p)} [{num(r.p_lo)}, {num(r.p_hi)}] per event ({r.model}{at})"
+            )
         return out + [f"caveat: {c}" for c in self.caveats]
 
 
-def predict(fit: HazardFit, rps: float, post_render_share: float, disconnect_share: float,
-            reuse: float | None = None, knobs: dict | None = None) -> Prediction:
+def predict(
+    fit: HazardFit,
+    rps: float,
+    post_render_share: float,
+    disconnect_share: float,
+    reuse: float | None = None,
+    knobs: dict | None = None,
+) -> Prediction:
     """MTBF at a user's traffic, per configuration.
 
     ``rps``: the user's requests per second; ``post_render_share``: the share of them that fail after rendering
@@ -61,8 +72,9 @@ def predict(fit: HazardFit, rps: float, post_render_share: float, disconnect_sha
         caveats += [f"{cfg}: {s}" for s in snapped]
         p, lo, hi = f.p_at(at) if f.model != NO_DATA else (np.nan,) * 3
         if hi > 1:  # a rate ratio's bound; a probability: at most every event crashes
-            caveats.append(f"{cfg}: the fit's upper bound of p ({num(hi)}) is taken as 1 (at most every poison "
-                           "event crashes)")
+            caveats.append(
+                f"{cfg}: the fit's upper bound of p ({num(hi)}) is taken as 1 (at most every poison event crashes)"
+            )
             p, lo, hi = min(p, 1.0), min(lo, 1.0), 1.0
         share = f.reuse_share if reuse is None else reuse
         ev = rps * (post_render_share + disconnect_share) * share
@@ -70,26 +82,45 @@ def predict(fit: HazardFit, rps: float, post_render_share: float, disconnect_sha
         with np.errstate(divide="ignore", invalid="ignore"):
             mtbf, mtbf_hi, mtbf_lo = 1.0 / rate
         measured = _measured_per_hour(fit.exposure, cfg)
-        rows.append({"config": cfg, "model": f.model, "at": ", ".join(f"{k}={v:g}" for k, v in at.items()),
-                     "reuse": share, "poison_per_s": ev, "p": p, "p_lo": lo, "p_hi": hi,
-                     "crashes_per_hour": rate[0] * 3600, "crashes_per_hour_lo": rate[1] * 3600,
-                     "crashes_per_hour_hi": rate[2] * 3600, "mtbf_s": mtbf, "mtbf_lo_s": mtbf_lo,
-                     "mtbf_hi_s": mtbf_hi, "measured_per_hour_min": measured[0],
-                     "measured_per_hour_max": measured[1]})
+        rows.append(
+            {
+                "config": cfg,
+                "model": f.model,
+                "at": ", ".join(f"{k}={v:g}" for k, v in at.items()),
+                "reuse": share,
+                "poison_per_s": ev,
+                "p": p,
+                "p_lo": lo,
+                "p_hi": hi,
+                "crashes_per_hour": rate[0] * 3600,
+                "crashes_per_hour_lo": rate[1] * 3600,
+                "crashes_per_hour_hi": rate[2] * 3600,
+                "mtbf_s": mtbf,
+                "mtbf_lo_s": mtbf_lo,
+                "mtbf_hi_s": mtbf_hi,
+                "measured_per_hour_min": measured[0],
+                "measured_per_hour_max": measured[1],
+            }
+        )
     table = pd.DataFrame(rows)
     caveats = _caveats(fit, table, knobs, reuse, post_render_share, disconnect_share) + caveats
-    inputs = {"rps": rps, "post_render_share": post_render_share, "disconnect_share": disconnect_share,
-              "reuse": reuse, "knobs": knobs}
+    inputs = {
+        "rps": rps,
+        "post_render_share": post_render_share,
+        "disconnect_share": disconnect_share,
+        "reuse": reuse,
+        "knobs": knobs,
+    }
     return Prediction(table, caveats, inputs)
 
 
-def check_traffic(rps: float, post_render_share: float, disconnect_share: float, reuse: float | None = None,
-                  knobs: dict | None = None) -> None:
+def check_traffic(
+    rps: float, post_render_share: float, disconnect_share: float, reuse: float | None = None, knobs: dict | None = None
+) -> None:
     """ValueError (one line) unless this is traffic a server could see."""
     if not (isinstance(rps, (int, float)) and np.isfinite(rps) and rps > 0):
         raise ValueError(f"rps must be above 0, not {rps!r}")
-    for name, v in (("post_render_share", post_render_share), ("disconnect_share", disconnect_share),
-                    ("reuse", reuse)):
+    for name, v in (("post_render_share", post_render_share), ("disconnect_share", disconnect_share), ("reuse", reuse)):
         if v is not None and not 0 <= v <= 1:
             raise ValueError(f"{name} must be a share between 0 and 1, not {v!r}")
     if post_render_share + disconnect_share > 1:
@@ -110,8 +141,10 @@ def _snap(f: ConfigFit, knobs: dict) -> tuple[dict[str, float], list[str]]:
         v = float(measured[np.argmin(np.abs(measured - float(knobs[k])))])
         at[k] = v
         if v != float(knobs[k]):
-            said.append(f"{k}={float(knobs[k]):g} was not measured (measured {', '.join(f'{m:g}' for m in measured)}):"
-                        f" p taken at {k}={v:g}")
+            said.append(
+                f"{k}={float(knobs[k]):g} was not measured (measured {', '.join(f'{m:g}' for m in measured)}):"
+                f" p taken at {k}={v:g}"
+            )
     return at, said
 
 
@@ -123,19 +156,29 @@ def _measured_per_hour(exp: pd.DataFrame, cfg: str) -> tuple[float, float]:
     return float(per_hour.min()), float(per_hour.max())
 
 
-def _caveats(fit: HazardFit, table: pd.DataFrame, knobs: dict, reuse, post_render_share: float = 0.0,
-             disconnect_share: float = 0.0) -> list[str]:
+def _caveats(
+    fit: HazardFit,
+    table: pd.DataFrame,
+    knobs: dict,
+    reuse,
+    post_render_share: float = 0.0,
+    disconnect_share: float = 0.0,
+) -> list[str]:
     exp = fit.exposure
     out = []
     targets = set(exp["target"].dropna().astype(str)) if "target" in exp else set()
     if targets <= {"engine"}:
-        out.append("measured on mmchaos's tiny random-weight model on CPU: p per event is a property of the cache "
-                   "bookkeeping and should carry over, but your GPU finishes requests far faster, so races that "
-                   "need overlap in time (client aborts mid-request, concurrent renders) may happen more or less "
-                   "often than here")
+        out.append(
+            "measured on mmchaos's tiny random-weight model on CPU: p per event is a property of the cache "
+            "bookkeeping and should carry over, but your GPU finishes requests far faster, so races that "
+            "need overlap in time (client aborts mid-request, concurrent renders) may happen more or less "
+            "often than here"
+        )
     else:
-        out.append(f"measured against {', '.join(sorted(targets))}: a different model, GPU or load balancer in "
-                   "front changes the timing of aborts and reuses")
+        out.append(
+            f"measured against {', '.join(sorted(targets))}: a different model, GPU or load balancer in "
+            "front changes the timing of aborts and reuses"
+        )
     fitted = {k for f in fit.fits.values() for k in f.ranges}
     swept = {k for k in [*knob_columns(exp), "users"] if exp[k].nunique() > 1}
     varied = fitted | swept
@@ -143,28 +186,39 @@ def _caveats(fit: HazardFit, table: pd.DataFrame, knobs: dict, reuse, post_rende
         hit = sorted(k for k in fitted if role_of(k) == role)
         idle = sorted(k for k in swept - fitted if role_of(k) == role)
         if hit:
-            out.append(f"{role} was varied ({', '.join(hit)}): p depends on it as the fit says, within the measured "
-                       "range only")
+            out.append(
+                f"{role} was varied ({', '.join(hit)}): p depends on it as the fit says, within the measured range only"
+            )
         elif idle:
-            out.append(f"{role} was varied ({', '.join(idle)}), but poison events came at one of its values "
-                       "only: how p depends on it was not measured")
+            out.append(
+                f"{role} was varied ({', '.join(idle)}), but poison events came at one of its values "
+                "only: how p depends on it was not measured"
+            )
         else:
-            out.append(f"{role} ({ROLE_KNOBS[role]}) was not varied: p is assumed not to depend on it, "
-                       "which this campaign did not check")
+            out.append(
+                f"{role} ({ROLE_KNOBS[role]}) was not varied: p is assumed not to depend on it, "
+                "which this campaign did not check"
+            )
     unused = sorted(k for k in knobs if k not in varied)
     if unused:
         out.append(f"{', '.join(unused)} given but never varied in the campaign: ignored")
     if reuse is None:
-        out.append("reuse is each configuration's measured share of poisoned images sent again while cached "
-                   "(its image pool and Zipf hot set, and a server life cut short by crashes); give your traffic's "
-                   "(--reuse)")
+        out.append(
+            "reuse is each configuration's measured share of poisoned images sent again while cached "
+            "(its image pool and Zipf hot set, and a server life cut short by crashes); give your traffic's "
+            "(--reuse)"
+        )
     if "abort_requests" in exp:  # one p for both poison kinds: say when one of them was never sent
         aborts = exp["abort_requests"].sum()
-        for share, sent, yours in ((disconnect_share, aborts, "client disconnect"),
-                                   (post_render_share, exp["poison_requests"].sum() - aborts, "post-render 4xx")):
+        for share, sent, yours in (
+            (disconnect_share, aborts, "client disconnect"),
+            (post_render_share, exp["poison_requests"].sum() - aborts, "post-render 4xx"),
+        ):
             if share > 0 and sent == 0:
-                out.append(f"no {yours} was sent in this campaign: each of yours is taken to poison the cache as "
-                           "the poison it did send does, which it did not check")
+                out.append(
+                    f"no {yours} was sent in this campaign: each of yours is taken to poison the cache as "
+                    "the poison it did send does, which it did not check"
+                )
     for r in table.itertuples(index=False):
         if not np.isfinite(r.p):
             continue
@@ -173,11 +227,15 @@ def _caveats(fit: HazardFit, table: pd.DataFrame, knobs: dict, reuse, post_rende
             continue
         lo_m, hi_m = r.measured_per_hour_min, r.measured_per_hour_max
         pred = r.crashes_per_hour
-        text = (f"{r.config}: measured {num(lo_m)}–{num(hi_m)} crashes per hour of uptime across trials; "
-                f"predicted {num(pred)}")
+        text = (
+            f"{r.config}: measured {num(lo_m)}–{num(hi_m)} crashes per hour of uptime across trials; "
+            f"predicted {num(pred)}"
+        )
         if hi_m > 0 and pred > FAR * hi_m:
-            text += (f", {num(pred / hi_m)}× the highest measured: a far extrapolation that assumes p per event "
-                     "holds at that rate")
+            text += (
+                f", {num(pred / hi_m)}× the highest measured: a far extrapolation that assumes p per event "
+                "holds at that rate"
+            )
         elif lo_m > 0 and pred < lo_m / FAR:
             text += f", {num(lo_m / pred)}× below the lowest measured: a far extrapolation"
         out.append(text)
@@ -217,8 +275,14 @@ class HeldOut:
         return self.lo <= self.measured <= self.hi
 
 
-def held_out(c: CampaignResults | pd.DataFrame, config: str, point: dict, confidence: float = I.CONFIDENCE,
-             draws: int = 20000, seed: int = I.SEED) -> HeldOut:
+def held_out(
+    c: CampaignResults | pd.DataFrame,
+    config: str,
+    point: dict,
+    confidence: float = I.CONFIDENCE,
+    draws: int = 20000,
+    seed: int = I.SEED,
+) -> HeldOut:
     """Fit ``config`` without the trials of sweep ``point`` (knob -> value), predict that point's crash count.
 
     ``c``: a campaign, or an exposure table. Trials of the point without a poison event are left out (the
@@ -246,9 +310,20 @@ def held_out(c: CampaignResults | pd.DataFrame, config: str, point: dict, confid
     lo, hi = np.quantile(counts, [a, 1 - a])
     p_lo, p_hi = np.quantile(p_draws, [a, 1 - a]) if e.sum() > 0 else (np.nan, np.nan)
     expected = float(p_trial @ e)
-    return HeldOut(config, dict(point), len(test), float(e.sum()), int(test["crashes"].sum()), expected,
-                   float(lo), float(hi), expected / e.sum() if e.sum() > 0 else np.nan, float(p_lo), float(p_hi),
-                   f.model)
+    return HeldOut(
+        config,
+        dict(point),
+        len(test),
+        float(e.sum()),
+        int(test["crashes"].sum()),
+        expected,
+        float(lo),
+        float(hi),
+        expected / e.sum() if e.sum() > 0 else np.nan,
+        float(p_lo),
+        float(p_hi),
+        f.model,
+    )
 
 
 def _draw(f: ConfigFit, grid: pd.DataFrame, e: np.ndarray, n: int, rng) -> tuple[np.ndarray, np.ndarray]:
@@ -271,7 +346,6 @@ def _draw(f: ConfigFit, grid: pd.DataFrame, e: np.ndarray, n: int, rng) -> tuple
     return p_weighted, rng.poisson(mean).sum(axis=1)
 
 
-
 def held_out_table(exp: pd.DataFrame, fits: HazardFit, confidence: float = I.CONFIDENCE) -> pd.DataFrame:
     """Every sweep point of every configuration predicted by the fit without it (leave one point out): config,
     point (knob -> value), trials, poison_events, measured, predicted, lo, hi, inside. Points without a reused
@@ -287,18 +361,32 @@ def held_out_table(exp: pd.DataFrame, fits: HazardFit, confidence: float = I.CON
             except ValueError:
                 continue
             if h.poison_events > 0:
-                rows.append({"config": cfg, "point": point, "trials": h.trials, "poison_events": h.poison_events,
-                             "measured": h.measured, "predicted": h.predicted, "lo": h.lo, "hi": h.hi,
-                             "inside": h.inside, "model": h.model})
-    return pd.DataFrame(rows, columns=["config", "point", "trials", "poison_events", "measured", "predicted", "lo",
-                                       "hi", "inside", "model"])
+                rows.append(
+                    {
+                        "config": cfg,
+                        "point": point,
+                        "trials": h.trials,
+                        "poison_events": h.poison_events,
+                        "measured": h.measured,
+                        "predicted": h.predicted,
+                        "lo": h.lo,
+                        "hi": h.hi,
+                        "inside": h.inside,
+                        "model": h.model,
+                    }
+                )
+    return pd.DataFrame(
+        rows,
+        columns=["config", "point", "trials", "poison_events", "measured", "predicted", "lo", "hi", "inside", "model"],
+    )
 
 
 # --- checked against a measured rate ---------------------------------------------------------------------
 
 
-def rate_check(fits: HazardFit, check: CampaignResults, confidence: float = I.CONFIDENCE, draws: int = 20000,
-               seed: int = I.SEED) -> pd.DataFrame:
+def rate_check(
+    fits: HazardFit, check: CampaignResults, confidence: float = I.CONFIDENCE, draws: int = 20000, seed: int = I.SEED
+) -> pd.DataFrame:
     """The fit checked on a campaign it never saw, run open loop at a rate of its own (``[workload] rate``, the
     user's): per configuration of both, the crashes per hour of uptime it measured (with their exact interval)
     against those the fit predicts from the poison events that campaign measured (a predictive interval: p from
@@ -308,7 +396,8 @@ def rate_check(fits: HazardFit, check: CampaignResults, confidence: float = I.CO
     predicted_per_hour_hi, model."""
     exp = exposure(check)
     rates = check.trials.set_index([check.trials["config"].astype(str), check.trials["trial"]])["workload"].map(
-        lambda w: float(json.loads(w).get("rate") or 0))
+        lambda w: float(json.loads(w).get("rate") or 0)
+    )
     rows = []
     rng = np.random.default_rng(seed)
     a = (1 - confidence) / 2
@@ -318,8 +407,9 @@ def rate_check(fits: HazardFit, check: CampaignResults, confidence: float = I.CO
         if f.model == NO_DATA or not len(t):
             continue
         rate = sorted({rates.get((cfg, tr), 0.0) for tr in t["trial"]})
-        grid = pd.DataFrame({k: t[k].astype(float).fillna(f.reference[k]) if k in t else f.reference[k]
-                             for k in f.terms}, index=t.index)
+        grid = pd.DataFrame(
+            {k: t[k].astype(float).fillna(f.reference[k]) if k in t else f.reference[k] for k in f.terms}, index=t.index
+        )
         e = t["poison_events"].to_numpy(float)
         uptime_h = float(t["uptime_s"].sum()) / 3600
         measured = int(t["crashes"].sum())
@@ -328,16 +418,49 @@ def rate_check(fits: HazardFit, check: CampaignResults, confidence: float = I.CO
         lo, hi = np.quantile(counts, [a, 1 - a])
         per_hour, per_lo, per_hi = (float(x) for x in I.poisson_rate_ci(measured, uptime_h, confidence=confidence))
         hours = uptime_h if uptime_h > 0 else np.nan
-        rows.append({"config": cfg, "rate": ", ".join(f"{r:g}" for r in rate) if any(rate) else "closed loop",
-                     "trials": len(t), "uptime_h": uptime_h, "poison_events": float(e.sum()), "measured": measured,
-                     "predicted": expected, "lo": float(lo), "hi": float(hi), "inside": bool(lo <= measured <= hi),
-                     "per_hour": per_hour, "per_hour_lo": per_lo, "per_hour_hi": per_hi,
-                     "predicted_per_hour": expected / hours, "predicted_per_hour_lo": lo / hours,
-                     "predicted_per_hour_hi": hi / hours, "model": f.model})
-    return pd.DataFrame(rows, columns=["config", "rate", "trials", "uptime_h", "poison_events", "measured",
-                                       "predicted", "lo", "hi", "inside", "per_hour", "per_hour_lo", "per_hour_hi",
-                                       "predicted_per_hour", "predicted_per_hour_lo", "predicted_per_hour_hi",
-                                       "model"])
+        rows.append(
+            {
+                "config": cfg,
+                "rate": ", ".join(f"{r:g}" for r in rate) if any(rate) else "closed loop",
+                "trials": len(t),
+                "uptime_h": uptime_h,
+                "poison_events": float(e.sum()),
+                "measured": measured,
+                "predicted": expected,
+                "lo": float(lo),
+                "hi": float(hi),
+                "inside": bool(lo <= measured <= hi),
+                "per_hour": per_hour,
+                "per_hour_lo": per_lo,
+                "per_hour_hi": per_hi,
+                "predicted_per_hour": expected / hours,
+                "predicted_per_hour_lo": lo / hours,
+                "predicted_per_hour_hi": hi / hours,
+                "model": f.model,
+            }
+        )
+    return pd.DataFrame(
+        rows,
+        columns=[
+            "config",
+            "rate",
+            "trials",
+            "uptime_h",
+            "poison_events",
+            "measured",
+            "predicted",
+            "lo",
+            "hi",
+            "inside",
+            "per_hour",
+            "per_hour_lo",
+            "per_hour_hi",
+            "predicted_per_hour",
+            "predicted_per_hour_lo",
+            "predicted_per_hour_hi",
+            "model",
+        ],
+    )
 
 
 def parse_share(text: str) -> float:

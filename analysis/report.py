@@ -10,21 +10,30 @@ sections are laid out by the ``sections_*`` modules.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import pandas as pd
 
 from mmchaos.files import write_files_atomic
 
-from . import hazard, open_loop, prediction, sections_hazard, sections_incidents, sections_performance
-from . import sections_run
-from . import sections_faults, sections_verdict, stats
-from .fault_effects import fault_effects
+from . import (
+    hazard,
+    open_loop,
+    prediction,
+    sections_faults,
+    sections_hazard,
+    sections_incidents,
+    sections_performance,
+    sections_run,
+    sections_verdict,
+    stats,
+)
 from .attribution import DEFAULT_WINDOW_S, attribute
-from .exposure import exposure
 from .document import Doc
+from .exposure import exposure
+from .fault_effects import fault_effects
 from .results import CampaignResults, LoadError, combine, find_trials, load_results
 from .survival import first_crash_durations, kaplan_meier
 from .verdict import verdicts
@@ -99,14 +108,14 @@ def write_report(
     lap("load")
     base = _resolve_baseline(c, baseline, compared=compare_with is not None)
     say(f"computing statistics for {len(c.configs)} configuration(s), {len(c.requests):,} requests")
-    doc, verdict = build(c, base, window_s, compared=compare_with is not None, timings=timings, lap=lap, say=say,
-                         traffic=traffic)
+    doc, verdict = build(
+        c, base, window_s, compared=compare_with is not None, timings=timings, lap=lap, say=say, traffic=traffic
+    )
     markdown, html_text = doc.to_markdown(), doc.to_html()
     lap("render")
     out = Path(out_dir) if out_dir is not None else Path(campaign_dir) / DEFAULT_OUT
     try:
-        files = write_files_atomic(out, {REPORT_MD: markdown.encode(), REPORT_HTML: html_text.encode(),
-                                         **doc.images()})
+        files = write_files_atomic(out, {REPORT_MD: markdown.encode(), REPORT_HTML: html_text.encode(), **doc.images()})
     except OSError as e:
         raise ReportError(f"cannot write the report into {out}: {e.strerror or e}") from e
     lap("write")
@@ -145,13 +154,19 @@ def _resolve_baseline(c: CampaignResults, baseline: str | None, compared: bool) 
     raise ReportError(f"baseline {baseline!r} is not a configuration of this campaign (have: {', '.join(c.configs)})")
 
 
-
-
-def build(c: CampaignResults, baseline: str, window_s: float = DEFAULT_WINDOW_S, compared: bool = False,
-          timings=None, lap=lambda _n: None, say=lambda _m: None, traffic: dict | None = None
-          ) -> tuple[Doc, pd.DataFrame]:
+def build(
+    c: CampaignResults,
+    baseline: str,
+    window_s: float = DEFAULT_WINDOW_S,
+    compared: bool = False,
+    timings=None,
+    lap=lambda _n: None,
+    say=lambda _m: None,
+    traffic: dict | None = None,
+) -> tuple[Doc, pd.DataFrame]:
     """Compute every table and figure and lay them out; returns the document and the verdicts."""
     from . import plots, plots_hazard  # matplotlib is slow to import: only when a report is really built
+
     exp = exposure(c)
     crash = stats.crash_stats(c, exp=exp)
     fits = hazard.fit_exposure(exp, [str(x) for x in c.configs])
@@ -166,8 +181,10 @@ def build(c: CampaignResults, baseline: str, window_s: float = DEFAULT_WINDOW_S,
     effects = fault_effects(c)
     verdict = verdicts(c, effects)
     durations = first_crash_durations(c.trials, c.requests, c.crashes)
-    curves = {cfg: {w: kaplan_meier(d[w], d["crashed"]) for w in ("time_s", "requests")}
-              for cfg, d in durations.groupby("config", observed=True)}
+    curves = {
+        cfg: {w: kaplan_meier(d[w], d["crashed"]) for w in ("time_s", "requests")}
+        for cfg, d in durations.groupby("config", observed=True)
+    }
     events, attribution = attribute(c, window_s)
     lap("stats")
 

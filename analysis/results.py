@@ -41,8 +41,14 @@ _CATEGORICAL = {
     "faults": ("fault", "kind", "target", "source", "outcome"),
 }
 # Which column of each table is "when", for t_rel.
-_TIME_COLUMN = {"requests": "t_start", "health": "t", "metrics": "t", "log_events": "t", "crashes": "t_detected",
-                "faults": "t_injected"}
+_TIME_COLUMN = {
+    "requests": "t_start",
+    "health": "t",
+    "metrics": "t",
+    "log_events": "t",
+    "crashes": "t_detected",
+    "faults": "t_injected",
+}
 _TRIAL_MARKERS = (S.MANIFEST, S.SERVER_LOG, *S.TABLE_DIRS.values())
 # Tables a finished trial always has rows in; crashes and log_events have no folder when nothing happened.
 _ALWAYS_WRITTEN = ("requests", "health", "metrics")
@@ -169,8 +175,10 @@ def _trials_table(name: str, found: list[tuple[str, str, Path]], notes: list[str
             notes.append(f"{config}/{trial_name}: manifest says config {manifest['config']!r}; using the folder name")
         if manifest.get("workers_lost"):  # Locust workers that died mid-trial: less load from then on
             lost = [str(w) for w in manifest["workers_lost"]]
-            notes.append(f"{config}/{trial_name}: {len(lost)} Locust worker(s) lost mid-trial ({', '.join(lost)}); "
-                         "their rows up to their last flush are kept")
+            notes.append(
+                f"{config}/{trial_name}: {len(lost)} Locust worker(s) lost mid-trial ({', '.join(lost)}); "
+                "their rows up to their last flush are kept"
+            )
         workload = manifest.get("workload") or {}
         missing = [m for m in (S.MANIFEST, S.SERVER_LOG) if not (path / m).exists()]
         missing += [d for t, d in S.TABLE_DIRS.items() if t in _ALWAYS_WRITTEN and not part_files(path / d)]
@@ -195,7 +203,8 @@ def _trials_table(name: str, found: list[tuple[str, str, Path]], notes: list[str
                 "t_start": _float(manifest.get("t_load_start") or manifest.get("t_start")),
                 "t_end": _float(manifest.get("t_load_end") or manifest.get("t_end")),
                 "git_rev": manifest.get("git_rev"),
-                "machine": manifest.get("machine") if isinstance(manifest.get("machine"), (str, type(None)))
+                "machine": manifest.get("machine")
+                if isinstance(manifest.get("machine"), (str, type(None)))
                 else json.dumps(manifest.get("machine"), sort_keys=True),
                 "has_manifest": bool(manifest),
                 "manifest_crashes": manifest.get("crashes"),
@@ -268,8 +277,10 @@ def _check_crash_counts(trials: pd.DataFrame, crash_rows: np.ndarray, notes: lis
     held = np.bincount(crash_rows, minlength=len(trials))
     for i, said in enumerate(trials["manifest_crashes"]):
         if pd.notna(said) and int(said) != held[i]:
-            notes.append(f"{trials['config'].iat[i]}/{trials['trial_dir'].iat[i]}: the manifest says {int(said)} "
-                         f"crash(es) but its crashes table holds {held[i]}; the counts here use the table")
+            notes.append(
+                f"{trials['config'].iat[i]}/{trials['trial_dir'].iat[i]}: the manifest says {int(said)} "
+                f"crash(es) but its crashes table holds {held[i]}; the counts here use the table"
+            )
 
 
 def _load_table(
@@ -281,7 +292,10 @@ def _load_table(
     if files:
         try:  # one multithreaded scan over every part file
             dataset = ds.dataset(
-                [str(f) for f in files], schema=full, format="parquet", partitioning=_PARTITIONING,
+                [str(f) for f in files],
+                schema=full,
+                format="parquet",
+                partitioning=_PARTITIONING,
                 partition_base_dir=str(base),
             )
             table = dataset.to_table()

@@ -17,32 +17,46 @@ def faults(doc: Doc, effects: pd.DataFrame) -> None:
     if effects.empty:
         return
     doc.h(2, "Faults")
-    doc.p("Each fault injected into the server (a signal to a process mmchaos started, by the pid it recorded) or "
-          "into the network between the load and the server (the fault proxy), and what followed it. Its outage runs "
-          "from the injection to the first request started after it that was answered 2xx. 'Health 200 without "
-          f"service' is the longest stretch of the outage /health answered 200: {WEDGE_S:g} s or more is a wedge "
-          "(Kubernetes' default liveness probe, 10 s × 3, would not fire). Failed: valid requests whose last "
-          "attempt failed; cured: requests a retry saved; cut: in flight at the end of the run; empty 2xx: answers "
-          "the client recorded as 2xx with no body (data lost without an error; a fault fails on any). The "
-          "client-side verdict judges the load outside these outages; a configuration that fails a fault fails.")
-    doc.table(pd.DataFrame({
-        "configuration": effects["config"].astype(str),
-        "trial": effects["trial"].map(integer),
-        "fault": effects["fault"].astype(str),
-        "pid": effects["target_pid"].map(lambda p: "—" if pd.isna(p) else str(int(p))),
-        "at": effects["at_s"].map(lambda x: "—" if pd.isna(x) else f"{x:.1f} s"),
-        "server exited after": effects.get("exited_after_s", pd.Series(dtype=float)).map(_s),
-        "how": effects.get("exit", pd.Series(dtype=str)).fillna(""),
-        "health 200 without service": effects.get("health_200_without_service_s", pd.Series(dtype=float)).map(_s),
-        "served again after": effects.get("served_again_after_s", pd.Series(dtype=float)).map(_s),
-        "failed": effects.get("failed", pd.Series(dtype=float)).map(lambda x: "—" if pd.isna(x) else integer(x)),
-        "cured": effects.get("cured_by_retries", pd.Series(dtype=float)).map(
-            lambda x: "—" if pd.isna(x) else integer(x)),
-        "empty 2xx": effects.get("empty_2xx", pd.Series(dtype=float)).map(
-            lambda x: "—" if pd.isna(x) else integer(x)),
-        "cut": effects.get("cut", pd.Series(dtype=float)).map(lambda x: "—" if pd.isna(x) else integer(x)),
-        "drift after": effects.get("drift_after", pd.Series(dtype=float)).map(
-            lambda x: "—" if pd.isna(x) else integer(x)),
-        "verdict": effects["verdict"].astype(str),
-        "why": effects["why"].astype(str),
-    }), caption="Faults and what the user's probes and clients saw")
+    doc.p(
+        "Each fault injected into the server (a signal to a process mmchaos started, by the pid it recorded) or "
+        "into the network between the load and the server (the fault proxy), and what followed it. Its outage runs "
+        "from the injection to the first request started after it that was answered 2xx. 'Health 200 without "
+        f"service' is the longest stretch of the outage /health answered 200: {WEDGE_S:g} s or more is a wedge "
+        "(Kubernetes' default liveness probe, 10 s × 3, would not fire). Failed: valid requests whose last "
+        "attempt failed; cured: requests a retry saved; cut: in flight at the end of the run; empty 2xx: answers "
+        "the client recorded as 2xx with no body (data lost without an error; a fault fails on any). The "
+        "client-side verdict judges the load outside these outages; a configuration that fails a fault fails."
+    )
+    doc.table(
+        pd.DataFrame(
+            {
+                "configuration": effects["config"].astype(str),
+                "trial": effects["trial"].map(integer),
+                "fault": effects["fault"].astype(str),
+                "pid": effects["target_pid"].map(lambda p: "—" if pd.isna(p) else str(int(p))),
+                "at": effects["at_s"].map(lambda x: "—" if pd.isna(x) else f"{x:.1f} s"),
+                "server exited after": effects.get("exited_after_s", pd.Series(dtype=float)).map(_s),
+                "how": effects.get("exit", pd.Series(dtype=str)).fillna(""),
+                "health 200 without service": effects.get("health_200_without_service_s", pd.Series(dtype=float)).map(
+                    _s
+                ),
+                "served again after": effects.get("served_again_after_s", pd.Series(dtype=float)).map(_s),
+                "failed": effects.get("failed", pd.Series(dtype=float)).map(
+                    lambda x: "—" if pd.isna(x) else integer(x)
+                ),
+                "cured": effects.get("cured_by_retries", pd.Series(dtype=float)).map(
+                    lambda x: "—" if pd.isna(x) else integer(x)
+                ),
+                "empty 2xx": effects.get("empty_2xx", pd.Series(dtype=float)).map(
+                    lambda x: "—" if pd.isna(x) else integer(x)
+                ),
+                "cut": effects.get("cut", pd.Series(dtype=float)).map(lambda x: "—" if pd.isna(x) else integer(x)),
+                "drift after": effects.get("drift_after", pd.Series(dtype=float)).map(
+                    lambda x: "—" if pd.isna(x) else integer(x)
+                ),
+                "verdict": effects["verdict"].astype(str),
+                "why": effects["why"].astype(str),
+            }
+        ),
+        caption="Faults and what the user's probes and clients saw",
+    )

@@ -6,7 +6,7 @@ import datetime as dt
 
 import pandas as pd
 
-from mmchaos.verdict_rule import CHECKS, FAILED_WORDS
+from mmchaos.verdict_rule import CHECKS
 
 from . import stats
 from .attribution import MIN_LIFT_EVENTS, PRE_RENDER_KINDS, SAME_IMAGE
@@ -19,7 +19,7 @@ def intro(doc: Doc, c: CampaignResults, baseline: str, window_s: float, compared
     tr = c.trials
     span = [pd.to_datetime(x, unit="s", utc=True) for x in (tr["t_start"].min(), tr["t_end"].max())]
     doc.p(
-        f"Generated {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC from {c.path}"
+        f"Generated {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC from {c.path}"
         + (" (compared with a second campaign; configurations are named campaign/config)" if compared else "")
         + f". {len(c.configs)} configuration(s), {len(tr)} trial(s), {len(c.requests):,} requests, "
         f"{tr['duration_s'].sum() / 3600:.2f} hours of load"
@@ -55,42 +55,53 @@ def summary(doc, c, verdict, crash, drift, retried, lat, tput, cost, attribution
     for cfg in c.configs:
         trials = c.trials[c.trials["config"] == cfg]
         status = ", ".join(f"{k} {n}" for k, n in trials["status"].value_counts().items())
-        rows.append({
-            "configuration": cfg,
-            "verdict": v[cfg]["title"],
-            "trials": f"{len(trials)} ({status})",
-            "requests": integer(trials["n_requests"].sum()),
-            "valid ok, 1st attempt": pct(rt[cfg]["first_ok_share"]),
-            "valid ok, after retries": pct(rt[cfg]["final_ok_share"]),
-            "crashes": integer(cr[cfg]["crashes"]),
-            "crashes / hour": ci(cr[cfg]["per_hour"], cr[cfg]["per_hour_lo"], cr[cfg]["per_hour_hi"]),
-            "trials crashed": pct_ci(*cr[cfg][["share_crashed", "share_crashed_lo", "share_crashed_hi"]]),
-            "drift lines": integer(dr[cfg]["drift_events"]),
-            "503 share": pct(dr[cfg]["share_503"]),
-            "p50 / p95 ms (valid)": (f"{num(pooled.loc[cfg, 'p50'])} / {num(pooled.loc[cfg, 'p95'])}"
-                                     if cfg in pooled.index else "—"),
-            "ok / s": num(tp[cfg]["ok_per_s"]),
-            f"p50 vs {baseline}": (num(cst.loc[cfg, "p50_ratio"], "×") if cfg in cst.index else "—"),
-        })
+        rows.append(
+            {
+                "configuration": cfg,
+                "verdict": v[cfg]["title"],
+                "trials": f"{len(trials)} ({status})",
+                "requests": integer(trials["n_requests"].sum()),
+                "valid ok, 1st attempt": pct(rt[cfg]["first_ok_share"]),
+                "valid ok, after retries": pct(rt[cfg]["final_ok_share"]),
+                "crashes": integer(cr[cfg]["crashes"]),
+                "crashes / hour": ci(cr[cfg]["per_hour"], cr[cfg]["per_hour_lo"], cr[cfg]["per_hour_hi"]),
+                "trials crashed": pct_ci(*cr[cfg][["share_crashed", "share_crashed_lo", "share_crashed_hi"]]),
+                "drift lines": integer(dr[cfg]["drift_events"]),
+                "503 share": pct(dr[cfg]["share_503"]),
+                "p50 / p95 ms (valid)": (
+                    f"{num(pooled.loc[cfg, 'p50'])} / {num(pooled.loc[cfg, 'p95'])}" if cfg in pooled.index else "—"
+                ),
+                "ok / s": num(tp[cfg]["ok_per_s"]),
+                f"p50 vs {baseline}": (num(cst.loc[cfg, "p50_ratio"], "×") if cfg in cst.index else "—"),
+            }
+        )
     doc.table(pd.DataFrame(rows))
     doc.p("In plain words:")
     doc.bullets([finding(cfg, v[cfg], cr[cfg], dr[cfg], attribution, cst, baseline) for cfg in c.configs])
 
 
 def finding(cfg, v, cr, dr, attribution, cst, baseline) -> str:
-    by_title = {title: name for name, (title, _) in CHECKS.items()}
-    failed = [by_title[t] for line in v["evidence"] if ": failed" in line
-              and (t := line.split(": failed", 1)[0]) in by_title]
+    by_title = {c.title: name for name, c in CHECKS.items()}
+    failed = [
+        by_title[t] for line in v["evidence"] if ": failed" in line and (t := line.split(": failed", 1)[0]) in by_title
+    ]
     trials = int(cr["trials"])
-    crashed = int(round(float(cr.get("share_crashed", 0) or 0) * trials))
-    said = [f"the server crashed in {crashed} of {trials} trial(s)" if n == "stays_up" and crashed
-            else FAILED_WORDS[n] for n in failed]
+    crashed = round(float(cr.get("share_crashed", 0) or 0) * trials)
+    said = [
+        f"the server crashed in {crashed} of {trials} trial(s)" if n == "stays_up" and crashed else CHECKS[n].failed
+        for n in failed
+    ]
     # what failed, said as what happened: "fails — the server crashed in 2 of 2 trials"
-    parts = [f"{cfg}: {v['title']}" + (f" — {'; '.join(said)}" if said else "")
-             + (f" (not exercised: {', '.join(v['not_exercised'])})" if v["not_exercised"] else "")]
+    parts = [
+        f"{cfg}: {v['title']}"
+        + (f" — {'; '.join(said)}" if said else "")
+        + (f" (not exercised: {', '.join(v['not_exercised'])})" if v["not_exercised"] else "")
+    ]
     if cr["crashes"]:
-        parts.append(f"{int(cr['crashes'])} crash(es) in {int(cr['trials'])} trial(s), "
-                     f"{num(cr['per_hour'])} per hour [{num(cr['per_hour_lo'])}, {num(cr['per_hour_hi'])}]")
+        parts.append(
+            f"{int(cr['crashes'])} crash(es) in {int(cr['trials'])} trial(s), "
+            f"{num(cr['per_hour'])} per hour [{num(cr['per_hour_lo'])}, {num(cr['per_hour_hi'])}]"
+        )
     else:
         parts.append(f"no crash in {int(cr['trials'])} trial(s) (at most {num(cr['per_hour_hi'])} per hour at 95 %)")
     if dr["drift_events"]:
@@ -102,17 +113,29 @@ def finding(cfg, v, cr, dr, attribution, cst, baseline) -> str:
         caused = mine[mine["caused"] > 0] if len(mine) else mine
         if len(caused):  # the server named the image: its first post-render failure is the cause
             t = caused.iloc[0]
-            parts.append(f"{int(t['caused'])} of {int(t['events'])} {what_events} caused by {_what(t)} (the image "
-                         "the server named had failed after render there first)")
+            parts.append(
+                f"{int(t['caused'])} of {int(t['events'])} {what_events} caused by {_what(t)} (the image "
+                "the server named had failed after render there first)"
+            )
             continue
         # no evidence: a window statistic names a case only from enough incidents, and never one that cannot poison
-        top = mine[(mine["share_of_events"] >= 0.5) & (mine["lift"] > 1.5) & (mine["events"] >= MIN_LIFT_EVENTS)
-                   & ~mine["kind"].isin(PRE_RENDER_KINDS)] if len(mine) else mine
+        top = (
+            mine[
+                (mine["share_of_events"] >= 0.5)
+                & (mine["lift"] > 1.5)
+                & (mine["events"] >= MIN_LIFT_EVENTS)
+                & ~mine["kind"].isin(PRE_RENDER_KINDS)
+            ]
+            if len(mine)
+            else mine
+        )
         if len(top):
             t = top.iloc[0]
             how = "with the same image" if t["match"] == SAME_IMAGE else "(any image)"
-            parts.append(f"{what_events} were preceded {how} by {_what(t)} in "
-                         f"{t['share_of_events']:.0%} of cases vs {t['background_share']:.0%} of random windows")
+            parts.append(
+                f"{what_events} were preceded {how} by {_what(t)} in "
+                f"{t['share_of_events']:.0%} of cases vs {t['background_share']:.0%} of random windows"
+            )
     if cfg in cst.index and cfg != baseline:
         r = cst.loc[cfg]
         parts.append(f"latency p50 {num(r['p50_ratio'])}× and throughput {num(r['throughput_ratio'])}× {baseline}'s")
@@ -137,5 +160,3 @@ def verdicts(doc: Doc, verdict: pd.DataFrame) -> None:
     for _, row in verdict.iterrows():
         doc.h(3, f"{row['config']}: {row['title']}")
         doc.bullets(row["evidence"])
-
-

@@ -14,8 +14,8 @@ from mmchaos.schema import MALFORMED_KINDS, VALID_KINDS
 from mmchaos.signatures import Signatures
 
 from . import intervals as I
-from .open_loop import latency_from_schedule
 from .exposure import exposure as trial_uptime_exposure
+from .open_loop import latency_from_schedule
 from .results import CampaignResults
 
 ALL_VALID = "all valid kinds"  # pooled row in latency / cost tables
@@ -31,9 +31,7 @@ def _per_config(c: CampaignResults, df: pd.DataFrame) -> pd.DataFrame:
 def trial_exposure(c: CampaignResults) -> pd.DataFrame:
     """Per config: trials, requests sent, hours of load."""
     g = c.trials.groupby("config", observed=False)
-    out = pd.DataFrame(
-        {"trials": g.size(), "requests": g["n_requests"].sum(), "hours": g["duration_s"].sum() / 3600.0}
-    )
+    out = pd.DataFrame({"trials": g.size(), "requests": g["n_requests"].sum(), "hours": g["duration_s"].sum() / 3600.0})
     return _per_config(c, out)
 
 
@@ -60,8 +58,16 @@ def retry_success(c: CampaignResults) -> pd.DataFrame:
     attempt = v["attempt"].fillna(1)
     final = v["final"].fillna(True).astype(bool)
     ok = v["outcome"] == S.OK
-    g = pd.DataFrame({"config": v["config"], "first": attempt == 1, "first_ok": (attempt == 1) & ok,
-                      "final": final, "final_ok": final & ok, "retries": attempt > 1}).groupby("config", observed=False)
+    g = pd.DataFrame(
+        {
+            "config": v["config"],
+            "first": attempt == 1,
+            "first_ok": (attempt == 1) & ok,
+            "final": final,
+            "final_ok": final & ok,
+            "retries": attempt > 1,
+        }
+    ).groupby("config", observed=False)
     out = _per_config(c, g[["first", "first_ok", "final", "final_ok", "retries"]].sum()).fillna(0).astype(int)
     with np.errstate(divide="ignore", invalid="ignore"):
         out["first_ok_share"] = out["first_ok"] / out["first"].where(out["first"] > 0)
@@ -80,12 +86,18 @@ def crash_stats(c: CampaignResults, confidence: float = I.CONFIDENCE, exp: pd.Da
     up = up.reindex([str(x) for x in exp_t.index], fill_value=0)
     crashes = c.crashes.groupby("config", observed=False).size()
     crashed_trials = c.crashes.drop_duplicates(KEY).groupby("config", observed=False).size()
-    out = exp_t.assign(crashes=crashes.reindex(exp_t.index, fill_value=0),
-                       trials_crashed=crashed_trials.reindex(exp_t.index, fill_value=0),
-                       uptime_hours=up["uptime_s"].to_numpy() / 3600.0, answered=up["answered"].to_numpy())
-    for col, exposure, scale in (("per_1k_requests", out["requests"], 1000.0), ("per_hour", out["hours"], 1.0),
-                                 ("per_hour_up", out["uptime_hours"], 1.0),
-                                 ("per_1k_answered", out["answered"], 1000.0)):
+    out = exp_t.assign(
+        crashes=crashes.reindex(exp_t.index, fill_value=0),
+        trials_crashed=crashed_trials.reindex(exp_t.index, fill_value=0),
+        uptime_hours=up["uptime_s"].to_numpy() / 3600.0,
+        answered=up["answered"].to_numpy(),
+    )
+    for col, exposure, scale in (
+        ("per_1k_requests", out["requests"], 1000.0),
+        ("per_hour", out["hours"], 1.0),
+        ("per_hour_up", out["uptime_hours"], 1.0),
+        ("per_1k_answered", out["answered"], 1000.0),
+    ):
         est, lo, hi = I.poisson_rate_ci(out["crashes"], exposure, scale, confidence)
         out[col], out[col + "_lo"], out[col + "_hi"] = est, lo, hi
     w = [I.wilson_ci(k, n, confidence) for k, n in zip(out["trials_crashed"], out["trials"])]
@@ -99,8 +111,9 @@ def drift_stats(c: CampaignResults, confidence: float = I.CONFIDENCE) -> pd.Data
     ev = drift_events(c)
     n_drift = ev.groupby("config", observed=False).size().reindex(exp.index, fill_value=0)
     r = c.requests
-    n_503 = r.loc[r["status"] == 503, ["config"]].groupby("config", observed=False).size().reindex(exp.index,
-                                                                                                 fill_value=0)
+    n_503 = (
+        r.loc[r["status"] == 503, ["config"]].groupby("config", observed=False).size().reindex(exp.index, fill_value=0)
+    )
     out = exp[["requests"]].assign(drift_events=n_drift, responses_503=n_503)
     est, lo, hi = I.poisson_rate_ci(out["drift_events"], out["requests"], 1000.0, confidence)
     out["drift_per_1k"], out["drift_per_1k_lo"], out["drift_per_1k_hi"] = est, lo, hi
@@ -135,8 +148,13 @@ def malformed_cases(c: CampaignResults) -> pd.DataFrame:
         got=np.where(m["status"].notna(), status_label(m["status"]), m["outcome"].astype(str)),
     )
     g = m.groupby(["config", "kind", "case"], observed=True)
-    out = pd.DataFrame({"expected_status": g["expected_status"].agg(lambda s: _join_unique(s.dropna().astype(int))),
-                        "n": g.size(), "as_expected": g["match"].sum()})
+    out = pd.DataFrame(
+        {
+            "expected_status": g["expected_status"].agg(lambda s: _join_unique(s.dropna().astype(int))),
+            "n": g.size(),
+            "as_expected": g["match"].sum(),
+        }
+    )
     got = m.groupby(["config", "kind", "case", "got"], observed=True).size()
     out["got"] = got.groupby(level=[0, 1, 2], observed=True).apply(
         lambda s: ", ".join(f"{k[-1]} ×{v}" for k, v in s.sort_values(ascending=False).items())
@@ -153,8 +171,9 @@ def crash_signatures(c: CampaignResults) -> pd.DataFrame:
         return pd.DataFrame(columns=["config", "chain", "reason", "crashes", "trials"])
     sig = cr["signature"].astype(object).where(cr["signature"].notna(), "(unclassified)").astype(str)
     chain = cr["chain"].astype(object) if "chain" in cr else pd.Series(None, index=cr.index, dtype=object)
-    cr = cr.assign(chain=chain.where(chain.notna() & chain.astype(str).ne(""), sig).astype(str),
-                   reason=cr["reason"].astype(str))
+    cr = cr.assign(
+        chain=chain.where(chain.notna() & chain.astype(str).ne(""), sig).astype(str), reason=cr["reason"].astype(str)
+    )
     g = cr.groupby(["config", "chain", "reason"], observed=True)
     return pd.DataFrame({"crashes": g.size(), "trials": g["trial"].agg(_join_unique)}).reset_index()
 
@@ -197,8 +216,10 @@ def _ok_latency_groups(c: CampaignResults) -> dict[tuple[str, str], np.ndarray]:
     """Latencies (ms) of successful requests per (config, kind), plus the pooled valid kinds per config; an
     open-loop request's from when it was due (analysis.open_loop: coordinated omission stays visible)."""
     r = c.requests
-    ok = r.loc[r["outcome"] == S.OK, ["config", "kind", "latency_ms", *(["sched_lag_ms"] if "sched_lag_ms" in
-                                                                          r.columns else [])]]
+    ok = r.loc[
+        r["outcome"] == S.OK,
+        ["config", "kind", "latency_ms", *(["sched_lag_ms"] if "sched_lag_ms" in r.columns else [])],
+    ]
     ok = ok.assign(latency_ms=latency_from_schedule(ok))
     groups = {}
     for (cfg, kind), s in ok.groupby(["config", "kind"], observed=True)["latency_ms"]:
@@ -265,10 +286,19 @@ def throughput(c: CampaignResults, n_boot: int = I.BOOTSTRAP_RESAMPLES) -> pd.Da
         draws = I.bootstrap_mean(t["ok_per_s"], n_boot, seed=[I.SEED, i, 99])
         lo, hi = I.percentile_interval(draws)
         dur = t["duration_s"].sum()
-        rows.append({"config": cfg, "trials": len(t), "ok": int(t["ok"].sum()), "seconds": dur,
-                     "ok_per_s": t["ok"].sum() / dur if dur > 0 else np.nan,
-                     "sent_per_s": t["n_requests"].sum() / dur if dur > 0 else np.nan,
-                     "trial_mean_ok_per_s": t["ok_per_s"].mean(), "trial_mean_lo": lo, "trial_mean_hi": hi})
+        rows.append(
+            {
+                "config": cfg,
+                "trials": len(t),
+                "ok": int(t["ok"].sum()),
+                "seconds": dur,
+                "ok_per_s": t["ok"].sum() / dur if dur > 0 else np.nan,
+                "sent_per_s": t["n_requests"].sum() / dur if dur > 0 else np.nan,
+                "trial_mean_ok_per_s": t["ok_per_s"].mean(),
+                "trial_mean_lo": lo,
+                "trial_mean_hi": hi,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -298,8 +328,16 @@ def throughput_over_time(c: CampaignResults, bin_s: float | None = None) -> pd.D
         bins = np.arange(nb)
         active = (tr["duration_s"].to_numpy()[None, :] > bins[:, None] * bin_s).sum(axis=1)
         tot = counts[counts["config"] == cfg].groupby("bin")["ok"].sum().reindex(bins, fill_value=0)
-        out.append(pd.DataFrame({"config": cfg, "t": bins * bin_s, "ok_per_s": tot.to_numpy() / np.maximum(active, 1)
-                                 / bin_s, "trials": active}))
+        out.append(
+            pd.DataFrame(
+                {
+                    "config": cfg,
+                    "t": bins * bin_s,
+                    "ok_per_s": tot.to_numpy() / np.maximum(active, 1) / bin_s,
+                    "trials": active,
+                }
+            )
+        )
     return pd.concat(out, ignore_index=True) if out else pd.DataFrame(columns=["config", "t", "ok_per_s", "trials"])
 
 
@@ -318,7 +356,9 @@ def default_baseline(c: CampaignResults) -> str:
     return shipped[0] if shipped else c.configs[0]
 
 
-def workaround_cost(c: CampaignResults, baseline: str, n_boot: int = I.BOOTSTRAP_RESAMPLES, _groups=None) -> pd.DataFrame:
+def workaround_cost(
+    c: CampaignResults, baseline: str, n_boot: int = I.BOOTSTRAP_RESAMPLES, _groups=None
+) -> pd.DataFrame:
     """Each config's p50/p95 latency and throughput relative to ``baseline`` (ratio; 1.0 = same cost).
 
     Latency ratios: independent bootstraps over requests of the two configs. Throughput ratio: bootstrap
@@ -329,18 +369,21 @@ def workaround_cost(c: CampaignResults, baseline: str, n_boot: int = I.BOOTSTRAP
     base_tp = I.bootstrap_mean(per.loc[per["config"] == baseline, "ok_per_s"], n_boot, seed=[I.SEED, 1001])
     rows = []
     for cfg in c.configs:
-        tp = I.bootstrap_mean(per.loc[per["config"] == cfg, "ok_per_s"], n_boot,
-                              seed=[I.SEED, 1002, c.configs.index(cfg)])
+        tp = I.bootstrap_mean(
+            per.loc[per["config"] == cfg, "ok_per_s"], n_boot, seed=[I.SEED, 1002, c.configs.index(cfg)]
+        )
         with np.errstate(divide="ignore", invalid="ignore"):  # a baseline with no success gives inf/NaN: shown as such
             tp_ratio = tp / base_tp if cfg != baseline else np.ones(n_boot)
-            tp_est = (per.loc[per["config"] == cfg, "ok_per_s"].mean()
-                      / per.loc[per["config"] == baseline, "ok_per_s"].mean())
+            tp_est = (
+                per.loc[per["config"] == cfg, "ok_per_s"].mean() / per.loc[per["config"] == baseline, "ok_per_s"].mean()
+            )
         for kind in [*VALID_KINDS, ALL_VALID]:
             if (cfg, kind) not in groups or (baseline, kind) not in groups:
                 continue
             est_c, _, _, d_c = I.bootstrap_quantiles(groups[(cfg, kind)], (0.5, 0.95), n_boot, seed=_seed(c, cfg, kind))
-            est_b, _, _, d_b = I.bootstrap_quantiles(groups[(baseline, kind)], (0.5, 0.95), n_boot,
-                                                     seed=_seed(c, baseline, kind))
+            est_b, _, _, d_b = I.bootstrap_quantiles(
+                groups[(baseline, kind)], (0.5, 0.95), n_boot, seed=_seed(c, baseline, kind)
+            )
             row: dict[str, object] = {"config": cfg, "kind": kind, "baseline": baseline}
             for i, p in enumerate(("p50", "p95")):
                 row[p + "_ms"] = est_c[i]
@@ -351,8 +394,10 @@ def workaround_cost(c: CampaignResults, baseline: str, n_boot: int = I.BOOTSTRAP
                     row[p + "_ratio_lo"], row[p + "_ratio_hi"] = I.percentile_interval(d_c[i] / d_b[i])
             row["throughput_ratio"] = tp_est
             row["throughput_ratio_lo"], row["throughput_ratio_hi"] = (
-                (1.0, 1.0) if cfg == baseline else I.percentile_interval(tp_ratio))
+                (1.0, 1.0) if cfg == baseline else I.percentile_interval(tp_ratio)
+            )
             rows.append(row)
-    cols = ["config", "kind", "baseline"] + [f"{p}{s}" for p in ("p50", "p95") for s in ("_ms", "_ratio", "_ratio_lo",
-                                                                                         "_ratio_hi")]
+    cols = ["config", "kind", "baseline"] + [
+        f"{p}{s}" for p in ("p50", "p95") for s in ("_ms", "_ratio", "_ratio_lo", "_ratio_hi")
+    ]
     return pd.DataFrame(rows, columns=cols + ["throughput_ratio", "throughput_ratio_lo", "throughput_ratio_hi"])

@@ -24,8 +24,9 @@ def kaplan_meier(durations, observed, confidence: float = CONFIDENCE) -> pd.Data
     e = np.asarray(observed, dtype=bool)
     keep = ~np.isnan(d)
     d, e = d[keep], e[keep]
-    start = pd.DataFrame({"t": [0.0], "at_risk": [len(d)], "events": [0], "censored": [0],
-                          "survival": [1.0], "lo": [1.0], "hi": [1.0]})
+    start = pd.DataFrame(
+        {"t": [0.0], "at_risk": [len(d)], "events": [0], "censored": [0], "survival": [1.0], "lo": [1.0], "hi": [1.0]}
+    )
     if not len(d):
         return start
     sf = stats.ecdf(stats.CensoredData(uncensored=d[e], right=d[~e])).sf
@@ -38,11 +39,17 @@ def kaplan_meier(durations, observed, confidence: float = CONFIDENCE) -> pd.Data
     events = np.array([np.sum(e & (d == t)) for t in times], dtype=float)
     at_risk = len(d) - np.concatenate([[0.0], np.cumsum(removed)[:-1]])
     inside = (surv > 0) & (surv < 1)
-    out = pd.DataFrame({
-        "t": times, "at_risk": at_risk.astype(int), "events": events.astype(int),
-        "censored": (removed - events).astype(int), "survival": surv,
-        "lo": np.where(inside, ci.low.probabilities, surv), "hi": np.where(inside, ci.high.probabilities, surv),
-    })
+    out = pd.DataFrame(
+        {
+            "t": times,
+            "at_risk": at_risk.astype(int),
+            "events": events.astype(int),
+            "censored": (removed - events).astype(int),
+            "survival": surv,
+            "lo": np.where(inside, ci.low.probabilities, surv),
+            "hi": np.where(inside, ci.high.probabilities, surv),
+        }
+    )
     return out if out["t"].iat[0] <= 0 else pd.concat([start, out], ignore_index=True)
 
 

@@ -42,12 +42,26 @@ DEFAULT_CONFIGS = (
 )
 
 MIX = {  # request kind -> share of the realistic mix
-    "valid_image": 0.45, "text": 0.20, "multi_image": 0.10, "batch": 0.08, "tokenize": 0.05,
-    "malformed_pre": 0.04, "malformed_post": 0.04, "abort": 0.02, "probe": 0.02,
+    "valid_image": 0.45,
+    "text": 0.20,
+    "multi_image": 0.10,
+    "batch": 0.08,
+    "tokenize": 0.05,
+    "malformed_pre": 0.04,
+    "malformed_post": 0.04,
+    "abort": 0.02,
+    "probe": 0.02,
 }
 MEDIAN_MS = {  # median latency per kind
-    "valid_image": 120.0, "text": 25.0, "multi_image": 260.0, "batch": 180.0, "tokenize": 15.0,
-    "malformed_pre": 4.0, "malformed_post": 60.0, "abort": 50.0, "probe": 110.0,
+    "valid_image": 120.0,
+    "text": 25.0,
+    "multi_image": 260.0,
+    "batch": 180.0,
+    "tokenize": 15.0,
+    "malformed_pre": 4.0,
+    "malformed_post": 60.0,
+    "abort": 50.0,
+    "probe": 110.0,
 }
 N_IMAGES = {"valid_image": 1, "multi_image": 3, "batch": 2, "tokenize": 1, "malformed_post": 1, "abort": 1, "probe": 1}
 PRE_CASES = ("bad_encoding_format", "schema_type_error", "truncate_gt_max_len")
@@ -59,10 +73,10 @@ DRIFT_LINE = (
 FATAL_LINE = "AssertionError: assert req_state.detokenizer is not None"
 
 
-
 def _request_id(trial: int, i: int) -> str:
     """The X-Request-Id mmchaos would have sent (locustfiles.base), unique within the trial."""
     return f"mmc-synth{trial}-0-0-{i}"
+
 
 def make_campaign(
     root: str | Path,
@@ -93,8 +107,20 @@ def make_campaign(
         for trial in range(trials):
             interrupted = interrupt_last and ci == len(configs) - 1 and trial == trials - 1
             folder = camp / cfg.name / S.trial_folder(trial)
-            _write_trial(folder, name, cfg, trial, start, duration_s, requests_per_trial, part_rows, pool,
-                         error_text, interrupted, rng)
+            _write_trial(
+                folder,
+                name,
+                cfg,
+                trial,
+                start,
+                duration_s,
+                requests_per_trial,
+                part_rows,
+                pool,
+                error_text,
+                interrupted,
+                rng,
+            )
             start += duration_s + 30
     return camp
 
@@ -149,8 +175,16 @@ def _write_trial(folder, campaign, cfg, trial, t0, duration, n, part_rows, pool,
             error[poison] = error_text or "This model does not support matryoshka representation (dimensions=5)"
             kind[trig], case[trig], expected[trig], n_img[trig] = "valid_image", None, np.nan, 1
             img[poison, 0] = img[trig, 0] = h
-            log.append((t0 + t[trig] + 0.05, "cache_drift", False, pool[h], _request_id(trial, trig),
-                        DRIFT_LINE.format(rid=_request_id(trial, trig), h=pool[h])))
+            log.append(
+                (
+                    t0 + t[trig] + 0.05,
+                    "cache_drift",
+                    False,
+                    pool[h],
+                    _request_id(trial, trig),
+                    DRIFT_LINE.format(rid=_request_id(trial, trig), h=pool[h]),
+                )
+            )
             if what == "drift":
                 status[trig], outcome[trig], error[trig] = 503, S.HTTP_ERROR, "Multi-modal processor cache miss."
                 continue
@@ -223,7 +257,9 @@ def _write_trial(folder, campaign, cfg, trial, t0, duration, n, part_rows, pool,
         th = np.arange(0, duration, 2.0)
         up = ~is_down(th)
         _write_parts(
-            folder, "health", pa.table(
+            folder,
+            "health",
+            pa.table(
                 {
                     "t": t0 + th,
                     "ok": up,
@@ -238,11 +274,17 @@ def _write_trial(folder, campaign, cfg, trial, t0, duration, n, part_rows, pool,
         up = ~is_down(tm)
         running = np.where(up, rng.poisson(6, len(tm)), 0).astype(float)
         queries = np.cumsum(rng.poisson(40, len(tm))).astype(float)
-        names = ["vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:mm_cache_queries_total",
-                 "vllm:mm_cache_hits_total"]
+        names = [
+            "vllm:num_requests_running",
+            "vllm:num_requests_waiting",
+            "vllm:mm_cache_queries_total",
+            "vllm:mm_cache_hits_total",
+        ]
         values = [running, np.where(up, rng.poisson(2, len(tm)), 0.0), queries, np.floor(queries * 0.7)]
         _write_parts(
-            folder, "metrics", pa.table(
+            folder,
+            "metrics",
+            pa.table(
                 {
                     "t": np.tile(t0 + tm, len(names)),
                     "name": np.repeat(names, len(tm)).astype(object),
@@ -254,8 +296,9 @@ def _write_trial(folder, campaign, cfg, trial, t0, duration, n, part_rows, pool,
         )
         crash_rows = [dict(zip(S.CRASHES.names, c)) for c in crashes]
         _write_parts(folder, "crashes", S.table_from_rows(crash_rows, S.CRASHES))
-    _write_parts(folder, "log_events",
-                 S.table_from_rows([dict(zip(S.LOG_EVENTS.names, e)) for e in sorted(log)], S.LOG_EVENTS))
+    _write_parts(
+        folder, "log_events", S.table_from_rows([dict(zip(S.LOG_EVENTS.names, e)) for e in sorted(log)], S.LOG_EVENTS)
+    )
     (folder / S.SERVER_LOG).write_text("INFO Started server process\n" + "\n".join(e[-1] for e in sorted(log)) + "\n")
     manifest = {
         "campaign": campaign,
@@ -265,8 +308,14 @@ def _write_trial(folder, campaign, cfg, trial, t0, duration, n, part_rows, pool,
         "flags": list(cfg.flags),
         "env": {"VLLM_CPU_KVCACHE_SPACE": "1"},
         "target": "engine",
-        "workload": {"users": users, "spawn_rate": 4, "duration_s": duration, "max_requests": None,
-                     "shape": "steady", "mix": MIX},
+        "workload": {
+            "users": users,
+            "spawn_rate": 4,
+            "duration_s": duration,
+            "max_requests": None,
+            "shape": "steady",
+            "mix": MIX,
+        },
         "seed": int(rng.integers(1 << 30)),
         "t_start": t0,
         "t_end": None if interrupted else t0 + duration,

@@ -81,8 +81,7 @@ def make_sweep_campaign(
             world = _World(cfg, point, duration_s, poison_per_s, reuse, valid_per_s, restart_s, rng)
             folder = camp / cfg.name / S.trial_folder(trial)
             world.write(folder, name, trial, start, users, rate)
-            truth.append({"config": cfg.name, "trial": trial, "sweep": point, "p": cfg.p_at(point),
-                          **world.truth()})
+            truth.append({"config": cfg.name, "trial": trial, "sweep": point, "p": cfg.p_at(point), **world.truth()})
             start += duration_s + 60
     (camp / TRUTH).write_text(json.dumps(truth, indent=1))
     return camp
@@ -122,14 +121,24 @@ class _World:
             image = f"poison-{n}-{t:.6f}"
             n += 1
             self.poison_requests += 1
-            self._row(t, what, image, S.HTTP_ERROR if what == "malformed_post" else S.ABORTED,
-                      400 if what == "malformed_post" else None)
+            self._row(
+                t,
+                what,
+                image,
+                S.HTTP_ERROR if what == "malformed_post" else S.ABORTED,
+                400 if what == "malformed_post" else None,
+            )
             t_again = t + rng.uniform(0.2, 5.0)
             if rng.random() < self.reuse and t_again < duration:  # the run stops at its end
                 heapq.heappush(events, (t_again, n, "valid_image", image, self._life(t)))
         for t in _arrivals(valid_per_s, duration, rng):  # background: a hot pool nobody poisons
-            self._row(t, "valid_image", f"bg{rng.integers(50)}", S.CONNECTION_ERROR if self._down(t) else S.OK,
-                      None if self._down(t) else 200)
+            self._row(
+                t,
+                "valid_image",
+                f"bg{rng.integers(50)}",
+                S.CONNECTION_ERROR if self._down(t) else S.OK,
+                None if self._down(t) else 200,
+            )
 
     def _reuse(self, t, image, life) -> None:
         if self._down(t):
@@ -163,8 +172,12 @@ class _World:
         for a, b in self.crashes:
             back = polls[polls >= b]
             down += min(back[0] if len(back) else self.duration, self.duration) - a
-        return {"poison_requests": self.poison_requests, "poison_events": self.poison_events,
-                "crashes": len(self.crashes), "uptime_s": self.duration - down}
+        return {
+            "poison_requests": self.poison_requests,
+            "poison_events": self.poison_events,
+            "crashes": len(self.crashes),
+            "uptime_s": self.duration - down,
+        }
 
     def write(self, folder: Path, campaign: str, trial: int, t0: float, users: int, rate: float = 0.0) -> None:
         d = pd.DataFrame(self.rows).sort_values("t", ignore_index=True)
@@ -172,36 +185,95 @@ class _World:
         rid = [f"mmc-sweep{trial}-0-0-{i}" for i in range(n)]
         expected = np.where(d["kind"] == "malformed_post", 400.0, np.nan)
         status = d["status"].astype(float).to_numpy()
-        rows = pd.DataFrame({
-            "run_id": f"{campaign}-{self.cfg.name}-{trial}", "config": self.cfg.name, "trial": trial,
-            "worker": "localhost:4242", "user_id": np.arange(n) % users, "seq": np.arange(n) // users,
-            "request_id": rid, "kind": d["kind"], "case": np.where(d["kind"] == "malformed_post",
-                                                                    "dimensions_unsupported", None),  # type: ignore[call-overload]
-            "expected_status": expected, "endpoint": "/v1/embeddings", "t_start": t0 + d["t"],
-            "latency_ms": 50.0, "status": status, "outcome": d["outcome"],
-            "cause": causes(pd.DataFrame({"status": status, "outcome": d["outcome"], "expected_status": expected})),
-            "attempt": 1, "request_group": rid, "final": True, "reconnects": 0,
-            "n_images": d["image"].notna().astype(int), "image_ids": d["image"],
-            "image_hashes": [hashlib.sha256(i.encode()).hexdigest()[:16] if isinstance(i, str) else None
-                             for i in d["image"]],
-        })
+        rows = pd.DataFrame(
+            {
+                "run_id": f"{campaign}-{self.cfg.name}-{trial}",
+                "config": self.cfg.name,
+                "trial": trial,
+                "worker": "localhost:4242",
+                "user_id": np.arange(n) % users,
+                "seq": np.arange(n) // users,
+                "request_id": rid,
+                "kind": d["kind"],
+                "case": np.where(d["kind"] == "malformed_post", "dimensions_unsupported", None),  # type: ignore[call-overload]
+                "expected_status": expected,
+                "endpoint": "/v1/embeddings",
+                "t_start": t0 + d["t"],
+                "latency_ms": 50.0,
+                "status": status,
+                "outcome": d["outcome"],
+                "cause": causes(pd.DataFrame({"status": status, "outcome": d["outcome"], "expected_status": expected})),
+                "attempt": 1,
+                "request_group": rid,
+                "final": True,
+                "reconnects": 0,
+                "n_images": d["image"].notna().astype(int),
+                "image_ids": d["image"],
+                "image_hashes": [
+                    hashlib.sha256(i.encode()).hexdigest()[:16] if isinstance(i, str) else None for i in d["image"]
+                ],
+            }
+        )
         _write_parts(folder, "requests", _table(rows, S.REQUESTS))
         polls = np.arange(0.0, self.duration, HEALTH_EVERY_S)
         up = np.array([not self._down(x) for x in polls])
-        _write_parts(folder, "health", S.table_from_rows(
-            [{"t": t0 + x, "ok": bool(u), "status": 200 if u else None, "latency_ms": 2.0,
-              "error": None if u else "Connection refused"} for x, u in zip(polls, up)], S.HEALTH))
-        _write_parts(folder, "crashes", S.table_from_rows(
-            [{"t_detected": t0 + a, "t_last_healthy": t0 + a - DETECT_S, "reason": "process_exit",
-              "signature": "detokenizer_assert", "exit_code": 1, "in_flight": 0, "restart": i}
-             for i, (a, _) in enumerate(self.crashes)], S.CRASHES))
+        _write_parts(
+            folder,
+            "health",
+            S.table_from_rows(
+                [
+                    {
+                        "t": t0 + x,
+                        "ok": bool(u),
+                        "status": 200 if u else None,
+                        "latency_ms": 2.0,
+                        "error": None if u else "Connection refused",
+                    }
+                    for x, u in zip(polls, up)
+                ],
+                S.HEALTH,
+            ),
+        )
+        _write_parts(
+            folder,
+            "crashes",
+            S.table_from_rows(
+                [
+                    {
+                        "t_detected": t0 + a,
+                        "t_last_healthy": t0 + a - DETECT_S,
+                        "reason": "process_exit",
+                        "signature": "detokenizer_assert",
+                        "exit_code": 1,
+                        "in_flight": 0,
+                        "restart": i,
+                    }
+                    for i, (a, _) in enumerate(self.crashes)
+                ],
+                S.CRASHES,
+            ),
+        )
         (folder / S.SERVER_LOG).write_text("INFO Started server process\n")
         manifest = {
-            "campaign": campaign, "config": self.cfg.name, "trial": trial, "engine": self.cfg.engine,
-            "flags": list(self.cfg.flags), "env": {}, "target": "engine", "crash_policy": "restart",
-            "workload": {"users": int(self.point.get("users", users)), "duration_s": self.duration,
-                         "shape": "steady", **({"rate": rate} if rate else {})}, "seed": trial,
-            "sweep": self.point, "t_start": t0, "t_end": t0 + self.duration, "status": "completed",
+            "campaign": campaign,
+            "config": self.cfg.name,
+            "trial": trial,
+            "engine": self.cfg.engine,
+            "flags": list(self.cfg.flags),
+            "env": {},
+            "target": "engine",
+            "crash_policy": "restart",
+            "workload": {
+                "users": int(self.point.get("users", users)),
+                "duration_s": self.duration,
+                "shape": "steady",
+                **({"rate": rate} if rate else {}),
+            },
+            "seed": trial,
+            "sweep": self.point,
+            "t_start": t0,
+            "t_end": t0 + self.duration,
+            "status": "completed",
         }
         (folder / S.MANIFEST).write_text(json.dumps(manifest, indent=1))
 
@@ -212,6 +284,8 @@ def _arrivals(rate: float, duration: float, rng) -> np.ndarray:
 
 def _table(df: pd.DataFrame, schema: pa.Schema) -> pa.Table:
     """``df`` as a table of exactly ``schema`` (missing columns null), column by column."""
-    cols = [pa.array(df[f.name].to_numpy(), f.type, from_pandas=True) if f.name in df
-            else pa.nulls(len(df), f.type) for f in schema]
+    cols = [
+        pa.array(df[f.name].to_numpy(), f.type, from_pandas=True) if f.name in df else pa.nulls(len(df), f.type)
+        for f in schema
+    ]
     return pa.Table.from_arrays(cols, schema=schema)

@@ -14,7 +14,8 @@ from mmchaos.outcomes import causes
 from mmchaos.signatures import Signatures
 from mmchaos.verdict_rule import CHECKS, FAILS, NOT_EXERCISED, Counts, attempt_counts, judge
 
-from .fault_effects import FAILS as FAULT_FAILS, fault_axis, fault_effects, outside_faults
+from .fault_effects import FAILS as FAULT_FAILS
+from .fault_effects import fault_axis, fault_effects, outside_faults
 from .results import CampaignResults
 from .stats import drift_events, status_label
 
@@ -38,21 +39,35 @@ def counts_by_config(c: CampaignResults, effects: pd.DataFrame | None = None) ->
     effects = effects if effects is not None else pd.DataFrame()
     r = outside_faults(c.requests, effects, "t_start")
     final = r["final"].fillna(True) if "final" in r else pd.Series(True, index=r.index)
-    rows = pd.DataFrame({
-        "config": r["config"].astype(str), "kind": r["kind"].astype(str),
-        # the case matters to the rule only for probe steps
-        "case": r["case"].astype(object).where(r["kind"] == "probe", None),
-        "status": r["status"], "outcome": r["outcome"].astype(str), "expected_status": r["expected_status"],
-        "final": final.astype(bool), "drift_answer": drift_answers(r),
-        # results written before the oracle have no such column: nothing was compared
-        "consistent": (r["consistent"] if "consistent" in r else pd.Series(None, index=r.index)).astype(object),
-    })
+    rows = pd.DataFrame(
+        {
+            "config": r["config"].astype(str),
+            "kind": r["kind"].astype(str),
+            # the case matters to the rule only for probe steps
+            "case": r["case"].astype(object).where(r["kind"] == "probe", None),
+            "status": r["status"],
+            "outcome": r["outcome"].astype(str),
+            "expected_status": r["expected_status"],
+            "final": final.astype(bool),
+            "drift_answer": drift_answers(r),
+            # results written before the oracle have no such column: nothing was compared
+            "consistent": (r["consistent"] if "consistent" in r else pd.Series(None, index=r.index)).astype(object),
+        }
+    )
     out = {cfg: Counts() for cfg in c.configs}
     for key, n in rows.groupby(_GROUP, dropna=False, observed=True).size().items():
         cfg, kind, case, status, outcome, expected, fin, drift, same = key
-        out[cfg] += attempt_counts(kind, None if pd.isna(case) else case, None if pd.isna(status) else int(status),
-                                   outcome, None if pd.isna(expected) else int(expected), bool(fin), bool(drift),
-                                   int(n), consistent=None if pd.isna(same) else bool(same))
+        out[cfg] += attempt_counts(
+            kind,
+            None if pd.isna(case) else case,
+            None if pd.isna(status) else int(status),
+            outcome,
+            None if pd.isna(expected) else int(expected),
+            bool(fin),
+            bool(drift),
+            int(n),
+            consistent=None if pd.isna(same) else bool(same),
+        )
     h = outside_faults(c.health, effects, "t")
     h = h.assign(failed=~h["ok"].fillna(False).astype(bool))
     polls = h.groupby("config", observed=True)["failed"].agg(["size", "sum"])
@@ -60,8 +75,12 @@ def counts_by_config(c: CampaignResults, effects: pd.DataFrame | None = None) ->
     drift = drift_events(c).groupby("config", observed=True).size()
     for cfg in c.configs:
         n, failed = polls.loc[cfg] if cfg in polls.index else (0, 0)
-        out[cfg] += Counts(crashes=int(crashes.get(cfg, 0)), health_polls=int(n), health_failed=int(failed),
-                           drift_lines=int(drift.get(cfg, 0)))
+        out[cfg] += Counts(
+            crashes=int(crashes.get(cfg, 0)),
+            health_polls=int(n),
+            health_failed=int(failed),
+            drift_lines=int(drift.get(cfg, 0)),
+        )
     return out
 
 
@@ -80,7 +99,9 @@ def _details(c: CampaignResults, cfg: str) -> dict[str, str]:
     bad = server[final & server["expected_status"].notna()]
     if len(bad):
         cases = bad["case"].astype(object).fillna("(no case)").value_counts()
-        out["fails_alone"] = f"the others got {_breakdown(bad)} (cases: {', '.join(f'{k} ×{v}' for k, v in cases.items())})"
+        out["fails_alone"] = (
+            f"the others got {_breakdown(bad)} (cases: {', '.join(f'{k} ×{v}' for k, v in cases.items())})"
+        )
     valid = server[final & server["kind"].isin(S.VALID_KINDS)]
     if len(valid):
         out["normal_ok"] = f"failures after the last retry: {_breakdown(valid)}"
@@ -89,7 +110,9 @@ def _details(c: CampaignResults, cfg: str) -> dict[str, str]:
     d = drift_events(c)
     d = d[d["config"] == cfg]
     if len(d):
-        out["no_drift"] = "logged: " + ", ".join(f"{k} ×{v}" for k, v in d["signature"].astype(str).value_counts().items())
+        out["no_drift"] = "logged: " + ", ".join(
+            f"{k} ×{v}" for k, v in d["signature"].astype(str).value_counts().items()
+        )
     return out
 
 
@@ -109,10 +132,17 @@ def verdicts(c: CampaignResults, effects: pd.DataFrame | None = None) -> pd.Data
         fault_level, fault_lines = axis.get(str(cfg), ("", []))
         if fault_level == FAULT_FAILS:
             level, title = FAILS, "fails a fault"
-        row: dict[str, object] = {"config": cfg, "verdict": level, "title": title, "faults": fault_level,
-                               **{n: st for n, (st, _) in v.checks.items()}}
-        row["evidence"] = [f"{CHECKS[n][0]}: {st} — {why}" + (f"; {details[n]}" if n in details else "")
-                           for n, (st, why) in v.checks.items()] + [f"fault: {x}" for x in fault_lines]
-        row["not_exercised"] = [CHECKS[n][0] for n, (st, _) in v.checks.items() if st == NOT_EXERCISED]
+        row: dict[str, object] = {
+            "config": cfg,
+            "verdict": level,
+            "title": title,
+            "faults": fault_level,
+            **{n: st for n, (st, _) in v.checks.items()},
+        }
+        row["evidence"] = [
+            f"{CHECKS[n].title}: {st} — {why}" + (f"; {details[n]}" if n in details else "")
+            for n, (st, why) in v.checks.items()
+        ] + [f"fault: {x}" for x in fault_lines]
+        row["not_exercised"] = [CHECKS[n].title for n, (st, _) in v.checks.items() if st == NOT_EXERCISED]
         rows.append(row)
     return pd.DataFrame(rows)

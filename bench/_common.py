@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 
-from mmchaos.harness.processes import free_port, stop_group  # noqa: F401  (the benchmarks' own helpers)
+from mmchaos.harness.processes import free_port, stop_group
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -39,8 +39,11 @@ def rate_arguments(p) -> None:
 
 
 def header(name: str) -> None:
-    print(f"# {name}  {time.strftime('%Y-%m-%d %H:%M:%S %Z')}  cores {os.cpu_count()}  load average {load()} "
-          f"(1/5/15 min)", flush=True)
+    print(
+        f"# {name}  {time.strftime('%Y-%m-%d %H:%M:%S %Z')}  cores {os.cpu_count()}  load average {load()} "
+        f"(1/5/15 min)",
+        flush=True,
+    )
 
 
 def footer() -> None:
@@ -85,9 +88,13 @@ def nginx_null():
     d = Path(tempfile.mkdtemp(prefix="mmchaos-bench-nginx-"))
     port = free_port()
     (d / "nginx.conf").write_text(NGINX_CONF.format(d=d, port=port, body=NULL_BODY))
-    proc = subprocess.Popen([exe, "-p", str(d), "-e", str(d / "error.log"), "-c", str(d / "nginx.conf")],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [exe, "-p", str(d), "-e", str(d / "error.log"), "-c", str(d / "nginx.conf")],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         deadline = time.time() + 10
         while True:
@@ -116,17 +123,53 @@ def locust_stats(json_base: Path) -> dict:
     return {"requests": n, "failures": fails, "span_s": span, "rate": n / span}
 
 
-def start_locust(locustfile: Path, host: str, users: int, seconds: int, out: Path, extra: list[str] = (),
-                 env: dict | None = None, cwd: Path = ROOT) -> subprocess.Popen:
+def start_locust(
+    locustfile: Path,
+    host: str,
+    users: int,
+    seconds: int,
+    out: Path,
+    extra: list[str] = (),
+    env: dict | None = None,
+    cwd: Path = ROOT,
+) -> subprocess.Popen:
     """Start one headless Locust process (its own process group), bounded by -t, writing its log and its
     --json-file into ``out``; stop it with stop_group."""
     out.mkdir(parents=True, exist_ok=True)
-    argv = [PY, "-m", "locust", "-f", str(locustfile), "--headless", "--only-summary", "-u", str(users),
-            "-r", str(users), "-t", f"{seconds}s", "--stop-timeout", "2", "--host", host, "--loglevel", "WARNING",
-            "--json-file", str(out / "locust"), *extra]
+    argv = [
+        PY,
+        "-m",
+        "locust",
+        "-f",
+        str(locustfile),
+        "--headless",
+        "--only-summary",
+        "-u",
+        str(users),
+        "-r",
+        str(users),
+        "-t",
+        f"{seconds}s",
+        "--stop-timeout",
+        "2",
+        "--host",
+        host,
+        "--loglevel",
+        "WARNING",
+        "--json-file",
+        str(out / "locust"),
+        *extra,
+    ]
     with open(out / "locust.log", "wb") as log:
-        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, cwd=cwd, env={**os.environ, **(env or {})})
+        return subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=cwd,
+            env={**os.environ, **(env or {})},
+        )
 
 
 def _thread_cpu(pid: int) -> tuple[float, float]:
@@ -138,8 +181,17 @@ def _thread_cpu(pid: int) -> tuple[float, float]:
     return main, total.user + total.system - main
 
 
-def run_locust(locustfile: Path, host: str, users: int, seconds: int, out: Path, extra: list[str] = (),
-               env: dict | None = None, timeout: float | None = None, cwd: Path = ROOT) -> dict:
+def run_locust(
+    locustfile: Path,
+    host: str,
+    users: int,
+    seconds: int,
+    out: Path,
+    extra: list[str] = (),
+    env: dict | None = None,
+    timeout: float | None = None,
+    cwd: Path = ROOT,
+) -> dict:
     """One headless Locust process to its end; returns locust_stats, and the CPU per request of its main thread
     and of its other threads (µs, from ~3 s in, after start-up, to its last second: psutil's thread times)."""
     proc = start_locust(locustfile, host, users, seconds, out, extra, env, cwd)
@@ -176,25 +228,50 @@ def ratio_line(name: str, value: float, goal: float, unit: str = "", higher_is_b
     """'name value unit  goal G  ratio R  PASS|MISS' (ratio = value / goal)."""
     ok = value >= goal if higher_is_better else value <= goal
     cmp = ">=" if higher_is_better else "<="
-    return (f"{name:34s} {value:10.3f} {unit:6s} goal {cmp} {goal:g} {unit}  ratio to goal {value / goal:6.2f}  "
-            f"{'PASS' if ok else 'MISS'}")
+    return (
+        f"{name:34s} {value:10.3f} {unit:6s} goal {cmp} {goal:g} {unit}  ratio to goal {value / goal:6.2f}  "
+        f"{'PASS' if ok else 'MISS'}"
+    )
 
 
 # --- campaigns ------------------------------------------------------------------------------------------------
 
-def campaign_toml(folder: Path, name: str, *, configs: list[dict], trials: int = 1, target: str = "engine",
-                  command: str = "", users: int = 8, duration: int = 30, locustfile: Path | None = None,
-                  options: dict | None = None, policy: str = "stop", seed: int = 1, hang_after: int = 10) -> Path:
+
+def campaign_toml(
+    folder: Path,
+    name: str,
+    *,
+    configs: list[dict],
+    trials: int = 1,
+    target: str = "engine",
+    command: str = "",
+    users: int = 8,
+    duration: int = 30,
+    locustfile: Path | None = None,
+    options: dict | None = None,
+    policy: str = "stop",
+    seed: int = 1,
+    hang_after: int = 10,
+) -> Path:
     """Write a campaign file into ``folder`` (a temp dir) and return its path. ``configs``: dicts with name,
     and engine / flags as in a campaign file."""
+
     def val(v):
         return json.dumps(v)
 
     lines = ["[campaign]", f"name = {val(name)}", f"trials = {trials}", f"target = {val(target)}", f"seed = {seed}"]
     if command:
         lines.append(f"command = {val(command)}")
-    lines += ["", "[workload]", f"locustfile = {val(str(locustfile or ROOT / 'locustfiles/embeddings.py'))}",
-              f"users = {users}", f"spawn_rate = {users}", f"duration = {duration}", "", "[workload.options]"]
+    lines += [
+        "",
+        "[workload]",
+        f"locustfile = {val(str(locustfile or ROOT / 'locustfiles/embeddings.py'))}",
+        f"users = {users}",
+        f"spawn_rate = {users}",
+        f"duration = {duration}",
+        "",
+        "[workload.options]",
+    ]
     lines += [f"{k} = {val(v)}" for k, v in (options or {}).items()]
     lines += ["", "[crash]", f"policy = {val(policy)}", f"hang_after = {hang_after}", "startup_timeout = 300"]
     for c in configs:
@@ -213,8 +290,10 @@ def phase_printer(prefix: str = "  "):
         key = (state.get("config"), state.get("trial"), phase)
         if key != last.get("k"):
             last["k"] = key
-            print(f"{prefix}[{time.strftime('%H:%M:%S')}] {state.get('config')} t{state.get('trial')}: {phase}",
-                  flush=True)
+            print(
+                f"{prefix}[{time.strftime('%H:%M:%S')}] {state.get('config')} t{state.get('trial')}: {phase}",
+                flush=True,
+            )
 
     return show
 

@@ -47,18 +47,29 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="mmchaos-bench-") as tmp:
         root = a.keep or Path(tmp)
         per_trial = a.rows // (len(DEFAULT_CONFIGS) * a.trials)
-        print(f"generating {per_trial * len(DEFAULT_CONFIGS) * a.trials:,} request rows "
-              f"({len(DEFAULT_CONFIGS)} configs x {a.trials} trials, {a.part_rows:,} rows per part) ...", flush=True)
+        print(
+            f"generating {per_trial * len(DEFAULT_CONFIGS) * a.trials:,} request rows "
+            f"({len(DEFAULT_CONFIGS)} configs x {a.trials} trials, {a.part_rows:,} rows per part) ...",
+            flush=True,
+        )
         t = time.perf_counter()
-        camp = make_campaign(root, "bench", trials=a.trials, requests_per_trial=per_trial, duration_s=3600.0,
-                             part_rows=a.part_rows, seed=7)
+        camp = make_campaign(
+            root,
+            "bench",
+            trials=a.trials,
+            requests_per_trial=per_trial,
+            duration_s=3600.0,
+            part_rows=a.part_rows,
+            seed=7,
+        )
         n_files = sum(1 for _ in camp.rglob("*.parquet"))
         print(f"  {time.perf_counter() - t:.1f} s, {n_files:,} parquet files", flush=True)
 
         print("building the report in a child process ...", flush=True)
         t = time.perf_counter()
-        child = subprocess.run([sys.executable, "-c", CHILD, str(camp), str(root / "report")], cwd=ROOT,
-                               capture_output=True, text=True)
+        child = subprocess.run(
+            [sys.executable, "-c", CHILD, str(camp), str(root / "report")], cwd=ROOT, capture_output=True, text=True
+        )
         wall = time.perf_counter() - t
         if child.returncode != 0:
             print(child.stderr, file=sys.stderr)

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import PY, ROOT, campaign_toml, footer, header, load, phase_printer, ratio_line, trial_facts  # noqa: E402
+from _common import PY, ROOT, campaign_toml, footer, header, load, phase_printer, ratio_line, trial_facts
 
 GOAL_S = 1.0
 DIE_AFTER_S = 3.0
@@ -60,8 +60,11 @@ class Killer(threading.Thread):
                     manifest = json.loads(m.read_text())
                 except (OSError, ValueError):
                     continue
-                if manifest.get("status") != "running" or not manifest.get("locust_pgids") \
-                        or not manifest.get("server_pgids"):
+                if (
+                    manifest.get("status") != "running"
+                    or not manifest.get("locust_pgids")
+                    or not manifest.get("server_pgids")
+                ):
                     continue
                 seen = time.time()
                 self.done.wait(self.after)
@@ -90,12 +93,20 @@ def measure(config_dir: Path, instants: dict[str, float] | None) -> list[dict]:
         last_answer = float((answered["t_start"] + answered["latency_ms"] / 1000).max()) if len(answered) else None
         lat = float(c["t_detected"]) - instant if c is not None and instant else None
         lost = (m.get("locust_requests") - m.get("requests")) if m.get("locust_requests") is not None else None
-        out.append({"trial": t.name, "latency": lat, "lost": lost, "rows": m.get("requests"),
-                    "locust": m.get("locust_requests"), "reason": c["reason"] if c is not None else None,
-                    "sig": c["signature"] if c is not None else None,
-                    "in_flight": int(c["in_flight"]) if c is not None and c["in_flight"] == c["in_flight"] else None,
-                    "last_answer": (last_answer - instant) if last_answer and instant else None,
-                    "load": load()})
+        out.append(
+            {
+                "trial": t.name,
+                "latency": lat,
+                "lost": lost,
+                "rows": m.get("requests"),
+                "locust": m.get("locust_requests"),
+                "reason": c["reason"] if c is not None else None,
+                "sig": c["signature"] if c is not None else None,
+                "in_flight": int(c["in_flight"]) if c is not None and c["in_flight"] == c["in_flight"] else None,
+                "last_answer": (last_answer - instant) if last_answer and instant else None,
+                "load": load(),
+            }
+        )
     return out
 
 
@@ -115,13 +126,17 @@ def run(path: Path, results: Path, killer: Killer | None = None) -> Path:
 
 
 def show(name: str, rows: list[dict]) -> None:
-    print(f"\n{name}: trial, detection latency (s), rows lost (Locust count - rows), rows, crash reason/signature, "
-          "in flight, last answer relative to the instant (s)")
+    print(
+        f"\n{name}: trial, detection latency (s), rows lost (Locust count - rows), rows, crash reason/signature, "
+        "in flight, last answer relative to the instant (s)"
+    )
     for x in rows:
         lat = "none" if x["latency"] is None else f"{x['latency']:.3f}"
         la = "-" if x["last_answer"] is None else f"{x['last_answer']:+.3f}"
-        print(f"  {x['trial']}: {lat:>6s}  lost {x['lost']}  rows {x['rows']}  {x['reason']}/{x['sig']}  "
-              f"in flight {x['in_flight']}  last answer {la}")
+        print(
+            f"  {x['trial']}: {lat:>6s}  lost {x['lost']}  rows {x['rows']}  {x['reason']}/{x['sig']}  "
+            f"in flight {x['in_flight']}  last answer {la}"
+        )
 
 
 def main() -> int:
@@ -139,9 +154,15 @@ def main() -> int:
         tmp = Path(tmp)
         common = dict(trials=a.trials, target="command", command=STANDIN, users=a.users, duration=15)
         print(f"logged: stand-in exits {DIE_AFTER_S:.0f} s after its first embedding request ({a.trials} trials)")
-        d = run(campaign_toml(tmp, "bench-detect-logged", configs=[{"name": "logged", "flags": ["--die-after-s",
-                                                                                                 str(DIE_AFTER_S)]}],
-                              **common), tmp / "results")
+        d = run(
+            campaign_toml(
+                tmp,
+                "bench-detect-logged",
+                configs=[{"name": "logged", "flags": ["--die-after-s", str(DIE_AFTER_S)]}],
+                **common,
+            ),
+            tmp / "results",
+        )
         results["logged (stand-in prints the crash lines, exits)"] = measure(d, None)
 
         print(f"sigkill: stand-in SIGKILLed {KILL_AFTER_S:.0f} s after Locust's launch ({a.trials} trials)")
@@ -150,11 +171,22 @@ def main() -> int:
         results["sigkill (stand-in, no log line)"] = measure(d, k.kills)
 
         if a.engine_trials:
-            print(f"sigkill: vLLM 0.32.0 SIGKILLed {KILL_AFTER_S:.0f} s after Locust's launch ({a.engine_trials} "
-                  "trials)")
+            print(
+                f"sigkill: vLLM 0.32.0 SIGKILLed {KILL_AFTER_S:.0f} s after Locust's launch ({a.engine_trials} trials)"
+            )
             k = Killer(tmp / "results" / "bench-detect-engine" / "vllm-sigkill", KILL_AFTER_S)
-            d = run(campaign_toml(tmp, "bench-detect-engine", trials=a.engine_trials, users=a.users, duration=20,
-                                  configs=[{"name": "vllm-sigkill", "engine": "0.32.0"}]), tmp / "results", k)
+            d = run(
+                campaign_toml(
+                    tmp,
+                    "bench-detect-engine",
+                    trials=a.engine_trials,
+                    users=a.users,
+                    duration=20,
+                    configs=[{"name": "vllm-sigkill", "engine": "0.32.0"}],
+                ),
+                tmp / "results",
+                k,
+            )
             results["sigkill (vLLM 0.32.0, no log line)"] = measure(d, k.kills)
 
     ok = True
@@ -170,9 +202,11 @@ def main() -> int:
         ok &= bool(lats) and max(lats) <= GOAL_S and lost == 0 and not missed and not unknown
     print()
     for name, med, mx, lost, missed, unknown in summary:
-        print(f"{name}: detection latency median {med:.3f} s, max {mx:.3f} s; rows lost {lost}"
-              + (f"; {missed} trial(s) without a recorded crash" if missed else "")
-              + (f"; {unknown} trial(s) without Locust's count" if unknown else ""))
+        print(
+            f"{name}: detection latency median {med:.3f} s, max {mx:.3f} s; rows lost {lost}"
+            + (f"; {missed} trial(s) without a recorded crash" if missed else "")
+            + (f"; {unknown} trial(s) without Locust's count" if unknown else "")
+        )
         print("  " + ratio_line("max detection latency", mx, GOAL_S, "s"))
     footer()
     return 0 if ok else 1

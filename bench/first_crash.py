@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import campaign_toml, footer, header, phase_printer, ratio_line, trial_facts  # noqa: E402
+from _common import campaign_toml, footer, header, phase_printer, ratio_line, trial_facts
 
 GOAL_S = 10.0
 ENGINE = "0.30.0"
@@ -73,9 +73,17 @@ def main() -> int:
         tmp = a.keep or Path(tmp)
         tmp.mkdir(parents=True, exist_ok=True)
         print(f"realistic mix: {a.trials} trials, {a.users} users, up to {a.duration} s of load each", flush=True)
-        mix = run_campaign(campaign_toml(tmp, "bench-first-crash", trials=a.trials, users=a.users,
-                                         duration=a.duration, configs=[{"name": "v0.30-default", "engine": ENGINE}]),
-                           tmp / "results")
+        mix = run_campaign(
+            campaign_toml(
+                tmp,
+                "bench-first-crash",
+                trials=a.trials,
+                users=a.users,
+                duration=a.duration,
+                configs=[{"name": "v0.30-default", "engine": ENGINE}],
+            ),
+            tmp / "results",
+        )
         rows = []
         for t in sorted(mix.iterdir()):
             f = trial_facts(t)
@@ -86,43 +94,85 @@ def main() -> int:
             if c is not None and t0:
                 ttc = float(c["t_detected"]) - t0
                 n = int((r["t_start"] < c["t_detected"]).sum())
-                rows.append({"trial": t.name, "crashed": True, "t": ttc, "n": n, "sig": c["signature"],
-                             "first_req": first_req, "lost": lost})
+                rows.append(
+                    {
+                        "trial": t.name,
+                        "crashed": True,
+                        "t": ttc,
+                        "n": n,
+                        "sig": c["signature"],
+                        "first_req": first_req,
+                        "lost": lost,
+                    }
+                )
             else:
-                rows.append({"trial": t.name, "crashed": False, "t": a.duration, "n": len(r), "sig": "-",
-                             "first_req": first_req, "status": m.get("status"), "error": m.get("error"),
-                             "lost": lost})
+                rows.append(
+                    {
+                        "trial": t.name,
+                        "crashed": False,
+                        "t": a.duration,
+                        "n": len(r),
+                        "sig": "-",
+                        "first_req": first_req,
+                        "status": m.get("status"),
+                        "error": m.get("error"),
+                        "lost": lost,
+                    }
+                )
         print()
-        print("trial   crashed  time to crash (s)  requests before  first request after load start (s)  "
-              "rows lost  signature")
+        print(
+            "trial   crashed  time to crash (s)  requests before  first request after load start (s)  "
+            "rows lost  signature"
+        )
         for x in rows:
             t_txt = f"{x['t']:8.2f}" if x["crashed"] else f"   >{x['t']:.0f}  "
-            print(f"{x['trial']:7s} {'yes' if x['crashed'] else 'NO ':7s}  {t_txt:17s}  {x['n']:15d}  "
-                  f"{x['first_req']:34.2f}  {str(x['lost']):>9s}  {x['sig']}"
-                  + ("" if x["crashed"] else f"  ({x.get('status')}: {x.get('error')})"))
+            print(
+                f"{x['trial']:7s} {'yes' if x['crashed'] else 'NO ':7s}  {t_txt:17s}  {x['n']:15d}  "
+                f"{x['first_req']:34.2f}  {x['lost']!s:>9s}  {x['sig']}"
+                + ("" if x["crashed"] else f"  ({x.get('status')}: {x.get('error')})")
+            )
 
         print(f"\nprobe poison_reuse: {a.probe_trials} trial(s), 1 user", flush=True)
         (tmp / "probe_poison_reuse.py").write_text(PROBE_LOCUSTFILE)
-        probe = run_campaign(campaign_toml(tmp, "bench-probe", trials=a.probe_trials, users=1, duration=30,
-                                           locustfile=tmp / "probe_poison_reuse.py",
-                                           configs=[{"name": "v0.30-default", "engine": ENGINE}]), tmp / "results")
+        probe = run_campaign(
+            campaign_toml(
+                tmp,
+                "bench-probe",
+                trials=a.probe_trials,
+                users=1,
+                duration=30,
+                locustfile=tmp / "probe_poison_reuse.py",
+                configs=[{"name": "v0.30-default", "engine": ENGINE}],
+            ),
+            tmp / "results",
+        )
         probes = []
         for t in sorted(probe.iterdir()):
             f = trial_facts(t)
             c, r, m = f["first_crash"], f["requests"], f["manifest"]
-            steps = " -> ".join(f"{s}:{int(st) if st == st else o}" for s, st, o in
-                                zip(r["case"].head(4), r["status"].head(4), r["outcome"].head(4)))
-            probes.append({"trial": t.name, "crashed": c is not None, "trigger": trigger_index(r),
-                           "before": int((r["t_start"] < c["t_detected"]).sum()) if c is not None else len(r),
-                           "t": float(c["t_detected"]) - f["manifest"]["t_load_start"] if c is not None else None,
-                           "sig": c["signature"] if c is not None else "-", "steps": steps,
-                           "lost": m["locust_requests"] - m["requests"] if m.get("locust_requests") is not None
-                           else None})
+            steps = " -> ".join(
+                f"{s}:{int(st) if st == st else o}"
+                for s, st, o in zip(r["case"].head(4), r["status"].head(4), r["outcome"].head(4))
+            )
+            probes.append(
+                {
+                    "trial": t.name,
+                    "crashed": c is not None,
+                    "trigger": trigger_index(r),
+                    "before": int((r["t_start"] < c["t_detected"]).sum()) if c is not None else len(r),
+                    "t": float(c["t_detected"]) - f["manifest"]["t_load_start"] if c is not None else None,
+                    "sig": c["signature"] if c is not None else "-",
+                    "steps": steps,
+                    "lost": m["locust_requests"] - m["requests"] if m.get("locust_requests") is not None else None,
+                }
+            )
         for x in probes:
-            print(f"{x['trial']}: crashed {'yes' if x['crashed'] else 'NO'}; request that killed it: #{x['trigger']} "
-                  f"({x['steps']}); rows with t_start < t_detected: {x['before']}; "
-                  f"time to crash {x['t'] if x['t'] is None else round(x['t'], 2)} s; signature {x['sig']}; "
-                  f"rows lost (Locust's count - rows) {x['lost']}")
+            print(
+                f"{x['trial']}: crashed {'yes' if x['crashed'] else 'NO'}; request that killed it: #{x['trigger']} "
+                f"({x['steps']}); rows with t_start < t_detected: {x['before']}; "
+                f"time to crash {x['t'] if x['t'] is None else round(x['t'], 2)} s; signature {x['sig']}; "
+                f"rows lost (Locust's count - rows) {x['lost']}"
+            )
 
     times = [x["t"] for x in rows]
     crashed = [x for x in rows if x["crashed"]]
@@ -136,18 +186,26 @@ def main() -> int:
     n_med = statistics.median(x["n"] for x in rows)
     print()
     print(f"mix: {len(crashed)}/{len(rows)} trials crashed within {a.duration} s of load")
-    print(f"time to first crash (s): median {med:.2f} (95% bootstrap {lo[0]:.2f}-{hi[0]:.2f}), IQR {q1:.2f}-{q3:.2f}, "
-          f"min {min(times):.2f}, max {max(times):.2f}" + ("" if len(crashed) == len(rows) else
-                                                           f" (censored trials counted as {a.duration} s)"))
-    print(f"requests to first crash: median {n_med:.0f}, min {min(x['n'] for x in rows)}, "
-          f"max {max(x['n'] for x in rows)}")
-    print(f"share of trials crashing within {GOAL_S:.0f} s of load: {within}/{len(rows)} = {share:.2f} "
-          f"(95% Wilson {s_lo:.2f}-{s_hi:.2f})")
-    print(f"Locust start-up inside that time (load start -> first request): median "
-          f"{statistics.median(x['first_req'] for x in rows):.2f} s")
+    print(
+        f"time to first crash (s): median {med:.2f} (95% bootstrap {lo[0]:.2f}-{hi[0]:.2f}), IQR {q1:.2f}-{q3:.2f}, "
+        f"min {min(times):.2f}, max {max(times):.2f}"
+        + ("" if len(crashed) == len(rows) else f" (censored trials counted as {a.duration} s)")
+    )
+    print(
+        f"requests to first crash: median {n_med:.0f}, min {min(x['n'] for x in rows)}, max {max(x['n'] for x in rows)}"
+    )
+    print(
+        f"share of trials crashing within {GOAL_S:.0f} s of load: {within}/{len(rows)} = {share:.2f} "
+        f"(95% Wilson {s_lo:.2f}-{s_hi:.2f})"
+    )
+    print(
+        f"Locust start-up inside that time (load start -> first request): median "
+        f"{statistics.median(x['first_req'] for x in rows):.2f} s"
+    )
     trig = [x["trigger"] for x in probes if x["trigger"]]
-    print(f"probe poison_reuse: the crash came at request #{', #'.join(map(str, trig)) or '-'} of "
-          f"{len(probes)} trial(s)")
+    print(
+        f"probe poison_reuse: the crash came at request #{', #'.join(map(str, trig)) or '-'} of {len(probes)} trial(s)"
+    )
     print(ratio_line("median time to first crash", med, GOAL_S, "s"))
     footer()
     return 0 if med <= GOAL_S else 1

@@ -33,8 +33,18 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (ROOT, counted_rows, footer, header, load, nginx_null, rate_arguments, ratio_line,  # noqa: E402
-                     run_locust, stop_group)
+from _common import (
+    ROOT,
+    counted_rows,
+    footer,
+    header,
+    load,
+    nginx_null,
+    rate_arguments,
+    ratio_line,
+    run_locust,
+    stop_group,
+)
 
 GOAL, GOAL_NO_FRESH = 0.5, 0.8  # of the bare rate: with the default mix / without never-repeated images
 PROCESS_EFFICIENCY = 0.85  # --processes N on N cores: at least 0.85 N times one process (1.7x for 2)
@@ -78,26 +88,43 @@ def run_wrk(url: str, users: int, seconds: int, lua: Path) -> dict:
     exe = shutil.which("wrk")
     if not exe:
         return {"rate": float("nan"), "requests": 0, "error": "wrk not installed (apt-get install -y wrk)"}
-    proc = subprocess.Popen([exe, "-t1", f"-c{users}", f"-d{seconds}s", "--timeout", "10s", "-s", str(lua), url],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [exe, "-t1", f"-c{users}", f"-d{seconds}s", "--timeout", "10s", "-s", str(lua), url],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, _ = proc.communicate(timeout=seconds + 30)
     finally:
         stop_group(proc, 10.0)
     m = re.search(r"Requests/sec:\s*([\d.]+)", out or "")
     n = re.search(r"(\d+) requests in", out or "")
-    return {"rate": float(m.group(1)) if m else float("nan"), "requests": int(n.group(1)) if n else 0,
-            "error": None if m else (out or "")[-300:]}
+    return {
+        "rate": float(m.group(1)) if m else float("nan"),
+        "requests": int(n.group(1)) if n else 0,
+        "error": None if m else (out or "")[-300:],
+    }
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     rate_arguments(p)
     p.add_argument("--bodies", type=int, default=400, help="pre-built bodies for bare and wrk")
-    p.add_argument("--set", action="append", default=[], metavar="OPTION=VALUE",
-                   help="a mix option for mmchaos and the pre-built bodies alike, e.g. fresh_fraction=0")
-    p.add_argument("--processes", type=int, default=0,
-                   help="also run mmchaos on Locust's --processes N (N workers forked by a master) in each rep")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="OPTION=VALUE",
+        help="a mix option for mmchaos and the pre-built bodies alike, e.g. fresh_fraction=0",
+    )
+    p.add_argument(
+        "--processes",
+        type=int,
+        default=0,
+        help="also run mmchaos on Locust's --processes N (N workers forked by a master) in each rep",
+    )
     a = p.parse_args()
     overrides = dict(x.split("=", 1) for x in a.set)
     if a.quick:
@@ -108,8 +135,11 @@ def main() -> int:
         print(f"mix options: {overrides}")
     bodies = build_bodies(a.bodies, a.users, overrides)
     sizes = [len(b) for _, b in bodies]
-    print(f"pre-built {len(bodies)} bodies of the realistic mix in {time.perf_counter() - t:.1f} s: mean "
-          f"{statistics.mean(sizes) / 1e3:.0f} kB, max {max(sizes) / 1e6:.2f} MB", flush=True)
+    print(
+        f"pre-built {len(bodies)} bodies of the realistic mix in {time.perf_counter() - t:.1f} s: mean "
+        f"{statistics.mean(sizes) / 1e3:.0f} kB, max {max(sizes) / 1e6:.2f} MB",
+        flush=True,
+    )
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="mmchaos-bench-loadgen-") as tmp:
@@ -126,38 +156,82 @@ def main() -> int:
         del bodies
 
         with nginx_null() as url:
-            print(f"null endpoint: nginx at {url}; {a.users} users / connections, {a.seconds} s per run, "
-                  f"{a.reps} interleaved rep(s)", flush=True)
+            print(
+                f"null endpoint: nginx at {url}; {a.users} users / connections, {a.seconds} s per run, "
+                f"{a.reps} interleaved rep(s)",
+                flush=True,
+            )
             for rep in range(a.reps):
                 res = tmp / f"mm{rep}"
-                mm = run_locust(ROOT / "locustfiles/embeddings.py", url, a.users, a.seconds, res,
-                                ["--model", "bench", "--results-dir", str(res / "rows"), "--run-id", f"bench{rep}",
-                                 *[x for k, v in overrides.items() for x in ("--" + k.replace("_", "-"), v)]])
+                mm = run_locust(
+                    ROOT / "locustfiles/embeddings.py",
+                    url,
+                    a.users,
+                    a.seconds,
+                    res,
+                    [
+                        "--model",
+                        "bench",
+                        "--results-dir",
+                        str(res / "rows"),
+                        "--run-id",
+                        f"bench{rep}",
+                        *[x for k, v in overrides.items() for x in ("--" + k.replace("_", "-"), v)],
+                    ],
+                )
                 mm["rows"] = counted_rows(res / "rows")
                 mm["load"] = load()
                 if a.processes:
                     res_n = tmp / f"mmN{rep}"
-                    mm["multi"] = run_locust(ROOT / "locustfiles/embeddings.py", url, a.users, a.seconds, res_n,
-                                             ["--model", "bench", "--results-dir", str(res_n / "rows"), "--run-id",
-                                              f"benchN{rep}", "--processes", str(a.processes),
-                                              *[x for k, v in overrides.items()
-                                                for x in ("--" + k.replace("_", "-"), v)]])
+                    mm["multi"] = run_locust(
+                        ROOT / "locustfiles/embeddings.py",
+                        url,
+                        a.users,
+                        a.seconds,
+                        res_n,
+                        [
+                            "--model",
+                            "bench",
+                            "--results-dir",
+                            str(res_n / "rows"),
+                            "--run-id",
+                            f"benchN{rep}",
+                            "--processes",
+                            str(a.processes),
+                            *[x for k, v in overrides.items() for x in ("--" + k.replace("_", "-"), v)],
+                        ],
+                    )
                     mm["multi"]["rows"] = counted_rows(res_n / "rows")
-                    print(f"rep {rep}: mmchaos --processes {a.processes} {mm['multi']['rate']:8.1f} req/s "
-                          f"({mm['multi']['requests']} requests, {mm['multi']['rows']} rows)", flush=True)
-                bare = run_locust(Path(__file__).with_name("locust_bare.py"), url, a.users, a.seconds,
-                                  tmp / f"bare{rep}", env={"MMCHAOS_BENCH_BODIES": str(tmp / "bodies.pkl")})
+                    print(
+                        f"rep {rep}: mmchaos --processes {a.processes} {mm['multi']['rate']:8.1f} req/s "
+                        f"({mm['multi']['requests']} requests, {mm['multi']['rows']} rows)",
+                        flush=True,
+                    )
+                bare = run_locust(
+                    Path(__file__).with_name("locust_bare.py"),
+                    url,
+                    a.users,
+                    a.seconds,
+                    tmp / f"bare{rep}",
+                    env={"MMCHAOS_BENCH_BODIES": str(tmp / "bodies.pkl")},
+                )
                 bare["load"] = load()
                 wrk = run_wrk(url, a.users, a.seconds, tmp / "wrk.lua")
                 wrk["load"] = load()
                 rows.append((mm, bare, wrk))
-                print(f"rep {rep}: mmchaos {mm['rate']:8.1f} req/s ({mm['requests']} requests, {mm['rows']} rows, "
-                      f"load {mm['load']})  bare {bare['rate']:8.1f} req/s (load {bare['load']})  "
-                      f"wrk {wrk['rate']:8.1f} req/s (load {wrk['load']})  mmchaos/bare "
-                      f"{mm['rate'] / bare['rate']:.3f}", flush=True)
+                print(
+                    f"rep {rep}: mmchaos {mm['rate']:8.1f} req/s ({mm['requests']} requests, {mm['rows']} rows, "
+                    f"load {mm['load']})  bare {bare['rate']:8.1f} req/s (load {bare['load']})  "
+                    f"wrk {wrk['rate']:8.1f} req/s (load {wrk['load']})  mmchaos/bare "
+                    f"{mm['rate'] / bare['rate']:.3f}",
+                    flush=True,
+                )
                 if "main_us" in mm and "main_us" in bare:
-                    print(f"  CPU per request: mmchaos main thread {mm['main_us']:.0f} us + other threads "
-                          f"{mm['other_us']:.0f} us (encodes); bare main thread {bare['main_us']:.0f} us", flush=True)
+                    print(
+                        f"  CPU per request: mmchaos main thread {mm['main_us']:.0f} us + other threads "
+                        f"{mm['other_us']:.0f} us (encodes); bare main thread {bare['main_us']:.0f} us",
+                        flush=True,
+                    )
                 if wrk.get("error"):
                     print(f"  wrk: {wrk['error']}")
                 if mm["rows"] != mm["requests"]:
@@ -174,8 +248,10 @@ def main() -> int:
     print(f"mmchaos / bare per rep: {', '.join(f'{r:.3f}' for r in ratios)}")
     cpu = [(mm["main_us"], bare["main_us"]) for mm, bare, _ in rows if "main_us" in mm and "main_us" in bare]
     if cpu:
-        print(f"main-thread CPU per request, bare / mmchaos (median): "
-              f"{statistics.median(b / m for m, b in cpu):.3f} (the rate ratio a saturated core allows)")
+        print(
+            f"main-thread CPU per request, bare / mmchaos (median): "
+            f"{statistics.median(b / m for m, b in cpu):.3f} (the rate ratio a saturated core allows)"
+        )
     goal = GOAL_NO_FRESH if float(overrides.get("fresh_fraction", 1)) == 0 else GOAL
     print(ratio_line("mmchaos / bare FastHttpUser rate", med, goal, "x", higher_is_better=True))
     lost = sum(mm["requests"] - mm["rows"] for mm, _, _ in rows)

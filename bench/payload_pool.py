@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import PY, ROOT, footer, header, ratio_line  # noqa: E402
+from _common import PY, ROOT, footer, header, ratio_line
 
 GOAL_S = 10.0
 GOAL_MB = 300.0
@@ -31,8 +31,13 @@ def build(n: int, cache: Path) -> tuple[float, float, dict]:
     """One child build; returns (wall s, peak RSS MB of that child, the child's own summary)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     t = time.perf_counter()
-    child = subprocess.run([PY, "-m", "mmchaos.payloads", "--n", str(n), "--cache-dir", str(cache)], cwd=ROOT,
-                           capture_output=True, text=True, timeout=600)
+    child = subprocess.run(
+        [PY, "-m", "mmchaos.payloads", "--n", str(n), "--cache-dir", str(cache)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     wall = time.perf_counter() - t
     if child.returncode != 0:
         raise SystemExit(f"python -m mmchaos.payloads failed:\n{child.stderr[-2000:]}")
@@ -58,14 +63,20 @@ def main() -> int:
             wall, peak, info = build(a.n, Path(tmp))
             assert info["generated"] == a.n and info["from_cache"] == 0, info
             colds.append((wall, peak, info))
-            print(f"cold build {rep}: {a.n} images in {wall:.2f} s wall (child's own: {info['seconds']:.2f} s build, "
-                  f"{info['cpu_seconds']:.2f} s CPU), peak RSS {peak:.0f} MB; {info['total_bytes'] / 1e6:.1f} MB of "
-                  f"images, formats {info['formats']}, median {info['median_pixels']:,} px, "
-                  f"max side {info['max_long_side']} px", flush=True)
+            print(
+                f"cold build {rep}: {a.n} images in {wall:.2f} s wall (child's own: {info['seconds']:.2f} s build, "
+                f"{info['cpu_seconds']:.2f} s CPU), peak RSS {peak:.0f} MB; {info['total_bytes'] / 1e6:.1f} MB of "
+                f"images, formats {info['formats']}, median {info['median_pixels']:,} px, "
+                f"max side {info['max_long_side']} px",
+                flush=True,
+            )
             if rep == 0:
                 wwall, wpeak, winfo = build(a.n, Path(tmp))
-                print(f"warm build (same cache): {wwall:.2f} s wall, peak RSS {wpeak:.0f} MB, "
-                      f"{winfo['from_cache']} from cache", flush=True)
+                print(
+                    f"warm build (same cache): {wwall:.2f} s wall, peak RSS {wpeak:.0f} MB, "
+                    f"{winfo['from_cache']} from cache",
+                    flush=True,
+                )
     wall = sorted(c[0] for c in colds)[len(colds) // 2]
     peak = max(c[1] for c in colds)
     print()

@@ -48,9 +48,9 @@ import numpy as np
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import ROOT, PY, footer, free_port, header, load, ratio_line, stop_group  # noqa: E402
+from _common import PY, ROOT, footer, free_port, header, load, ratio_line, stop_group
 
-from mmchaos import paths  # noqa: E402
+from mmchaos import paths
 
 AIPERF = "aiperf==0.13.0"
 ENGINE = "0.32.0"
@@ -59,8 +59,10 @@ IMAGES, SIDE = 48, 512
 GOAL_CPU, GOAL_P99_MS = 5.0, 2.0
 WARM_S = 3.0
 CAP = 256  # open-loop concurrency cap of every tool (20 ms x the highest rate here is far below it)
-BODY = ('{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.1,0.2]}],"model":"tiny",'
-        '"usage":{"prompt_tokens":8,"total_tokens":8}}')
+BODY = (
+    '{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.1,0.2]}],"model":"tiny",'
+    '"usage":{"prompt_tokens":8,"total_tokens":8}}'
+)
 NGINX_CONF = """
 load_module /usr/lib/nginx/modules/ngx_http_echo_module.so;
 worker_processes 1;
@@ -117,8 +119,9 @@ class Endpoint:
         with open(self.d / "access.log", "rb") as f:
             f.seek(start)
             rows = [x.split() for x in f.read().splitlines()]
-        return np.array([(float(t), float(n) if n != b"-" else np.nan) for t, m, n in rows if m == b"POST"],
-                        float).reshape(-1, 2)
+        return np.array(
+            [(float(t), float(n) if n != b"-" else np.nan) for t, m, n in rows if m == b"POST"], float
+        ).reshape(-1, 2)
 
 
 @contextmanager
@@ -129,9 +132,13 @@ def nginx():
     d = Path(tempfile.mkdtemp(prefix="mmchaos-bench-peers-nginx-"))
     now, late = free_port(), free_port()
     (d / "nginx.conf").write_text(NGINX_CONF.format(d=d, now=now, late=late, body=BODY, delay=DELAY_MS / 1000))
-    proc = subprocess.Popen([exe, "-p", str(d), "-e", str(d / "error.log"), "-c", str(d / "nginx.conf")],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [exe, "-p", str(d), "-e", str(d / "error.log"), "-c", str(d / "nginx.conf")],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         ep = Endpoint(d, now, late)
         deadline = time.time() + 10
@@ -160,8 +167,9 @@ def make_images(folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(27)
     for i in range(IMAGES):
-        Image.fromarray(rng.integers(0, 256, (SIDE, SIDE, 3), dtype=np.uint8)).save(folder / f"{i:02d}.jpg",
-                                                                                    format="JPEG")
+        Image.fromarray(rng.integers(0, 256, (SIDE, SIDE, 3), dtype=np.uint8)).save(
+            folder / f"{i:02d}.jpg", format="JPEG"
+        )
     return folder
 
 
@@ -170,8 +178,7 @@ def aiperf_venv(path: Path) -> Path:
     if not exe.exists():
         print(f"installing {AIPERF} into {path} (a virtualenv of its own)", flush=True)
         subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
-        subprocess.run([str(path / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", AIPERF],
-                       check=True)
+        subprocess.run([str(path / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", AIPERF], check=True)
     return exe
 
 
@@ -189,39 +196,154 @@ class Tools:
         self.vllm = [str(engine), str(ROOT / "harness" / "in_engine" / "vllm_launch.py"), "bench", "serve"]
 
     def names(self) -> list[str]:
-        return ["mmchaos (valid images)", "mmchaos (default mix)", "AIPerf 0.13 chat-embeddings",
-                "vllm bench (text only)"]
+        return [
+            "mmchaos (valid images)",
+            "mmchaos (default mix)",
+            "AIPerf 0.13 chat-embeddings",
+            "vllm bench (text only)",
+        ]
 
     def argv(self, name: str, url: str, out: Path, seconds: float, rate: float = 0.0) -> list[str]:
         c = self.a.concurrency
         if name.startswith("mmchaos"):
-            mix = (["--weight-text", "0", "--weight-multi-image", "0", "--weight-batch", "0", "--weight-tokenize",
-                    "0", "--weight-malformed-pre", "0", "--weight-malformed-post", "0", "--weight-abort", "0",
-                    "--base64-fraction", "0", "--fresh-fraction", "0"] if "valid" in name else [])
-            load_args = (["--rate", f"{rate:g}", "--arrival", "poisson", "--max-concurrency", str(CAP),
-                          "--min-rate-ratio", "0"] if rate else ["-u", str(c), "-r", str(c)])
-            return [PY, "-m", "locust", "-f", str(ROOT / "locustfiles/embeddings.py"), "--headless",
-                    "--only-summary", "-t", f"{seconds:.0f}s", "--stop-timeout", "2", "--host", url, "--loglevel",
-                    "WARNING", "--model", "tiny", "--image-dir", str(self.images), "--results-dir",
-                    str(out / "rows"), "--max-server-error-ratio", "1", *mix, *load_args]
+            mix = (
+                [
+                    "--weight-text",
+                    "0",
+                    "--weight-multi-image",
+                    "0",
+                    "--weight-batch",
+                    "0",
+                    "--weight-tokenize",
+                    "0",
+                    "--weight-malformed-pre",
+                    "0",
+                    "--weight-malformed-post",
+                    "0",
+                    "--weight-abort",
+                    "0",
+                    "--base64-fraction",
+                    "0",
+                    "--fresh-fraction",
+                    "0",
+                ]
+                if "valid" in name
+                else []
+            )
+            load_args = (
+                ["--rate", f"{rate:g}", "--arrival", "poisson", "--max-concurrency", str(CAP), "--min-rate-ratio", "0"]
+                if rate
+                else ["-u", str(c), "-r", str(c)]
+            )
+            return [
+                PY,
+                "-m",
+                "locust",
+                "-f",
+                str(ROOT / "locustfiles/embeddings.py"),
+                "--headless",
+                "--only-summary",
+                "-t",
+                f"{seconds:.0f}s",
+                "--stop-timeout",
+                "2",
+                "--host",
+                url,
+                "--loglevel",
+                "WARNING",
+                "--model",
+                "tiny",
+                "--image-dir",
+                str(self.images),
+                "--results-dir",
+                str(out / "rows"),
+                "--max-server-error-ratio",
+                "1",
+                *mix,
+                *load_args,
+            ]
         if name.startswith("AIPerf"):
-            load_args = (["--request-rate", f"{rate:g}", "--arrival-pattern", "poisson", "--concurrency", str(CAP)]
-                         if rate else ["--concurrency", str(c)])
-            return [str(self.aiperf), "profile", "--model", "tiny", "--tokenizer", self.model, "--url", url,
-                    "--endpoint-type", "chat-embeddings", "--benchmark-duration", f"{seconds:.0f}",
-                    "--warmup-request-count", "50", "--image-width-mean", str(SIDE), "--image-height-mean",
-                    str(SIDE), "--image-format", "jpeg", "--image-batch-size", "1", "--image-source",
-                    str(self.images), "--prompt-input-tokens-mean", "16", "--ui", "none", "--no-server-metrics",
-                    "--no-gpu-telemetry", "--artifact-dir", str(out / "aiperf"), *load_args]
+            load_args = (
+                ["--request-rate", f"{rate:g}", "--arrival-pattern", "poisson", "--concurrency", str(CAP)]
+                if rate
+                else ["--concurrency", str(c)]
+            )
+            return [
+                str(self.aiperf),
+                "profile",
+                "--model",
+                "tiny",
+                "--tokenizer",
+                self.model,
+                "--url",
+                url,
+                "--endpoint-type",
+                "chat-embeddings",
+                "--benchmark-duration",
+                f"{seconds:.0f}",
+                "--warmup-request-count",
+                "50",
+                "--image-width-mean",
+                str(SIDE),
+                "--image-height-mean",
+                str(SIDE),
+                "--image-format",
+                "jpeg",
+                "--image-batch-size",
+                "1",
+                "--image-source",
+                str(self.images),
+                "--prompt-input-tokens-mean",
+                "16",
+                "--ui",
+                "none",
+                "--no-server-metrics",
+                "--no-gpu-telemetry",
+                "--artifact-dir",
+                str(out / "aiperf"),
+                *load_args,
+            ]
         # vllm bench: a request count, not a duration; at full speed it is sized from the first rep's rate
         n = int(max(rate or self.a.vllm_rate_guess, 50) * seconds)
-        load_args = (["--request-rate", f"{rate:g}", "--burstiness", "1", "--max-concurrency", str(CAP)] if rate
-                     else ["--request-rate", "inf", "--max-concurrency", str(c)])
-        return [*self.vllm, "--backend", "openai-embeddings-chat", "--base-url", url, "--endpoint",
-                "/v1/embeddings", "--model", "tiny", "--tokenizer", self.model, "--dataset-name", "random",
-                "--random-input-len", "16", "--random-output-len", "1", "--num-prompts", str(n), "--num-warmups",
-                "50", "--save-result", "--result-dir", str(out / "vllm"), "--result-filename", "result.json",
-                "--percentile-metrics", "e2el", "--metric-percentiles", "50,99", "--disable-tqdm", *load_args]
+        load_args = (
+            ["--request-rate", f"{rate:g}", "--burstiness", "1", "--max-concurrency", str(CAP)]
+            if rate
+            else ["--request-rate", "inf", "--max-concurrency", str(c)]
+        )
+        return [
+            *self.vllm,
+            "--backend",
+            "openai-embeddings-chat",
+            "--base-url",
+            url,
+            "--endpoint",
+            "/v1/embeddings",
+            "--model",
+            "tiny",
+            "--tokenizer",
+            self.model,
+            "--dataset-name",
+            "random",
+            "--random-input-len",
+            "16",
+            "--random-output-len",
+            "1",
+            "--num-prompts",
+            str(n),
+            "--num-warmups",
+            "50",
+            "--save-result",
+            "--result-dir",
+            str(out / "vllm"),
+            "--result-filename",
+            "result.json",
+            "--percentile-metrics",
+            "e2el",
+            "--metric-percentiles",
+            "50,99",
+            "--disable-tqdm",
+            *load_args,
+        ]
 
     def latency(self, name: str, out: Path, t_warm: float) -> tuple[float, float]:
         """The tool's own p50 and p99 in ms (warm-up excluded the tool's way)."""
@@ -240,11 +362,34 @@ class Tools:
 
 def vllm_image_error(tools: Tools, url: str, out: Path) -> str:
     """What `vllm bench serve --backend openai-embeddings-chat` says when asked for images (random-mm)."""
-    argv = [*tools.vllm, "--backend", "openai-embeddings-chat", "--base-url", url, "--endpoint", "/v1/embeddings",
-            "--model", "tiny", "--tokenizer", tools.model, "--dataset-name", "random-mm",
-            "--random-mm-base-items-per-request", "1", "--random-mm-limit-mm-per-prompt", '{"image":1,"video":0}',
-            "--random-mm-bucket-config", f"{{({SIDE},{SIDE},1):1.0}}", "--random-input-len", "16",
-            "--random-output-len", "1", "--num-prompts", "20", "--disable-tqdm"]
+    argv = [
+        *tools.vllm,
+        "--backend",
+        "openai-embeddings-chat",
+        "--base-url",
+        url,
+        "--endpoint",
+        "/v1/embeddings",
+        "--model",
+        "tiny",
+        "--tokenizer",
+        tools.model,
+        "--dataset-name",
+        "random-mm",
+        "--random-mm-base-items-per-request",
+        "1",
+        "--random-mm-limit-mm-per-prompt",
+        '{"image":1,"video":0}',
+        "--random-mm-bucket-config",
+        f"{{({SIDE},{SIDE},1):1.0}}",
+        "--random-input-len",
+        "16",
+        "--random-output-len",
+        "1",
+        "--num-prompts",
+        "20",
+        "--disable-tqdm",
+    ]
     p = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=out, start_new_session=True)
     errors = [x for x in (p.stdout + p.stderr).splitlines() if re.match(r"\w*Error: ", x)]
     return f"exit {p.returncode}: {errors[-1] if errors else (p.stdout + p.stderr)[-300:]}"
@@ -272,8 +417,9 @@ def measure(tools: Tools, ep: Endpoint, name: str, out: Path, seconds: float, ra
     argv = tools.argv(name, url, out, run_s, rate)
     log = open(out / "log.txt", "wb")
     t_launch, offset = time.time(), ep.log_offset()
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=out,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=out, start_new_session=True
+    )
     root, seen, marks = psutil.Process(proc.pid), {}, []
     base = ep.answered()
     try:
@@ -284,8 +430,7 @@ def measure(tools: Tools, ep: Endpoint, name: str, out: Path, seconds: float, ra
             marks.append((now, n, cpu))
             if first is None and n > 0:
                 first = now
-            if first is not None and now > first + WARM_S + seconds + 0.5 and not rate and \
-                    name.startswith("vllm"):
+            if first is not None and now > first + WARM_S + seconds + 0.5 and not rate and name.startswith("vllm"):
                 break  # vllm bench's count is sized generously: the window is over
             time.sleep(0.25)
     finally:
@@ -303,9 +448,17 @@ def measure(tools: Tools, ep: Endpoint, name: str, out: Path, seconds: float, ra
     n = len(inside)
     if not n:  # its /health or /metrics polls reached the server, its load did not
         raise SystemExit(f"{name} sent no request in its window; its log:\n{(out / 'log.txt').read_text()[-2500:]}")
-    res = {"tool": name, "requests": n, "seconds": tb - ta, "cpu_s": cb - ca, "rate": n / (tb - ta),
-           "req_per_cpu_s": n / max(cb - ca, 1e-9), "bytes": float(np.nanmean(inside[:, 1])) if n else np.nan,
-           "load": load(), "startup_s": first - t_launch}
+    res = {
+        "tool": name,
+        "requests": n,
+        "seconds": tb - ta,
+        "cpu_s": cb - ca,
+        "rate": n / (tb - ta),
+        "req_per_cpu_s": n / max(cb - ca, 1e-9),
+        "bytes": float(np.nanmean(inside[:, 1])) if n else np.nan,
+        "load": load(),
+        "startup_s": first - t_launch,
+    }
     if rate:
         res["asked"] = rate
         res["achieved_ratio"] = res["rate"] / rate
@@ -335,9 +488,12 @@ def main() -> int:
         tools = Tools(a, make_images(tmp / "images"), tmp)
         names = [n for n in tools.names() if not a.only or any(n.startswith(o) for o in a.only)]
         with nginx() as ep:
-            print(f"endpoint: nginx, instant at {ep.url_now}, {DELAY_MS:g} ms at {ep.url_late}; images: {IMAGES} "
-                  f"noise JPEGs {SIDE} x {SIDE}; concurrency {a.concurrency}; windows of {a.seconds:g} s after "
-                  f"{WARM_S:g} s of warm-up", flush=True)
+            print(
+                f"endpoint: nginx, instant at {ep.url_now}, {DELAY_MS:g} ms at {ep.url_late}; images: {IMAGES} "
+                f"noise JPEGs {SIDE} x {SIDE}; concurrency {a.concurrency}; windows of {a.seconds:g} s after "
+                f"{WARM_S:g} s of warm-up",
+                flush=True,
+            )
             print(f"vllm bench with images: {vllm_image_error(tools, ep.url_now, tmp)}", flush=True)
             closed: dict[str, list[dict]] = {n: [] for n in names}
             for rep in range(a.reps):
@@ -346,34 +502,50 @@ def main() -> int:
                     closed[n].append(r)
                     if n.startswith("vllm"):
                         a.vllm_rate_guess = max(a.vllm_rate_guess, 2 * r["rate"])
-                    print(f"rep {rep} closed loop  {n:28s} {r['rate']:8.1f} req/s  {r['cpu_s']:6.2f} CPU-s for "
-                          f"{r['requests']:6d} requests = {r['req_per_cpu_s']:7.1f} req/CPU-s  "
-                          f"{r['bytes'] / 1e3:6.1f} kB/request  start-up {r['startup_s']:.1f} s  load {r['load']}",
-                          flush=True)
+                    print(
+                        f"rep {rep} closed loop  {n:28s} {r['rate']:8.1f} req/s  {r['cpu_s']:6.2f} CPU-s for "
+                        f"{r['requests']:6d} requests = {r['req_per_cpu_s']:7.1f} req/CPU-s  "
+                        f"{r['bytes'] / 1e3:6.1f} kB/request  start-up {r['startup_s']:.1f} s  load {r['load']}",
+                        flush=True,
+                    )
             opened: dict[str, dict[int, dict]] = {n: {} for n in names}
             for share in (50, 90):
                 for n in names:
                     top = statistics.median(r["rate"] for r in closed[n])
-                    r = measure(tools, ep, n, tmp / f"o{share}-{n.split()[0]}", a.seconds,
-                                rate=round(top * share / 100, 1))
+                    r = measure(
+                        tools, ep, n, tmp / f"o{share}-{n.split()[0]}", a.seconds, rate=round(top * share / 100, 1)
+                    )
                     opened[n][share] = r
-                    lat = (f"p50 {r['p50'] - DELAY_MS:+7.2f} ms  p99 {r['p99'] - DELAY_MS:+7.2f} ms added"
-                           if "p50" in r else f"no latency: {r.get('error', '')[-200:]!r}")
-                    print(f"open loop {share:2d} %  {n:28s} asked {r['asked']:8.1f}  achieved {r['rate']:8.1f} "
-                          f"req/s ({r['achieved_ratio']:.3f})  {lat}  load {r['load']}", flush=True)
+                    lat = (
+                        f"p50 {r['p50'] - DELAY_MS:+7.2f} ms  p99 {r['p99'] - DELAY_MS:+7.2f} ms added"
+                        if "p50" in r
+                        else f"no latency: {r.get('error', '')[-200:]!r}"
+                    )
+                    print(
+                        f"open loop {share:2d} %  {n:28s} asked {r['asked']:8.1f}  achieved {r['rate']:8.1f} "
+                        f"req/s ({r['achieved_ratio']:.3f})  {lat}  load {r['load']}",
+                        flush=True,
+                    )
     print()
-    print("| tool | requests per CPU-second | max rate (req/s) | kB per request | added p50 / p99 at 50 % (ms) | "
-          "achieved / asked at 50 % | added p50 / p99 at 90 % (ms) | achieved / asked at 90 % |")
+    print(
+        "| tool | requests per CPU-second | max rate (req/s) | kB per request | added p50 / p99 at 50 % (ms) | "
+        "achieved / asked at 50 % | added p50 / p99 at 90 % (ms) | achieved / asked at 90 % |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     eff = {}
     for n in names:
         eff[n] = statistics.median(r["req_per_cpu_s"] for r in closed[n])
-        cells = [f"{eff[n]:,.0f}", f"{statistics.median(r['rate'] for r in closed[n]):,.0f}",
-                 f"{statistics.median(r['bytes'] for r in closed[n]) / 1e3:.1f}"]
+        cells = [
+            f"{eff[n]:,.0f}",
+            f"{statistics.median(r['rate'] for r in closed[n]):,.0f}",
+            f"{statistics.median(r['bytes'] for r in closed[n]) / 1e3:.1f}",
+        ]
         for share in (50, 90):
             r = opened[n][share]
-            cells += [f"{r['p50'] - DELAY_MS:.2f} / {r['p99'] - DELAY_MS:.2f}" if "p50" in r else "n/a",
-                      f"{r['achieved_ratio']:.3f}"]
+            cells += [
+                f"{r['p50'] - DELAY_MS:.2f} / {r['p99'] - DELAY_MS:.2f}" if "p50" in r else "n/a",
+                f"{r['achieved_ratio']:.3f}",
+            ]
         print(f"| {n} | " + " | ".join(cells) + " |")
     ok = True
     ai = next((n for n in names if n.startswith("AIPerf")), None)

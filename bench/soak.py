@@ -29,8 +29,7 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (ROOT, counted_rows, footer, header, locust_stats, nginx_null, ratio_line,  # noqa: E402
-                     start_locust, stop_group)
+from _common import ROOT, counted_rows, footer, header, locust_stats, nginx_null, ratio_line, start_locust, stop_group
 
 MEMORY_GOAL = 1.10  # after warm-up, memory within 10 % of its level right after warm-up
 FILES_PER_MINUTE = 600  # a bound for row files per minute (each table flushes at most once a second: 60 per table)
@@ -47,9 +46,23 @@ class Run:
 
     def start(self, url: str, minutes: float) -> None:
         self.folder.mkdir(parents=True)
-        self.proc = start_locust(ROOT / "locustfiles/embeddings.py", url, self.users, int(minutes * 60), self.folder,
-                                 ["--model", "bench", "--results-dir", str(self.folder / "rows"), "--run-id",
-                                  self.name, "--wait-ms", str(self.wait_ms)])
+        self.proc = start_locust(
+            ROOT / "locustfiles/embeddings.py",
+            url,
+            self.users,
+            int(minutes * 60),
+            self.folder,
+            [
+                "--model",
+                "bench",
+                "--results-dir",
+                str(self.folder / "rows"),
+                "--run-id",
+                self.name,
+                "--wait-ms",
+                str(self.wait_ms),
+            ],
+        )
 
     def sample(self, t: float) -> None:
         try:
@@ -98,11 +111,16 @@ def main() -> int:
     # a user's mean think time is wait_ms / 2: users / (wait_ms / 2000 s) requests per second at a fast server
     paced_wait = max(1, round(2000 * a.users / a.paced_rps))
     with tempfile.TemporaryDirectory(prefix="mmchaos-bench-soak-") as tmp:
-        runs = [Run("full-speed", a.users, 0, Path(tmp) / "full"),
-                Run("paced", a.users, paced_wait, Path(tmp) / "paced")]
+        runs = [
+            Run("full-speed", a.users, 0, Path(tmp) / "full"),
+            Run("paced", a.users, paced_wait, Path(tmp) / "paced"),
+        ]
         with nginx_null() as url:
-            print(f"null endpoint: nginx at {url}; {a.users} users each; full speed and paced (think time "
-                  f"uniform in [0, {paced_wait}] ms, ~{a.paced_rps:g} req/s), {a.minutes:g} min", flush=True)
+            print(
+                f"null endpoint: nginx at {url}; {a.users} users each; full speed and paced (think time "
+                f"uniform in [0, {paced_wait}] ms, ~{a.paced_rps:g} req/s), {a.minutes:g} min",
+                flush=True,
+            )
             t0 = time.monotonic()
             for r in runs:
                 r.start(url, a.minutes)
@@ -115,9 +133,15 @@ def main() -> int:
                         if r.proc.poll() is None:
                             r.sample(t)
                     if t >= next_print:
-                        print(f"  {t / 60:5.1f} min  " + "  ".join(
-                            f"{r.name}: {r.samples[-1][1]:6.0f} MB, {r.samples[-1][2]:5d} files"
-                            for r in runs if r.samples), flush=True)
+                        print(
+                            f"  {t / 60:5.1f} min  "
+                            + "  ".join(
+                                f"{r.name}: {r.samples[-1][1]:6.0f} MB, {r.samples[-1][2]:5d} files"
+                                for r in runs
+                                if r.samples
+                            ),
+                            flush=True,
+                        )
                         next_print += 300
                     time.sleep(a.sample)  # the sampling period
             finally:
@@ -129,11 +153,15 @@ def main() -> int:
             base, end, peak = r.memory(a.warmup * 60)
             rows, requests = r.rows_and_requests()
             stats = locust_stats(r.folder / "locust")
-            print(f"{r.name}: {requests:,} requests at {stats['rate']:.0f} req/s, {rows:,} rows; memory after "
-                  f"warm-up {base:.0f} MB, last minute {end:.0f} MB, peak {peak:.0f} MB")
-            lines = [ratio_line(f"{r.name}: last minute / after warm-up", end / base, MEMORY_GOAL, "x"),
-                     ratio_line(f"{r.name}: peak / after warm-up", peak / base, MEMORY_GOAL, "x"),
-                     ratio_line(f"{r.name}: row files per minute", r.files_per_minute(), FILES_PER_MINUTE)]
+            print(
+                f"{r.name}: {requests:,} requests at {stats['rate']:.0f} req/s, {rows:,} rows; memory after "
+                f"warm-up {base:.0f} MB, last minute {end:.0f} MB, peak {peak:.0f} MB"
+            )
+            lines = [
+                ratio_line(f"{r.name}: last minute / after warm-up", end / base, MEMORY_GOAL, "x"),
+                ratio_line(f"{r.name}: peak / after warm-up", peak / base, MEMORY_GOAL, "x"),
+                ratio_line(f"{r.name}: row files per minute", r.files_per_minute(), FILES_PER_MINUTE),
+            ]
             for line in lines:
                 print(line)
             print(f"{r.name}: every request a row: {'yes' if rows == requests else f'NO ({requests - rows:+,})'}")

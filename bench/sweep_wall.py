@@ -23,14 +23,15 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import ROOT, footer, header, phase_printer  # noqa: E402
+from _common import ROOT, footer, header, phase_printer
 
 
 def quick_campaign(folder: Path) -> Path:
     text = (ROOT / "campaigns" / "sweep.toml").read_text()
-    text = text.replace("duration = 60", "duration = 20").replace("malformed_post = [0, 2, 10]",
-                                                                   "malformed_post = [0, 10]")
-    text = text.split("\n[[config]]\nname = \"v0.30-cache-off\"")[0]
+    text = text.replace("duration = 60", "duration = 20").replace(
+        "malformed_post = [0, 2, 10]", "malformed_post = [0, 10]"
+    )
+    text = text.split('\n[[config]]\nname = "v0.30-cache-off"')[0]
     text = text.replace('name = "sweep"', 'name = "sweep-quick"').replace('locustfile = "../', f'locustfile = "{ROOT}/')
     path = folder / "sweep-quick.toml"
     path.write_text(text)
@@ -53,16 +54,21 @@ def main() -> int:
     path = quick_campaign(root) if a.quick else Path(a.campaign)
     camp = campaign_plan.load(path)
     runs = camp.runs()
-    print(f"campaign {path}: {len(camp.configs)} configurations × {len(camp.points)} points × {camp.trials} "
-          f"trial(s) = {len(runs)} trials of {camp.workload['duration']} s; results under {root}", flush=True)
+    print(
+        f"campaign {path}: {len(camp.configs)} configurations × {len(camp.points)} points × {camp.trials} "
+        f"trial(s) = {len(runs)} trials of {camp.workload['duration']} s; results under {root}",
+        flush=True,
+    )
     t0 = time.perf_counter()
     done = campaign_runner.CampaignRunner(camp, root, progress=phase_printer()).run()
     wall = time.perf_counter() - t0
 
     c = load_results(root / camp.name)
     exp = hazard.exposure(c)
-    print(f"\n{'config':18s} {'point':22s} {'start s':>8s} {'load s':>7s} {'crashes':>7s} {'down s':>7s} "
-          f"{'stop s':>7s} {'rows':>7s} {'answered':>8s}")
+    print(
+        f"\n{'config':18s} {'point':22s} {'start s':>8s} {'load s':>7s} {'crashes':>7s} {'down s':>7s} "
+        f"{'stop s':>7s} {'rows':>7s} {'answered':>8s}"
+    )
     totals = {"start": 0.0, "load": 0.0, "down": 0.0, "stop": 0.0}
     for r in runs:
         m = json.loads((campaign_runner.run_dir(root, camp, r) / "manifest.json").read_text())
@@ -74,13 +80,17 @@ def main() -> int:
         for k, v in (("start", start), ("load", load), ("down", down), ("stop", stop)):
             totals[k] += v
         label = ", ".join(f"{k}={v}" for k, v in r.point.items())
-        print(f"{r.config.name:18s} {label:22s} {start:8.1f} {load:7.1f} {int(e['crashes']):7d} {down:7.1f} "
-              f"{stop:7.1f} {m['requests']:7d} {int(e['answered']):8d}")
+        print(
+            f"{r.config.name:18s} {label:22s} {start:8.1f} {load:7.1f} {int(e['crashes']):7d} {down:7.1f} "
+            f"{stop:7.1f} {m['requests']:7d} {int(e['answered']):8d}"
+        )
     crashes = int(exp["crashes"].sum())
-    print(f"\nwall time {wall:.0f} s ({wall / 60:.1f} min) for {len(runs)} trials and {crashes} crashes: server "
-          f"start-ups {totals['start']:.0f} s, load {totals['load']:.0f} s (of which the server was down "
-          f"{totals['down']:.0f} s, restarting after its crashes), stops {totals['stop']:.0f} s, the rest "
-          f"{wall - totals['start'] - totals['load'] - totals['stop']:.0f} s")
+    print(
+        f"\nwall time {wall:.0f} s ({wall / 60:.1f} min) for {len(runs)} trials and {crashes} crashes: server "
+        f"start-ups {totals['start']:.0f} s, load {totals['load']:.0f} s (of which the server was down "
+        f"{totals['down']:.0f} s, restarting after its crashes), stops {totals['stop']:.0f} s, the rest "
+        f"{wall - totals['start'] - totals['load'] - totals['stop']:.0f} s"
+    )
     if crashes:
         print(f"down time per crash: {totals['down'] / crashes:.1f} s")
 
@@ -93,10 +103,12 @@ def main() -> int:
     for cfg in fit.configs:
         f = fit[cfg]
         k = f.counts
-        print(f"{cfg}: {f.model}; p {f.p:.3g} [{f.p_lo:.3g}, {f.p_hi:.3g}] per poison event; "
-              f"{int(k['crashes'])} crashes, {int(k['poison_events'])} poison events, "
-              f"{int(k['reused_poison'])} reused poison requests of {int(k['poison_requests'])}; "
-              f"{f.rates['per_hour']:.3g} crashes per hour of uptime")
+        print(
+            f"{cfg}: {f.model}; p {f.p:.3g} [{f.p_lo:.3g}, {f.p_hi:.3g}] per poison event; "
+            f"{int(k['crashes'])} crashes, {int(k['poison_events'])} poison events, "
+            f"{int(k['reused_poison'])} reused poison requests of {int(k['poison_requests'])}; "
+            f"{f.rates['per_hour']:.3g} crashes per hour of uptime"
+        )
     footer()
     return 0 if all(r.status == campaign_runner.COMPLETED for r in done) else 1
 

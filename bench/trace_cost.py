@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import ROOT, footer, header, load, nginx_null, rate_arguments, ratio_line, run_locust  # noqa: E402
+from _common import ROOT, footer, header, load, nginx_null, rate_arguments, ratio_line, run_locust
 
 RATE_GOAL = 0.9
 SIZE_GOAL = 0.5  # trace + images, as a share of the rows' bytes
@@ -35,13 +35,19 @@ def _run(url: str, users: int, seconds: int, out: Path, rep: int, trace: bool) -
     from mmchaos.tables import compact, read_table, table_dir
 
     rows = out / "rows"
-    r = run_locust(ROOT / "locustfiles/embeddings.py", url, users, seconds, out,
-                   ["--model", "bench", "--results-dir", str(rows), "--run-id", f"bench{rep}",
-                    *([] if trace else ["--no-trace"])])
+    r = run_locust(
+        ROOT / "locustfiles/embeddings.py",
+        url,
+        users,
+        seconds,
+        out,
+        ["--model", "bench", "--results-dir", str(rows), "--run-id", f"bench{rep}", *([] if trace else ["--no-trace"])],
+    )
     for table in ("requests", "trace", "trace_images"):
         compact(table_dir(rows, table))
-    r["rows_bytes"], r["trace_bytes"], r["images_bytes"] = (_bytes(table_dir(rows, t)) for t in
-                                                            ("requests", "trace", "trace_images"))
+    r["rows_bytes"], r["trace_bytes"], r["images_bytes"] = (
+        _bytes(table_dir(rows, t)) for t in ("requests", "trace", "trace_images")
+    )
     r["rows"] = read_table(rows, "requests").num_rows
     r["traced"] = read_table(rows, "trace").num_rows if trace else 0
     r["load"] = load()
@@ -58,16 +64,21 @@ def main() -> int:
     pairs = []
     with tempfile.TemporaryDirectory(prefix="mmchaos-bench-trace-") as tmp, nginx_null() as url:
         tmp = Path(tmp)
-        print(f"null endpoint: nginx at {url}; {a.users} users, {a.seconds} s per run, {a.reps} interleaved rep(s)",
-              flush=True)
+        print(
+            f"null endpoint: nginx at {url}; {a.users} users, {a.seconds} s per run, {a.reps} interleaved rep(s)",
+            flush=True,
+        )
         for rep in range(a.reps):
             on = _run(url, a.users, a.seconds, tmp / f"on{rep}", rep, trace=True)
             off = _run(url, a.users, a.seconds, tmp / f"off{rep}", rep, trace=False)
             pairs.append((on, off))
-            print(f"rep {rep}: with trace {on['rate']:8.1f} req/s ({on['rows']} rows, {on['traced']} traced, "
-                  f"load {on['load']})  without {off['rate']:8.1f} req/s (load {off['load']})  ratio "
-                  f"{on['rate'] / off['rate']:.3f}; bytes: rows {on['rows_bytes']:,}, trace {on['trace_bytes']:,}, "
-                  f"images {on['images_bytes']:,}", flush=True)
+            print(
+                f"rep {rep}: with trace {on['rate']:8.1f} req/s ({on['rows']} rows, {on['traced']} traced, "
+                f"load {on['load']})  without {off['rate']:8.1f} req/s (load {off['load']})  ratio "
+                f"{on['rate'] / off['rate']:.3f}; bytes: rows {on['rows_bytes']:,}, trace {on['trace_bytes']:,}, "
+                f"images {on['images_bytes']:,}",
+                flush=True,
+            )
     rate = statistics.median(on["rate"] / off["rate"] for on, off in pairs)
     size = statistics.median((on["trace_bytes"] + on["images_bytes"]) / on["rows_bytes"] for on, _ in pairs)
     per_request = statistics.median((on["trace_bytes"] + on["images_bytes"]) / on["rows"] for on, _ in pairs)

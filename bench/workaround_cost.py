@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import campaign_toml, footer, header, load, phase_printer  # noqa: E402
+from _common import campaign_toml, footer, header, load, phase_printer
 
 ENGINE = "0.32.0"
 ON, OFF = "cache-on", "cache-off"
@@ -39,37 +39,51 @@ def main() -> int:
     if a.quick:
         a.trials, a.duration = 1, 12
     header(f"bench/workaround_cost.py: cache off vs on, vLLM {ENGINE}")
+    from mmchaos import schema
     from mmchaos.analysis import stats
     from mmchaos.analysis.results import load_results
     from mmchaos.harness import campaign_plan, campaign_runner
-    from mmchaos import schema
     from mmchaos.tables import write_json_atomic
 
     with tempfile.TemporaryDirectory(prefix="mmchaos-bench-cost-") as tmp:
         tmp = Path(tmp)
-        path = campaign_toml(tmp, "bench-cost", trials=a.trials, users=a.users, duration=a.duration,
-                             configs=[{"name": ON, "engine": ENGINE},
-                                      {"name": OFF, "engine": ENGINE, "flags": ["--mm-processor-cache-gb", "0"]}])
+        path = campaign_toml(
+            tmp,
+            "bench-cost",
+            trials=a.trials,
+            users=a.users,
+            duration=a.duration,
+            configs=[
+                {"name": ON, "engine": ENGINE},
+                {"name": OFF, "engine": ENGINE, "flags": ["--mm-processor-cache-gb", "0"]},
+            ],
+        )
         camp = campaign_plan.load(path)
         runner = campaign_runner.CampaignRunner(camp, tmp / "results", progress=phase_printer())
         runner.preflight()
         camp_dir = tmp / "results" / camp.name
-        write_json_atomic(camp_dir / schema.CAMPAIGN_MANIFEST, {"name": camp.name, "configs": [ON, OFF],
-                                                                "trials": camp.trials})
+        write_json_atomic(
+            camp_dir / schema.CAMPAIGN_MANIFEST, {"name": camp.name, "configs": [ON, OFF], "trials": camp.trials}
+        )
         loads = []
         for trial in range(camp.trials):
             for cfg in camp.configs:  # interleaved: on, off, on, off ...
                 r = runner.run_trial(cfg, trial, campaign_runner.trial_dir(runner.root, camp, cfg, trial))
                 loads.append(load())
-                print(f"  {cfg.name} t{trial}: {r.status}, {r.requests} requests, {r.errors} unexpected answers, "
-                      f"{len(r.crashes)} crash(es); load average {loads[-1]}", flush=True)
+                print(
+                    f"  {cfg.name} t{trial}: {r.status}, {r.requests} requests, {r.errors} unexpected answers, "
+                    f"{len(r.crashes)} crash(es); load average {loads[-1]}",
+                    flush=True,
+                )
 
         c = load_results(camp_dir)
         req = c.requests
         end = req["t_start"] + req["latency_ms"].fillna(0) / 1000
         key = ["config", "trial"]
-        span = (end.groupby([req["config"], req["trial"]], observed=True).max()
-                - req.groupby(key, observed=True)["t_start"].min()).rename("load_s")
+        span = (
+            end.groupby([req["config"], req["trial"]], observed=True).max()
+            - req.groupby(key, observed=True)["t_start"].min()
+        ).rename("load_s")
         trials = c.trials.join(span, on=key)
         whole = trials["duration_s"].copy()
         c.trials["duration_s"] = trials["load_s"].to_numpy()
@@ -77,16 +91,22 @@ def main() -> int:
         cost = stats.workaround_cost(c, baseline=ON)
         lat = stats.latency_table(c)
 
-    print("\nper trial: config, trial, status, load window (s) [whole trial incl. server start (s)], requests, "
-          "ok, ok/s, crashes")
+    print(
+        "\nper trial: config, trial, status, load window (s) [whole trial incl. server start (s)], requests, "
+        "ok, ok/s, crashes"
+    )
     for (_, t), w in zip(per.iterrows(), whole):
         n_crash = int(((c.crashes["config"] == t["config"]) & (c.crashes["trial"] == t["trial"])).sum())
-        print(f"  {t['config']:9s} t{t['trial']}  {t['status']:9s} {t['duration_s']:6.1f} [{w:5.1f}]  "
-              f"{t['n_requests']:6d} {t['ok']:6d}  {t['ok_per_s']:6.2f}  {n_crash}")
+        print(
+            f"  {t['config']:9s} t{t['trial']}  {t['status']:9s} {t['duration_s']:6.1f} [{w:5.1f}]  "
+            f"{t['n_requests']:6d} {t['ok']:6d}  {t['ok_per_s']:6.2f}  {n_crash}"
+        )
     print("\np95 latency of successful requests, all valid kinds pooled (ms) [95% interval]:")
     for _, r in lat[lat["kind"] == stats.ALL_VALID].iterrows():
-        print(f"  {r['config']:9s} n={r['n']:6d}  p50 {r['p50']:8.1f}  p95 {r['p95']:8.1f} "
-              f"[{r['p95_lo']:.1f}-{r['p95_hi']:.1f}]")
+        print(
+            f"  {r['config']:9s} n={r['n']:6d}  p50 {r['p50']:8.1f}  p95 {r['p95']:8.1f} "
+            f"[{r['p95_lo']:.1f}-{r['p95_hi']:.1f}]"
+        )
     row = cost[(cost["config"] == OFF) & (cost["kind"] == stats.ALL_VALID)]
     if not len(row):
         print("no successful requests in one of the configurations: no ratio")
@@ -94,14 +114,22 @@ def main() -> int:
         return 1
     r = row.iloc[0]
     print("\ncache-off / cache-on (95% bootstrap intervals):")
-    print(f"  throughput (ok req/s)  ratio {r['throughput_ratio']:.3f}  [{r['throughput_ratio_lo']:.3f}-"
-          f"{r['throughput_ratio_hi']:.3f}]" + ("  (1 trial each: no interval)" if a.trials < 2 else ""))
+    print(
+        f"  throughput (ok req/s)  ratio {r['throughput_ratio']:.3f}  [{r['throughput_ratio_lo']:.3f}-"
+        f"{r['throughput_ratio_hi']:.3f}]" + ("  (1 trial each: no interval)" if a.trials < 2 else "")
+    )
     print(f"  p95 latency            ratio {r['p95_ratio']:.3f}  [{r['p95_ratio_lo']:.3f}-{r['p95_ratio_hi']:.3f}]")
     print(f"  p50 latency            ratio {r['p50_ratio']:.3f}  [{r['p50_ratio_lo']:.3f}-{r['p50_ratio_hi']:.3f}]")
     by_kind = cost[(cost["config"] == OFF) & (cost["kind"] != stats.ALL_VALID)]
-    print("  p95 ratio by kind: " + ", ".join(f"{k} {v:.2f} [{lo:.2f}-{hi:.2f}]" for k, v, lo, hi in
-                                            zip(by_kind["kind"], by_kind["p95_ratio"], by_kind["p95_ratio_lo"],
-                                                by_kind["p95_ratio_hi"])))
+    print(
+        "  p95 ratio by kind: "
+        + ", ".join(
+            f"{k} {v:.2f} [{lo:.2f}-{hi:.2f}]"
+            for k, v, lo, hi in zip(
+                by_kind["kind"], by_kind["p95_ratio"], by_kind["p95_ratio_lo"], by_kind["p95_ratio_hi"]
+            )
+        )
+    )
     crashed = c.crashes.groupby("config", observed=False).size()
     print(f"  crashes: {', '.join(f'{k} {v}' for k, v in crashed.items())}")
     footer()

@@ -28,6 +28,7 @@ def readme_as_index() -> str:
 
 # --- the CLI reference ------------------------------------------------------------------------------------------
 
+
 def _subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, str, argparse.ArgumentParser]]:
     """(name, one-line help, parser) of each subcommand, in the parser's order."""
     out = []
@@ -71,8 +72,12 @@ def _option_rows(parser: argparse.ArgumentParser) -> list[str]:
         # as --help names it: "-q, --quiet", "--flavor {cpu,cuda}", "versions"
         name = ", ".join(f"`{part}`" for part in formatter._format_action_invocation(a).split(", "))
         info = _text(_expand(a, parser.prog))
-        if a.option_strings and a.nargs != 0 and a.default not in (None, [], argparse.SUPPRESS) \
-                and "default" not in info:
+        if (
+            a.option_strings
+            and a.nargs != 0
+            and a.default not in (None, [], argparse.SUPPRESS)
+            and "default" not in info
+        ):
             info += f" (default: `{a.default}`)"
         if a.required and a.option_strings:
             info = "required. " + info
@@ -122,10 +127,14 @@ def cli_reference(parser: argparse.ArgumentParser | None = None) -> str:
             from mmchaos.harness.cli import build_parser
 
             parser = build_parser()
-        lines = ["# Command-line reference", "",
-                 "Generated at every build from the parser `mmchaos` itself runs; `mmchaos COMMAND --help` prints "
-                 "the same.", "",
-                 "| command | what it is for |", "|---|---|"]
+        lines = [
+            "# Command-line reference",
+            "",
+            "Generated at every build from the parser `mmchaos` itself runs; `mmchaos COMMAND --help` prints the same.",
+            "",
+            "| command | what it is for |",
+            "|---|---|",
+        ]
         lines += [f"| [`{s.prog}`](#{_anchor(s.prog)}) | {_cell(_text(h))} |" for _, h, s in _subcommands(parser)]
         lines.append("")
         for name, help_, sub in _subcommands(parser):
@@ -134,6 +143,7 @@ def cli_reference(parser: argparse.ArgumentParser | None = None) -> str:
 
 
 # --- the campaign file reference -------------------------------------------------------------------------------
+
 
 def _type_name(annotation) -> str:
     """A key's type as a campaign file's author reads it."""
@@ -166,10 +176,12 @@ def _bounds(info) -> str:
 def _default(info) -> str:
     import json
 
+    from pydantic import BaseModel
+
     if info.is_required():
         return "required"
     value = info.get_default(call_default_factory=True)
-    if hasattr(value, "model_fields"):
+    if isinstance(value, BaseModel):  # a table of its own, described where it is
         return "—"
     return f"`{json.dumps(value)}`"
 
@@ -177,20 +189,38 @@ def _default(info) -> str:
 def campaign_reference() -> str:
     from mmchaos import campaign_file
 
-    lines = ["# Campaign file reference", "",
-             "Generated at every build from the models `mmchaos campaign check` validates with "
-             "(`mmchaos/campaign_file.py`); `mmchaos campaign schema` prints the same as a JSON Schema, and the "
-             "shipped campaign files name it in their first line (`#:schema ./campaign.schema.json`) so editors "
-             "with a TOML language server (taplo, Even Better TOML) complete and check them.", ""]
-    titles = {"campaign": "[campaign]", "workload": "[workload]", "workload.mix": "[workload.mix]",
-              "workload.options": "[workload.options]", "crash": "[crash]", "config": "[[config]]",
-              "fault": "[[fault]]"}
+    lines = [
+        "# Campaign file reference",
+        "",
+        "Generated at every build from the models `mmchaos campaign check` validates with "
+        "(`mmchaos/campaign_file.py`); `mmchaos campaign schema` prints the same as a JSON Schema, and the "
+        "shipped campaign files name it in their first line (`#:schema ./campaign.schema.json`) so editors "
+        "with a TOML language server (taplo, Even Better TOML) complete and check them.",
+        "",
+    ]
+    titles = {
+        "campaign": "[campaign]",
+        "workload": "[workload]",
+        "workload.mix": "[workload.mix]",
+        "workload.options": "[workload.options]",
+        "crash": "[crash]",
+        "config": "[[config]]",
+        "fault": "[[fault]]",
+    }
     for name, model in campaign_file.SECTIONS.items():
-        lines += [f"## `{titles.get(name, name)}`", "", _text((model.__doc__ or "").strip()), "",
-                  "| key | type | default | bounds | what it does |", "|---|---|---|---|---|"]
+        lines += [
+            f"## `{titles.get(name, name)}`",
+            "",
+            _text((model.__doc__ or "").strip()),
+            "",
+            "| key | type | default | bounds | what it does |",
+            "|---|---|---|---|---|",
+        ]
         for key, info in model.model_fields.items():
-            lines.append(f"| `{key}` | {_type_name(info.annotation)} | {_cell(_default(info))} | "
-                         f"{_cell(_bounds(info))} | {_cell(_text(info.description or ''))} |")
+            lines.append(
+                f"| `{key}` | {_type_name(info.annotation)} | {_cell(_default(info))} | "
+                f"{_cell(_bounds(info))} | {_cell(_text(info.description or ''))} |"
+            )
         lines.append("")
     lines += ["## `[sweep]`", "", _text(campaign_file.CampaignFile.model_fields["sweep"].description or ""), ""]
     return "\n".join(lines) + "\n"
@@ -200,6 +230,7 @@ GENERATED = {"reference/cli.md": cli_reference, "reference/campaign.md": campaig
 
 
 # --- mkdocs hooks -----------------------------------------------------------------------------------------------
+
 
 def on_files(files: Files, config) -> Files:
     files.append(File.generated(config, "index.md", content=readme_as_index()))

@@ -26,12 +26,16 @@ def write(m: Minimizer, result: Result) -> dict[str, Path]:
 def issue_markdown(m: Minimizer, result: Result, script: str) -> str:
     manifest = m.manifest
     version = manifest.get("engine") or "(a server started by a command)"
-    packages = (manifest.get("engine_packages") or {})
+    packages = manifest.get("engine_packages") or {}
     dist = next((f"{k} {v}" for k, v in packages.items() if k.startswith("vllm") and v), f"vLLM {version}")
     model = (manifest.get("target_detail") or {}).get("model") or str(paths.default_model_dir())
     tiny = Path(model).resolve() == paths.default_model_dir().resolve()
-    model_text = ("a tiny random-weight Qwen3-VL embedding model (Qwen3VLForConditionalGeneration, 64-dim output, "
-                  "built by `mmchaos model build`); the report's model is Qwen3-VL-Embedding" if tiny else f"`{model}`")
+    model_text = (
+        "a tiny random-weight Qwen3-VL embedding model (Qwen3VLForConditionalGeneration, 64-dim output, "
+        "built by `mmchaos model build`); the report's model is Qwen3-VL-Embedding"
+        if tiny
+        else f"`{model}`"
+    )
     outcome = result.outcome
     n = len(result.trace)
     rows = []
@@ -42,11 +46,14 @@ def issue_markdown(m: Minimizer, result: Result, script: str) -> str:
         what = str(r["kind"]) + (f" ({r['case']})" if isinstance(r.get("case"), str) else "")
         if r["abort_after_ms"] == r["abort_after_ms"] and r["abort_after_ms"] is not None:
             what += f", client hangs up after {float(r['abort_after_ms']):g} ms"
-        rows.append(f"| {i + 1} | {float(r['t_start']) - t0:.3f} s | `{r['endpoint']}` {what} | "
-                    f"{got if got is not None else 'no answer'} |")
+        rows.append(
+            f"| {i + 1} | {float(r['t_start']) - t0:.3f} s | `{r['endpoint']}` {what} | "
+            f"{got if got is not None else 'no answer'} |"
+        )
     lines = (outcome.log_lines if outcome else [])[-MAX_LOG_LINES:]
-    confirmed = (f"crashed {m.repeats} of {m.repeats} fresh servers" if result.confirmed else
-                 f"not confirmed: {result.note}")
+    confirmed = (
+        f"crashed {m.repeats} of {m.repeats} fresh servers" if result.confirmed else f"not confirmed: {result.note}"
+    )
     return f"""### vLLM {version} `/v1/embeddings` (`--runner pooling`): the server dies after {n} request(s) \
 ({m.signature})
 

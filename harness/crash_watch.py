@@ -39,8 +39,14 @@ class Crash:
 
 
 class CrashWatch:
-    def __init__(self, server: Server, trial_dir, signatures: Signatures, hang_after: float = HANG_AFTER,
-                 health_timeout: float = 0.5):
+    def __init__(
+        self,
+        server: Server,
+        trial_dir,
+        signatures: Signatures,
+        hang_after: float = HANG_AFTER,
+        health_timeout: float = 0.5,
+    ):
         self.server = server
         self.sigs = signatures
         self.hang_after = hang_after
@@ -87,8 +93,16 @@ class CrashWatch:
             if m:
                 self._matches.append(m)
                 self._read_at.append(now)
-                self.events.add({"t": now, "signature": m.signature.name, "fatal": m.signature.fatal,
-                                 "mm_hash": m.mm_hash, "request_id": m.request_id, "line": m.line})
+                self.events.add(
+                    {
+                        "t": now,
+                        "signature": m.signature.name,
+                        "fatal": m.signature.fatal,
+                        "mm_hash": m.mm_hash,
+                        "request_id": m.request_id,
+                        "line": m.line,
+                    }
+                )
 
     def check(self) -> Crash | None:
         """One observation (call every ~0.2 s). Returns the crash when this observation detects one."""

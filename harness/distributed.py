@@ -34,21 +34,48 @@ class Distribution:
             return None
         if not remote:  # only workers of ours: a free loopback port, no other Locust of the machine disturbed
             return cls(processes, 0, LOOPBACK, free_port(), workload["expect_workers_max_wait"])
-        return cls(processes, remote, workload["master_bind_host"], workload["master_bind_port"],
-                   workload["expect_workers_max_wait"])
+        return cls(
+            processes,
+            remote,
+            workload["master_bind_host"],
+            workload["master_bind_port"],
+            workload["expect_workers_max_wait"],
+        )
 
     def master_args(self) -> list[str]:
-        return ["--master", "--expect-workers", str(self.processes + self.remote),
-                "--expect-workers-max-wait", str(max(1, round(self.max_wait))),
-                "--master-bind-host", self.bind_host, "--master-bind-port", str(self.port)]
+        return [
+            "--master",
+            "--expect-workers",
+            str(self.processes + self.remote),
+            "--expect-workers-max-wait",
+            str(max(1, round(self.max_wait))),
+            "--master-bind-host",
+            self.bind_host,
+            "--master-bind-port",
+            str(self.port),
+        ]
 
     def local_workers_argv(self, locustfile: str) -> list[str] | None:
         """The command of this machine's workers (one process group: Locust forks them), or None."""
         if not self.processes:
             return None
         host = LOOPBACK if self.bind_host in ALL_INTERFACES else self.bind_host
-        return [sys.executable, "-m", "locust", "-f", str(locustfile), "--worker", "--processes", str(self.processes),
-                "--master-host", host, "--master-port", str(self.port), "--loglevel", "WARNING"]
+        return [
+            sys.executable,
+            "-m",
+            "locust",
+            "-f",
+            str(locustfile),
+            "--worker",
+            "--processes",
+            str(self.processes),
+            "--master-host",
+            host,
+            "--master-port",
+            str(self.port),
+            "--loglevel",
+            "WARNING",
+        ]
 
 
 def ledger(folder: Path) -> dict:
@@ -62,5 +89,7 @@ def ledger(folder: Path) -> dict:
 
 
 def lost_note(lost: list[str]) -> str:
-    return (f"{len(lost)} Locust worker{'s' * (len(lost) != 1)} lost mid-trial ({', '.join(lost)}); "
-            "rows kept up to each one's last flush")
+    return (
+        f"{len(lost)} Locust worker{'s' * (len(lost) != 1)} lost mid-trial ({', '.join(lost)}); "
+        "rows kept up to each one's last flush"
+    )

@@ -85,8 +85,9 @@ class Engine:
         """Every option `vllm serve` of this version accepts (read from its --help once, then cached)."""
         cache = self.root / FLAGS_FILE
         if not cache.is_file():
-            out = subprocess.run([*self.vllm_command(), "serve", "--help=all"], capture_output=True, text=True,
-                                 timeout=300)
+            out = subprocess.run(
+                [*self.vllm_command(), "serve", "--help=all"], capture_output=True, text=True, timeout=300
+            )
             flags = parse_help_flags(out.stdout)
             if not flags:
                 raise EngineError(f"cannot read the flags of vLLM {self.version}: {_last_line(out.stderr)}")
@@ -123,9 +124,7 @@ def installed() -> list[Engine]:
 
 def available_versions(python: str = sys.executable, dist: str = DIST) -> list[str]:
     """Versions of ``dist`` the configured package index offers (fast: an index query, no download)."""
-    out = subprocess.run(
-        [python, "-m", "pip", "index", "versions", dist], capture_output=True, text=True, timeout=120
-    )
+    out = subprocess.run([python, "-m", "pip", "index", "versions", dist], capture_output=True, text=True, timeout=120)
     m = re.search(r"Available versions:\s*(.+)", out.stdout)
     if out.returncode != 0 or not m:
         raise EngineError(f"cannot list {dist} versions from the package index: {_last_line(out.stderr)}")
@@ -157,8 +156,10 @@ def patch_torchvision(site_packages: Path) -> bool:
         return False
     src = f.read_text()
     new = _TV_PATCH.sub(
-        lambda m: f'@(torch.library.register_fake("torchvision::{m.group(1)}") '
-        f"if torchvision.extension._has_ops() else (lambda f: f))",
+        lambda m: (
+            f'@(torch.library.register_fake("torchvision::{m.group(1)}") '
+            f"if torchvision.extension._has_ops() else (lambda f: f))"
+        ),
         src,
     )
     if new == src:
@@ -204,16 +205,23 @@ def _cpu_fixes(e: Engine, log_path: Path, say) -> dict:
             [str(e.python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True
         ).strip()
     )
-    return {"removed": present, "torchvision_nms_guard": patch_torchvision(site),
-            "launcher": str(LAUNCHER.relative_to(Path(__file__).parent))}
+    return {
+        "removed": present,
+        "torchvision_nms_guard": patch_torchvision(site),
+        "launcher": str(LAUNCHER.relative_to(Path(__file__).parent)),
+    }
 
 
 def _repin(e: Engine, pins: list[str], say) -> None:
     """An engine installed before its extra pins changed: the pins installed in place, the manifest updated."""
     say(f"vLLM {e.version}: applying its pins {' '.join(pins) or '(none)'}")
     if pins:
-        _run([str(e.python), "-m", "pip", "install", "--disable-pip-version-check", *pins], e.root / "install.log",
-             "pip install of the pins", say)
+        _run(
+            [str(e.python), "-m", "pip", "install", "--disable-pip-version-check", *pins],
+            e.root / "install.log",
+            "pip install of the pins",
+            say,
+        )
     manifest = e.manifest()
     pkgs = _pip_versions(e.python)
     manifest["packages"] = {k: pkgs.get(k, v) for k, v in manifest.get("packages", {}).items()}
@@ -229,8 +237,9 @@ def install(version: str, *, force: bool = False, flavor: str = "cpu", say=print
     e = engine(version)
     if e.installed() and not force:
         if e.flavor != flavor:
-            raise EngineError(f"vLLM {version} is installed here as the {e.flavor} flavour: add --force to replace "
-                              f"it with {flavor}")
+            raise EngineError(
+                f"vLLM {version} is installed here as the {e.flavor} flavour: add --force to replace it with {flavor}"
+            )
         pins = EXTRA_PINS.get(version, []) if flavor == "cpu" else []
         if e.manifest().get("extra_pins", []) != pins:
             _repin(e, pins, say)
@@ -250,12 +259,18 @@ def install(version: str, *, force: bool = False, flavor: str = "cpu", say=print
         size = "(2-5 min, ~3.5 GB)" if flavor == "cpu" else "(CUDA wheels: several GB)"
         say(f"installing {dist}=={version} {size}")
         pins = [f"{dist}=={version}", *([TORCH_PIN, *EXTRA_PINS.get(version, [])] if flavor == "cpu" else [])]
-        _run([str(e.python), "-m", "pip", "install", "--disable-pip-version-check", *pins], log_path,
-             "pip install", say)
+        _run(
+            [str(e.python), "-m", "pip", "install", "--disable-pip-version-check", *pins], log_path, "pip install", say
+        )
         fixes = _cpu_fixes(e, log_path, say) if flavor == "cpu" else {}
         say("checking that vLLM imports and its CLI runs")
-        _run([str(e.python), "-c", "import torchvision, transformers, vllm.entrypoints.cli.main"], log_path,
-             "importing vllm" + (" after the fixes" if fixes else ""), say, timeout=300)
+        _run(
+            [str(e.python), "-c", "import torchvision, transformers, vllm.entrypoints.cli.main"],
+            log_path,
+            "importing vllm" + (" after the fixes" if fixes else ""),
+            say,
+            timeout=300,
+        )
         _run([*e.vllm_command(), "--version"], log_path, "running the vllm CLI", say, timeout=300)
         e.serve_flags()  # cached now: campaign files are checked against it without starting vLLM
         pkgs = _pip_versions(e.python)

@@ -31,8 +31,9 @@ class _Lasting:
 
 
 class FaultInjector:
-    def __init__(self, faults: list[Fault], trial_dir: Path | str, proxy: FaultProxy | None = None,
-                 source: str = "campaign"):
+    def __init__(
+        self, faults: list[Fault], trial_dir: Path | str, proxy: FaultProxy | None = None, source: str = "campaign"
+    ):
         self.pending = list(faults)
         self.proxy = proxy
         self.source = source
@@ -48,8 +49,11 @@ class FaultInjector:
         self.identities, self.restart = dict(identities), restart
 
     def due(self, elapsed: float, requests: int) -> list[Fault]:
-        return [f for f in self.pending if (f.at is not None and elapsed >= f.at)
-                or (f.after_requests is not None and requests >= f.after_requests)]
+        return [
+            f
+            for f in self.pending
+            if (f.at is not None and elapsed >= f.at) or (f.after_requests is not None and requests >= f.after_requests)
+        ]
 
     def tick(self, now: float, elapsed: float, requests: int) -> list[dict]:
         """Fire what is due (``elapsed``: seconds of load; ``requests``: rows recorded so far), end what has lasted
@@ -64,14 +68,24 @@ class FaultInjector:
     def fire(self, f: Fault, now: float, source: str | None = None) -> dict:
         """Inject ``f`` at once (the campaign's plan when due, or by hand)."""
         self._n += 1
-        row = {"fault": f.name, "kind": f.kind, "target": f.role(), "source": source or self.source,
-               "t_injected": now, "restart": self.restart, "detail": _detail(f)}
+        row = {
+            "fault": f.name,
+            "kind": f.kind,
+            "target": f.role(),
+            "source": source or self.source,
+            "t_injected": now,
+            "restart": self.restart,
+            "detail": _detail(f),
+        }
         if f.is_process:
             ident = self.identities.get(f.role())
             if ident is None or not alive(ident):
                 why = "no such process was recorded" if ident is None else f"pid {ident.pid} is no longer running"
-                row.update(outcome=schema.FAULT_TARGET_GONE, target_pid=ident.pid if ident else None,
-                           detail=f"{row['detail']}; {why}")
+                row.update(
+                    outcome=schema.FAULT_TARGET_GONE,
+                    target_pid=ident.pid if ident else None,
+                    detail=f"{row['detail']}; {why}",
+                )
                 return self._write(row)
             row["target_pid"] = ident.pid
             row["detail"] = f"{row['detail']}; {ident.title[:80]}".strip("; ")
@@ -113,8 +127,17 @@ class FaultInjector:
         """The trial is over: what lasts ends now (before the server is stopped), what was not reached says so."""
         self._end_lasting(now, everything=True)
         for f in self.pending:
-            self._write({"fault": f.name, "kind": f.kind, "target": f.role(), "source": self.source,
-                         "outcome": schema.FAULT_NOT_REACHED, "detail": _detail(f), "restart": self.restart})
+            self._write(
+                {
+                    "fault": f.name,
+                    "kind": f.kind,
+                    "target": f.role(),
+                    "source": self.source,
+                    "outcome": schema.FAULT_NOT_REACHED,
+                    "detail": _detail(f),
+                    "restart": self.restart,
+                }
+            )
         self.pending = []
         self.writer.flush()
 

@@ -69,7 +69,7 @@ class FaultProxy:
         return f"http://{self.host}:{self.port}"
 
     # -- control (from any thread) ---------------------------------------------------------------------------
-    def start(self) -> "FaultProxy":
+    def start(self) -> FaultProxy:
         self._thread = threading.Thread(target=self._loop.run_forever, name="mmchaos-fault-proxy", daemon=True)
         self._thread.start()
         try:
@@ -154,8 +154,10 @@ class FaultProxy:
             except OSError:
                 return  # the server is down: the client sees its connection closed, as it would without us
             up.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            pumps = [self._loop.create_task(self._pump(conn, conn.client, up, False)),
-                     self._loop.create_task(self._pump(conn, up, conn.client, True))]
+            pumps = [
+                self._loop.create_task(self._pump(conn, conn.client, up, False)),
+                self._loop.create_task(self._pump(conn, up, conn.client, True)),
+            ]
             conn.tasks += pumps
             await asyncio.wait(pumps, return_when=asyncio.ALL_COMPLETED)
         except (OSError, asyncio.CancelledError):
@@ -172,8 +174,9 @@ class FaultProxy:
                 slow = self._params(SLOW_READ) if downstream else None
                 self._set_rcvbuf(conn, slow is not None)
                 rate = self._rate(slow)
-                data = await self._loop.sock_recv(src, SLOW_CHUNK if slow else min(CHUNK, max(1, int(rate / 10)))
-                                                  if rate else CHUNK)
+                data = await self._loop.sock_recv(
+                    src, SLOW_CHUNK if slow else min(CHUNK, max(1, int(rate / 10))) if rate else CHUNK
+                )
                 if not data:
                     dst.shutdown(socket.SHUT_WR)  # pass the half-close on (a response read to its end)
                     return

@@ -46,9 +46,17 @@ DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # a namespace's n
 QUANTITY = re.compile(r"[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?")  # a storage size
 
 
-def render(plan: CampaignPlan, config_name: str, *, workers: int, image: str, namespace: str = "mmchaos",
-           results_size: str = "10Gi", vllm_image: str | None = None,
-           model_path: str | None = None) -> str:
+def render(
+    plan: CampaignPlan,
+    config_name: str,
+    *,
+    workers: int,
+    image: str,
+    namespace: str = "mmchaos",
+    results_size: str = "10Gi",
+    vllm_image: str | None = None,
+    model_path: str | None = None,
+) -> str:
     cfg = _config(plan, config_name)
     vllm_image = vllm_image or f"{VLLM_IMAGE}:v{cfg.engine or DEFAULT_VERSION}"  # the configuration's version
     if workers < 1:
@@ -64,8 +72,9 @@ def render(plan: CampaignPlan, config_name: str, *, workers: int, image: str, na
         if plan.workload["options"].get(name):
             raise ValueError(f"[workload.options] {name} is a local path the pods do not have: remove it")
     if not plan.workload["locustfile"].endswith("embeddings.py"):
-        raise ValueError("the workers run mmchaos.locustfiles.embeddings: the campaign's locustfile must be "
-                         "embeddings.py")
+        raise ValueError(
+            "the workers run mmchaos.locustfiles.embeddings: the campaign's locustfile must be embeddings.py"
+        )
     model, base = _server_command(plan, model_path)
     base, base_key = _hide_api_key(base)
     flags, flags_key = _hide_api_key(cfg.flags)
@@ -80,8 +89,12 @@ def render(plan: CampaignPlan, config_name: str, *, workers: int, image: str, na
 
     docs = [
         _pvc(namespace, results_size),
-        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(CAMPAIGN, namespace, "campaign"),
-         "data": {"campaign.toml": campaign}},
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": _meta(CAMPAIGN, namespace, "campaign"),
+            "data": {"campaign.toml": campaign},
+        },
         _master_job(plan, cfg, namespace, image, api_key),
         _service(MASTER, namespace, "master", MASTER_PORT, "locust"),
         _workers(namespace, image, workers, api_key),
@@ -89,7 +102,8 @@ def render(plan: CampaignPlan, config_name: str, *, workers: int, image: str, na
         _service(VLLM, namespace, "vllm", VLLM_PORT, "http"),
     ]
     return _header(plan, cfg, namespace, workers, image, model, secret_keys) + yaml.dump_all(
-        docs, Dumper=_Dumper, sort_keys=False, width=4096)
+        docs, Dumper=_Dumper, sort_keys=False, width=4096
+    )
 
 
 def _config(plan: CampaignPlan, name: str) -> Config:
@@ -108,7 +122,7 @@ def _server_command(plan: CampaignPlan, model_path: str | None) -> tuple[str, li
         base = ["--runner", "pooling"]
         model = model_path or plan.model
     else:
-        model, rest, base = words[at + 1], words[at + 2:], []
+        model, rest, base = words[at + 1], words[at + 2 :], []
         model = model_path or (plan.model if model == "{model}" else model)
         skip = False
         for w in rest:
@@ -145,18 +159,34 @@ def campaign_toml(plan: CampaignPlan, cfg: Config, workers: int, flags: list[str
     """The campaign as the master runs it: attach to the vLLM Service, the installed locustfile, a Locust master
     on all interfaces waiting for the workers, and only this configuration (the server runs its flags; they are
     kept for the report, secrets as references)."""
-    campaign = {"name": plan.name, "description": plan.description, "trials": plan.trials, "target": "attach",
-                "url": VLLM_URL, "model": plan.model, "seed": plan.seed}
+    campaign = {
+        "name": plan.name,
+        "description": plan.description,
+        "trials": plan.trials,
+        "target": "attach",
+        "url": VLLM_URL,
+        "model": plan.model,
+        "seed": plan.seed,
+    }
     # the load comes from the worker pods (processes = 0: none beside the master in its own pod)
-    workload = {**plan.workload, "locustfile": LOCUSTFILE, "processes": 0, "expect_workers": workers,
-                "master_bind_host": "*", "master_bind_port": MASTER_PORT}
+    workload = {
+        **plan.workload,
+        "locustfile": LOCUSTFILE,
+        "processes": 0,
+        "expect_workers": workers,
+        "master_bind_host": "*",
+        "master_bind_port": MASTER_PORT,
+    }
     if not workload.get("rate"):  # a closed loop says so by leaving the rate out (a rate of 0 is refused)
         workload.pop("rate", None)
     env = {k: f"<Secret {SECRET}, key {k}>" if k in secret_env(cfg.env) else v for k, v in cfg.env.items()}
     config = {"name": cfg.name, "description": cfg.description, "flags": flags, "env": env}
-    lines = [f"# {plan.path.name}, configuration {cfg.name}, rewritten by `mmchaos k8s` for the cluster: attach to",
-             "# the vLLM Service (Kubernetes restarts a crashed server), a Locust master for the mmchaos-worker pods.",
-             "# Change the source file and render again rather than editing this.", ""]
+    lines = [
+        f"# {plan.path.name}, configuration {cfg.name}, rewritten by `mmchaos k8s` for the cluster: attach to",
+        "# the vLLM Service (Kubernetes restarts a crashed server), a Locust master for the mmchaos-worker pods.",
+        "# Change the source file and render again rather than editing this.",
+        "",
+    ]
     for name, table in (("campaign", campaign), ("workload", workload), ("crash", plan.crash)):
         lines += [*_toml_table(f"[{name}]", name, table), ""]
     return "\n".join([*lines, *_toml_table("[[config]]", "config", config)]) + "\n"
@@ -164,8 +194,9 @@ def campaign_toml(plan: CampaignPlan, cfg: Config, workers: int, flags: list[str
 
 def _toml_table(head: str, name: str, data: dict) -> list[str]:
     inline = head.startswith("[[")  # in an array of tables, tables stay inline (env = {...})
-    lines = [head] + [f"{_toml_key(k)} = {_toml(v)}" for k, v in data.items()
-                      if v is not None and (inline or not isinstance(v, dict))]
+    lines = [head] + [
+        f"{_toml_key(k)} = {_toml(v)}" for k, v in data.items() if v is not None and (inline or not isinstance(v, dict))
+    ]
     for k, v in data.items():
         if isinstance(v, dict) and v and not inline:
             lines += ["", *_toml_table(f"[{name}.{_toml_key(k)}]", f"{name}.{k}", v)]
@@ -192,6 +223,7 @@ def _toml(v) -> str:
 
 # --- the objects ---------------------------------------------------------------------------------------------
 
+
 def _labels(component: str) -> dict:
     return {"app.kubernetes.io/name": NAME, "app.kubernetes.io/component": component}
 
@@ -206,14 +238,24 @@ def _secret_env(name: str, key: str) -> dict:
 
 def _pvc(namespace: str, size: str) -> dict:
     # ReadWriteOnce: only the master writes (the workers send it their rows over Locust's messages)
-    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": _meta(RESULTS, namespace, "results"),
-            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": size}}}}
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": _meta(RESULTS, namespace, "results"),
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": size}}},
+    }
 
 
 def _service(name: str, namespace: str, component: str, port: int, port_name: str) -> dict:
-    return {"apiVersion": "v1", "kind": "Service", "metadata": _meta(name, namespace, component),
-            "spec": {"selector": _labels(component),
-                     "ports": [{"name": port_name, "port": port, "targetPort": port_name, "protocol": "TCP"}]}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(name, namespace, component),
+        "spec": {
+            "selector": _labels(component),
+            "ports": [{"name": port_name, "port": port, "targetPort": port_name, "protocol": "TCP"}],
+        },
+    }
 
 
 def _mmchaos_pod(container: dict, api_key: bool, volumes: list[dict], **spec) -> dict:
@@ -222,32 +264,54 @@ def _mmchaos_pod(container: dict, api_key: bool, volumes: list[dict], **spec) ->
     if api_key:
         container["env"] = [_secret_env("MMCHAOS_API_KEY", "api-key")]
     container["securityContext"] = {"allowPrivilegeEscalation": False}
-    return {"enableServiceLinks": False,  # no <SERVICE>_PORT variables in the environment
-            "securityContext": {"runAsNonRoot": True, "runAsUser": USER_ID, "runAsGroup": USER_ID,
-                                "fsGroup": USER_ID},
-            **spec, "containers": [container], **({"volumes": volumes} if volumes else {})}
+    return {
+        "enableServiceLinks": False,  # no <SERVICE>_PORT variables in the environment
+        "securityContext": {"runAsNonRoot": True, "runAsUser": USER_ID, "runAsGroup": USER_ID, "fsGroup": USER_ID},
+        **spec,
+        "containers": [container],
+        **({"volumes": volumes} if volumes else {}),
+    }
 
 
 def _master_job(plan: CampaignPlan, cfg: Config, namespace: str, image: str, api_key: bool) -> dict:
     master = {
-        "name": "master", "image": image, "command": ["mmchaos"],
+        "name": "master",
+        "image": image,
+        "command": ["mmchaos"],
         "args": ["campaign", "run", "/campaign/campaign.toml", "--results", "/results"],
         "ports": [{"name": "locust", "containerPort": MASTER_PORT}],
         "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "2", "memory": "4Gi"}},
-        "volumeMounts": [{"name": "results", "mountPath": "/results"},
-                         {"name": "campaign", "mountPath": "/campaign", "readOnly": True}],
+        "volumeMounts": [
+            {"name": "results", "mountPath": "/results"},
+            {"name": "campaign", "mountPath": "/campaign", "readOnly": True},
+        ],
     }
     # the campaign's preflight fails at once if the server is not up yet: a large model loads for minutes
-    wait = {"name": "wait-for-vllm", "image": image, "command": ["python", "-c", _WAIT_FOR_VLLM],
-            "securityContext": {"allowPrivilegeEscalation": False}}
+    wait = {
+        "name": "wait-for-vllm",
+        "image": image,
+        "command": ["python", "-c", _WAIT_FOR_VLLM],
+        "securityContext": {"allowPrivilegeEscalation": False},
+    }
     meta = _meta(MASTER, namespace, "master")
     meta["annotations"] = {"mmchaos/campaign": plan.name, "mmchaos/config": cfg.name}
-    pod = _mmchaos_pod(master, api_key, [{"name": "results", "persistentVolumeClaim": {"claimName": RESULTS}},
-                                         {"name": "campaign", "configMap": {"name": CAMPAIGN}}],
-                       restartPolicy="Never", initContainers=[wait])
+    pod = _mmchaos_pod(
+        master,
+        api_key,
+        [
+            {"name": "results", "persistentVolumeClaim": {"claimName": RESULTS}},
+            {"name": "campaign", "configMap": {"name": CAMPAIGN}},
+        ],
+        restartPolicy="Never",
+        initContainers=[wait],
+    )
     # no retries: the exit code is the campaign's verdict; delete the Job and apply again to resume
-    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta,
-            "spec": {"backoffLimit": 0, "template": {"metadata": {"labels": _labels("master")}, "spec": pod}}}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": meta,
+        "spec": {"backoffLimit": 0, "template": {"metadata": {"labels": _labels("master")}, "spec": pod}},
+    }
 
 
 _WAIT_FOR_VLLM = (
@@ -264,21 +328,40 @@ _WAIT_FOR_VLLM = (
 
 def _workers(namespace: str, image: str, workers: int, api_key: bool) -> dict:
     worker = {
-        "name": "worker", "image": image, "command": ["mmchaos"],
+        "name": "worker",
+        "image": image,
+        "command": ["mmchaos"],
         "args": ["worker", "--master-host", MASTER, "--master-port", str(MASTER_PORT)],
         # one Locust worker is one process on one core
         "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "1", "memory": "2Gi"}},
     }
     # `mmchaos worker` joins the master's runs (one per trial) one after the other; no volume: its rows go to the
     # master. A worker that could not hand rows over writes them to the pod's own disk and logs it.
-    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(WORKER, namespace, "worker"),
-            "spec": {"replicas": workers, "selector": {"matchLabels": _labels("worker")},
-                     "template": {"metadata": {"labels": _labels("worker")},
-                                  "spec": _mmchaos_pod(worker, api_key, [], restartPolicy="Always")}}}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(WORKER, namespace, "worker"),
+        "spec": {
+            "replicas": workers,
+            "selector": {"matchLabels": _labels("worker")},
+            "template": {
+                "metadata": {"labels": _labels("worker")},
+                "spec": _mmchaos_pod(worker, api_key, [], restartPolicy="Always"),
+            },
+        },
+    }
 
 
-def _vllm(namespace: str, image: str, model: str, flags: list[str], env: dict, api_key: bool, gpus: int,
-          startup_timeout: float) -> dict:
+def _vllm(
+    namespace: str,
+    image: str,
+    model: str,
+    flags: list[str],
+    env: dict,
+    api_key: bool,
+    gpus: int,
+    startup_timeout: float,
+) -> dict:
     envs = [_secret_env("VLLM_API_KEY", "api-key")] if api_key else []
     envs += [_secret_env(k, k) if k in secret_env(env) else {"name": k, "value": v} for k, v in env.items()]
     mounts = [{"name": "dshm", "mountPath": "/dev/shm"}]  # tensor parallel workers share memory through it
@@ -288,12 +371,16 @@ def _vllm(namespace: str, image: str, model: str, flags: list[str], env: dict, a
         volumes.append({"name": "models", "persistentVolumeClaim": {"claimName": MODELS, "readOnly": True}})
     probe = {"httpGet": {"path": "/health", "port": "http"}, "timeoutSeconds": 5}
     container = {
-        "name": "vllm", "image": image, "command": ["vllm", "serve"],
+        "name": "vllm",
+        "image": image,
+        "command": ["vllm", "serve"],
         "args": [model, "--host", "0.0.0.0", "--port", str(VLLM_PORT), *flags],
         "env": envs,
         "ports": [{"name": "http", "containerPort": VLLM_PORT}],
-        "resources": {"requests": {"cpu": "4", "memory": "32Gi", "nvidia.com/gpu": str(gpus)},
-                      "limits": {"memory": "64Gi", "nvidia.com/gpu": str(gpus)}},
+        "resources": {
+            "requests": {"cpu": "4", "memory": "32Gi", "nvidia.com/gpu": str(gpus)},
+            "limits": {"memory": "64Gi", "nvidia.com/gpu": str(gpus)},
+        },
         # loading may take as long as the campaign allows a start; after that, a hang is restarted in 30 s
         "startupProbe": {**probe, "periodSeconds": 10, "failureThreshold": max(1, -(-int(startup_timeout) // 10))},
         "readinessProbe": {**probe, "periodSeconds": 5, "failureThreshold": 2},
@@ -302,30 +389,45 @@ def _vllm(namespace: str, image: str, model: str, flags: list[str], env: dict, a
     }
     if not envs:
         del container["env"]
-    pod = {"enableServiceLinks": False,
-           # the crash this suite provokes kills the server: Kubernetes restarts it, the campaign sees it on /health
-           "restartPolicy": "Always",
-           "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-           "containers": [container], "volumes": volumes}
-    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(VLLM, namespace, "vllm"),
-            "spec": {"replicas": 1, "strategy": {"type": "Recreate"},  # never two servers on the same GPUs
-                     "selector": {"matchLabels": _labels("vllm")},
-                     "template": {"metadata": {"labels": _labels("vllm")}, "spec": pod}}}
+    pod = {
+        "enableServiceLinks": False,
+        # the crash this suite provokes kills the server: Kubernetes restarts it, the campaign sees it on /health
+        "restartPolicy": "Always",
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "containers": [container],
+        "volumes": volumes,
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(VLLM, namespace, "vllm"),
+        "spec": {
+            "replicas": 1,
+            "strategy": {"type": "Recreate"},  # never two servers on the same GPUs
+            "selector": {"matchLabels": _labels("vllm")},
+            "template": {"metadata": {"labels": _labels("vllm")}, "spec": pod},
+        },
+    }
 
 
-def _header(plan: CampaignPlan, cfg: Config, namespace: str, workers: int, image: str, model: str,
-            secret_keys: list[str]) -> str:
-    lines = [f"Rendered by: mmchaos k8s {plan.path.name} --config {cfg.name} --workers {workers} --image {image}",
-             f"Campaign {plan.name}, configuration {cfg.name}: a master Job runs it in attach mode against the",
-             f"{VLLM} Service with {workers} Locust worker{'s' * (workers != 1)}. See docs/kubernetes.md.",
-             f"Needs: a volume for {RESULTS} (ReadWriteOnce: only the master writes; the workers send it their rows",
-             "over Locust's messages), nodes with nvidia.com/gpu."]
+def _header(
+    plan: CampaignPlan, cfg: Config, namespace: str, workers: int, image: str, model: str, secret_keys: list[str]
+) -> str:
+    lines = [
+        f"Rendered by: mmchaos k8s {plan.path.name} --config {cfg.name} --workers {workers} --image {image}",
+        f"Campaign {plan.name}, configuration {cfg.name}: a master Job runs it in attach mode against the",
+        f"{VLLM} Service with {workers} Locust worker{'s' * (workers != 1)}. See docs/kubernetes.md.",
+        f"Needs: a volume for {RESULTS} (ReadWriteOnce: only the master writes; the workers send it their rows",
+        "over Locust's messages), nodes with nvidia.com/gpu.",
+    ]
     if model.startswith("/"):
         lines.append(f"The model {model} is read from the PersistentVolumeClaim {MODELS} (yours to create).")
     if secret_keys:
         literals = " ".join(f"--from-literal={k}=..." for k in secret_keys)
-        lines += ["Secret values are not in this file: they are read from the Secret " + SECRET + ". Create it first:",
-                  f"  kubectl -n {namespace} create secret generic {SECRET} {literals}"]
+        lines += [
+            "Secret values are not in this file: they are read from the Secret " + SECRET + ". Create it first:",
+            f"  kubectl -n {namespace} create secret generic {SECRET} {literals}",
+        ]
     return "".join(f"# {ln}\n" for ln in lines)
 
 

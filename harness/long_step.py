@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 HEARTBEAT_S = 15.0
 STEP_PREFIX = "step "  # lines a step prints to be shown (e.g. "step 2/5: weights")
@@ -23,8 +23,9 @@ def _last_line(path: Path) -> str:
     return lines[-1][:120] if lines else ""
 
 
-def run(cmd: list, log_path: Path, what: str, say: Callable[[str], None], timeout: float,
-        env: dict | None = None) -> int:
+def run(
+    cmd: list, log_path: Path, what: str, say: Callable[[str], None], timeout: float, env: dict | None = None
+) -> int:
     """Run ``cmd`` with stdout and stderr appended to ``log_path``; returns its exit code (-9 after ``timeout``)."""
     with open(log_path, "ab") as log:
         log.write(f"$ {' '.join(map(str, cmd))}\n".encode())

@@ -78,9 +78,19 @@ class Result:
 
 
 class Minimizer:
-    def __init__(self, trial: Path, out: Path, repeats: int = 2, max_starts: int = 40, max_minutes: float = 60,
-                 settle: float = 10.0, startup_timeout: float = 420, progress: Callable[[str], None] = print,
-                 signatures: Signatures | None = None, keep_images: bool = False):
+    def __init__(
+        self,
+        trial: Path,
+        out: Path,
+        repeats: int = 2,
+        max_starts: int = 40,
+        max_minutes: float = 60,
+        settle: float = 10.0,
+        startup_timeout: float = 420,
+        progress: Callable[[str], None] = print,
+        signatures: Signatures | None = None,
+        keep_images: bool = False,
+    ):
         self.trial, self.out, self.repeats, self.settle = Path(trial), Path(out), repeats, settle
         self.keep_images = keep_images  # no fewer or smaller images tried
         self.startup_timeout, self.progress = startup_timeout, progress
@@ -114,11 +124,19 @@ class Minimizer:
             best = self.best = self._guess(best)
             if best is self.start and not self._crashes(best, "the trial's sequence"):
                 # ddmin needs a sequence that crashes: without one every start after this would be wasted
-                hint = "try --repeats 1, or another crashed trial" if self.repeats > 1 else \
-                    "run it again, or try another crashed trial"
-                return Result(best, False, False, None,
-                              f"the trial's {len(best)} requests did not crash a fresh server when replayed: the "
-                              f"crash needs timing or state the replay does not reproduce ({hint})")
+                hint = (
+                    "try --repeats 1, or another crashed trial"
+                    if self.repeats > 1
+                    else "run it again, or try another crashed trial"
+                )
+                return Result(
+                    best,
+                    False,
+                    False,
+                    None,
+                    f"the trial's {len(best)} requests did not crash a fresh server when replayed: the "
+                    f"crash needs timing or state the replay does not reproduce ({hint})",
+                )
             images = () if self.keep_images else (self._fewer_images, self._smaller_images)
             for step in (self._ddmin, self._serialize, *images, self._sooner_aborts):
                 best = self.best = step(best)
@@ -154,15 +172,19 @@ class Minimizer:
         r = trace.requests
         named = set(self._named_requests())
         unanswered = r["status"].isna() & (r["outcome"] != schema.ABORTED)
-        triggers = ([i for i in r.index if r.at[i, "request_id"] in named] or list(r.index[unanswered])
-                    or list(reversed(r.index)))
+        triggers = (
+            [i for i in r.index if r.at[i, "request_id"] in named]
+            or list(r.index[unanswered])
+            or list(reversed(r.index))
+        )
         out = []
         for i in triggers[:3]:
             images = self._images(trace, i)
             poisoners = [j for j in r.index[:i] if _poisons(r.loc[j]) and images & self._images(trace, j)]
             # a poison request the server answered as built (its 400) poisoned for sure; one it did not, maybe
-            answered = [j for j in poisoners if r.at[j, "status"] == r.at[j, "expected_status"]
-                        or r.at[j, "kind"] == "abort"]
+            answered = [
+                j for j in poisoners if r.at[j, "status"] == r.at[j, "expected_status"] or r.at[j, "kind"] == "abort"
+            ]
             for last in dict.fromkeys([*answered[-1:], *poisoners[-1:]]):
                 out += _abort_sooner_first(trace_edits.serialized(trace.subset([last, i])))
             if len(poisoners) > 1:
@@ -185,11 +207,15 @@ class Minimizer:
     def _ddmin(self, trace: Trace) -> Trace:
         items, n = list(range(len(trace))), 2
         while len(items) >= 2:
-            chunks = [items[k * len(items) // n:(k + 1) * len(items) // n] for k in range(n)]
-            for label, candidate in ([("subset", c) for c in chunks] +
-                                     [("complement", [x for x in items if x not in c]) for c in chunks]):
-                if candidate and len(candidate) < len(items) and \
-                        self._crashes(trace.subset(candidate), f"ddmin {label} of {n}"):
+            chunks = [items[k * len(items) // n : (k + 1) * len(items) // n] for k in range(n)]
+            for label, candidate in [("subset", c) for c in chunks] + [
+                ("complement", [x for x in items if x not in c]) for c in chunks
+            ]:
+                if (
+                    candidate
+                    and len(candidate) < len(items)
+                    and self._crashes(trace.subset(candidate), f"ddmin {label} of {n}")
+                ):
                     items, n = candidate, (2 if label == "subset" else max(n - 1, 2))
                     self.best = trace.subset(items)  # kept if the budget runs out before the search ends
                     break
@@ -252,8 +278,11 @@ class Minimizer:
             results.append(crashed)
             if crashed:  # what the issue snippet shows: the statuses and log lines of a crash of this sequence
                 self.state.setdefault("outcomes", {})[key.removeprefix("confirm:")] = {
-                    "statuses": outcome.statuses, "log_lines": outcome.log_lines, "signature": outcome.signature,
-                    "folder": str(outcome.folder)}
+                    "statuses": outcome.statuses,
+                    "log_lines": outcome.log_lines,
+                    "signature": outcome.signature,
+                    "folder": str(outcome.folder),
+                }
             self.state["runs"][key] = results
             self._save_state()
         verdict = all(results[:repeats])
@@ -266,12 +295,14 @@ class Minimizer:
         folder = self.out / "runs" / f"{self.runs:03d}"
         took = time.time()
         outcome = run_candidate(script, self.target, folder, self.sigs, self.settle, self.startup_timeout)
-        what = (f"crashed ({outcome.signature})" if outcome.crashed else "survived")
+        what = f"crashed ({outcome.signature})" if outcome.crashed else "survived"
         if outcome.crashed and outcome.signature != self.signature:
             what += f", not the trial's {self.signature}"
         elapsed = time.time() - self.budget.t0
-        self.progress(f"[{elapsed / 60:4.1f} min, start {self.budget.starts}/{self.budget.max_starts}] {label}: "
-                      f"{n} request(s), run {i}/{k}: {what} ({time.time() - took:.0f} s)")
+        self.progress(
+            f"[{elapsed / 60:4.1f} min, start {self.budget.starts}/{self.budget.max_starts}] {label}: "
+            f"{n} request(s), run {i}/{k}: {what} ({time.time() - took:.0f} s)"
+        )
         return outcome
 
     def script(self, trace: Trace) -> str:

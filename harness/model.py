@@ -31,19 +31,40 @@ class Recipe:
         return paths.model_dir(self.name)
 
 
-RECIPES = {r.name: r for r in (
-    Recipe("qwen3vl-embed", "tiny_model.py", "Qwen3VLForConditionalGeneration",
-           "images, videos and text together (Qwen3-VL-Embedding)", "/v1/embeddings, /v2/embed, /pooling, /score, "
-           "/rerank"),
-    Recipe("qwen2vl-embed", "tiny_qwen2vl.py", "Qwen2VLForConditionalGeneration",
-           "images, videos and text together (GME, DSE)", "lists /v1/embeddings and the rest, but its first image "
-           "request is a 500 (EngineCore error) on 0.30.0 and 0.32.0: not usable yet"),
-    Recipe("clip-embed", "tiny_clip.py", "CLIPModel", "an image or a text, not both (vLLM's clip.py)",
-           "/v1/embeddings, /v2/embed, /pooling, /score, /rerank (not yet measured)"),
-    Recipe("qwen3vl-rerank", "tiny_rerank.py", "Qwen3VLForSequenceClassification",
-           "a text query against image and text documents (Qwen3-VL-Reranker)", "/score, /rerank, /classify, "
-           "/pooling"),
-)}
+RECIPES = {
+    r.name: r
+    for r in (
+        Recipe(
+            "qwen3vl-embed",
+            "tiny_model.py",
+            "Qwen3VLForConditionalGeneration",
+            "images, videos and text together (Qwen3-VL-Embedding)",
+            "/v1/embeddings, /v2/embed, /pooling, /score, /rerank",
+        ),
+        Recipe(
+            "qwen2vl-embed",
+            "tiny_qwen2vl.py",
+            "Qwen2VLForConditionalGeneration",
+            "images, videos and text together (GME, DSE)",
+            "lists /v1/embeddings and the rest, but its first image "
+            "request is a 500 (EngineCore error) on 0.30.0 and 0.32.0: not usable yet",
+        ),
+        Recipe(
+            "clip-embed",
+            "tiny_clip.py",
+            "CLIPModel",
+            "an image or a text, not both (vLLM's clip.py)",
+            "/v1/embeddings, /v2/embed, /pooling, /score, /rerank (not yet measured)",
+        ),
+        Recipe(
+            "qwen3vl-rerank",
+            "tiny_rerank.py",
+            "Qwen3VLForSequenceClassification",
+            "a text query against image and text documents (Qwen3-VL-Reranker)",
+            "/score, /rerank, /classify, /pooling",
+        ),
+    )
+}
 DEFAULT = "qwen3vl-embed"
 
 
@@ -96,8 +117,14 @@ def build(out: Path | None = None, engine_version: str | None = None, say=print,
     say(f"building the tiny {r.architecture} ({name}) with vLLM {e.version}'s transformers")
     log = out.parent / f"{out.name}.build.log"
     log.unlink(missing_ok=True)
-    code = long_step.run([str(e.python), str(r.builder), str(out)], log, f"building {name}", say, timeout=600,
-                         env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    code = long_step.run(
+        [str(e.python), str(r.builder), str(out)],
+        log,
+        f"building {name}",
+        say,
+        timeout=600,
+        env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+    )
     lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
     if code != 0:
         raise ModelError(f"model build failed: {lines[-1] if lines else '(no output)'} (log: {log})")

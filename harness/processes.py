@@ -49,8 +49,9 @@ def signal_group(pgid: int, sig: int) -> None:
         pass
 
 
-def stop_group(leader: subprocess.Popen, grace: float, leader_first: bool = False,
-               sig: int = signal.SIGTERM) -> int | None:
+def stop_group(
+    leader: subprocess.Popen, grace: float, leader_first: bool = False, sig: int = signal.SIGTERM
+) -> int | None:
     """Stop the group ``leader`` heads (its pgid is its pid: started with ``start_new_session``).
 
     ``sig`` (SIGTERM) goes to the leader alone when it shuts its children down in order itself (``leader_first``,

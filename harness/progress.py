@@ -34,23 +34,29 @@ class CampaignProgress:
         self.state: dict = {}
         self.t0 = self.trial_t0 = time.time()
         self.is_live = console.is_terminal if live is None else live
-        self.live = Live(self._render(), console=console, refresh_per_second=4, transient=False) \
-            if self.is_live else None
+        self.live = (
+            Live(self._render(), console=console, refresh_per_second=4, transient=False) if self.is_live else None
+        )
 
     def eta(self) -> float | None:
         """Seconds left: the trials to go times the mean trial so far (a guess before the first one ends)."""
         left = self.total - self.done
         if not left:
             return 0.0
-        per = (sum(self.run_times) / len(self.run_times) if self.run_times else
-               STARTUP_GUESS_S.get(self.camp.target, 60.0) + float(self.camp.workload["duration"]) + STOP_GUESS_S)
+        per = (
+            sum(self.run_times) / len(self.run_times)
+            if self.run_times
+            else STARTUP_GUESS_S.get(self.camp.target, 60.0) + float(self.camp.workload["duration"]) + STOP_GUESS_S
+        )
         current = time.time() - self.trial_t0 if self.state else 0.0
         return max(per - current, 0.0) + per * (left - 1)
 
     def title(self) -> str:
         eta = self.eta()
-        return (f"campaign {self.camp.name}: {self.done}/{self.total} trials done, {_clock(time.time() - self.t0)} "
-                f"elapsed, ETA {_clock(eta) if eta is not None else '?'}")
+        return (
+            f"campaign {self.camp.name}: {self.done}/{self.total} trials done, {_clock(time.time() - self.t0)} "
+            f"elapsed, ETA {_clock(eta) if eta is not None else '?'}"
+        )
 
     def _render(self) -> Table:
         s = self.state
@@ -58,9 +64,15 @@ class CampaignProgress:
         for col in ("config", "trial", "phase", "elapsed", "requests", "unexpected", "crashes"):
             t.add_column(col)
         if s:
-            t.add_row(str(s.get("config", "")), _trial(s.get("trial", ""), s.get("point")), str(s.get("phase", "")),
-                      f"{s.get('elapsed', 0):.0f} s", str(s.get("requests", "")), str(s.get("unexpected", "")),
-                      str(s.get("crashes", "")))
+            t.add_row(
+                str(s.get("config", "")),
+                _trial(s.get("trial", ""), s.get("point")),
+                str(s.get("phase", "")),
+                f"{s.get('elapsed', 0):.0f} s",
+                str(s.get("requests", "")),
+                str(s.get("unexpected", "")),
+                str(s.get("crashes", "")),
+            )
         return t
 
     def update(self, state: dict) -> None:
@@ -84,24 +96,41 @@ class CampaignProgress:
             self.run_times.append(time.time() - self.trial_t0)
         if not self.is_live:
             sigs = ", ".join(sorted({c.chain or c.signature for c in r.crashes}))
-            self._line(f"{r.config}/t{_trial(r.trial, r.point)}: {r.status}" + (" (skipped: done before)" if r.skipped else
-                       f", {r.requests:,} requests, {r.errors:,} unexpected, {len(r.crashes)} crash(es)"
-                       + (f" ({sigs})" if sigs else "") + (f"; {r.error}" if r.error else "")))
+            self._line(
+                f"{r.config}/t{_trial(r.trial, r.point)}: {r.status}"
+                + (
+                    " (skipped: done before)"
+                    if r.skipped
+                    else f", {r.requests:,} requests, {r.errors:,} unexpected, {len(r.crashes)} crash(es)"
+                    + (f" ({sigs})" if sigs else "")
+                    + (f"; {r.error}" if r.error else "")
+                )
+            )
 
     def _line(self, text: str) -> None:
         eta = self.eta()
-        self.console.print(f"[{_clock(time.time() - self.t0)} elapsed, {self.done}/{self.total} done, ETA "
-                           f"{_clock(eta) if eta is not None else '?'}] {escape(text)}", highlight=False)
+        self.console.print(
+            f"[{_clock(time.time() - self.t0)} elapsed, {self.done}/{self.total} done, ETA "
+            f"{_clock(eta) if eta is not None else '?'}] {escape(text)}",
+            highlight=False,
+        )
 
     def summary(self, results) -> None:
-        t = Table(title=f"trials of campaign {self.camp.name} ({_clock(time.time() - self.t0)})",
-                  title_justify="left")
+        t = Table(title=f"trials of campaign {self.camp.name} ({_clock(time.time() - self.t0)})", title_justify="left")
         for col in ("config", "trial", "status", "requests", "unexpected", "crashes", "signatures", "note"):
             t.add_column(col)
         for r in results:
             sigs = ", ".join(sorted({c.chain or c.signature for c in r.crashes}))
-            t.add_row(r.config, _trial(r.trial, r.point), r.status + (" (skipped)" if r.skipped else ""), str(r.requests),
-                      str(r.errors), str(len(r.crashes)), sigs, r.error or "")
+            t.add_row(
+                r.config,
+                _trial(r.trial, r.point),
+                r.status + (" (skipped)" if r.skipped else ""),
+                str(r.requests),
+                str(r.errors),
+                str(len(r.crashes)),
+                sigs,
+                r.error or "",
+            )
         self.console.print()  # the title starts a line of its own
         self.console.print(t)
 

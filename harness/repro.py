@@ -14,8 +14,9 @@ import http.client
 import io
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -124,7 +125,12 @@ def tokenize_then_reuse(
 
 
 def abort_then_reuse(
-    base_url: str, model: str, *, nonce: int = 0, retries: int = 2, timeout: float = 30.0,
+    base_url: str,
+    model: str,
+    *,
+    nonce: int = 0,
+    retries: int = 2,
+    timeout: float = 30.0,
     abort_after_ms: float | None = None,
 ) -> ReproResult:
     """For each hang-up delay in turn (``abort_after_ms``, else the ABORT_LADDER_MS), a never-seen image: a valid
@@ -147,13 +153,18 @@ def _hang_up(base_url: str, body: dict, after_ms: float) -> Step:
     t0 = time.perf_counter()
     name = f"abort@{after_ms:g}ms"
     try:
-        conn.request("POST", url.path.rstrip("/") + "/v1/embeddings", body=json.dumps(body).encode(),
-                     headers={"Content-Type": "application/json", **auth_headers()})
+        conn.request(
+            "POST",
+            url.path.rstrip("/") + "/v1/embeddings",
+            body=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json", **auth_headers()},
+        )
         conn.sock.settimeout(max(after_ms / 1000 - (time.perf_counter() - t0), 0.001))  # one deadline in all
         answer = conn.getresponse()
         text = answer.read().decode(errors="replace")
-        return Step(name, answer.status, None if answer.status == 200 else text[:200],
-                    (time.perf_counter() - t0) * 1000)
+        return Step(
+            name, answer.status, None if answer.status == 200 else text[:200], (time.perf_counter() - t0) * 1000
+        )
     except TimeoutError:
         return Step(name, None, ABORTED, (time.perf_counter() - t0) * 1000)
     except (OSError, http.client.HTTPException) as e:

@@ -42,15 +42,18 @@ def render(trace: Trace, info: ScriptInfo) -> str:
         body = json.dumps(json.loads(_join(trace.requests.at[i, "body"], refs)), indent=1, ensure_ascii=False)
         hang_up = r["abort_after_ms"]
         hang_up = None if hang_up is None or hang_up != hang_up else round(float(hang_up), 1)
-        lines.append(f"    # {i + 1}: {_describe(r)}\n"
-                     f"    ({session[keys[i]]}, {float(r['t_start']) - t0:.3f}, {r['endpoint']!r}, {hang_up!r}, "
-                     f"json.loads(r\"\"\"\n{body}\n\"\"\")),")
+        lines.append(
+            f"    # {i + 1}: {_describe(r)}\n"
+            f"    ({session[keys[i]]}, {float(r['t_start']) - t0:.3f}, {r['endpoint']!r}, {hang_up!r}, "
+            f'json.loads(r"""\n{body}\n""")),'
+        )
     n_sessions = len(session)
     return _SCRIPT.format(
         title=info.title,
         about=info.about.strip(),
-        sessions="one session, one connection" if n_sessions == 1 else f"{n_sessions} sessions at once, one "
-                                                                          "connection each",
+        sessions="one session, one connection"
+        if n_sessions == 1
+        else f"{n_sessions} sessions at once, one connection each",
         requests="\n".join(lines),
         images="\n".join(images),
     )
@@ -68,7 +71,7 @@ def _chunked(url: str, width: int = 100) -> str:
     """A long data URL as adjacent string literals, one line each (Python joins them)."""
     if len(url) <= width:
         return repr(url)
-    chunks = [url[i:i + width] for i in range(0, len(url), width)]
+    chunks = [url[i : i + width] for i in range(0, len(url), width)]
     return "(\n" + "\n".join(f"        {c!r}" for c in chunks) + ")"
 
 

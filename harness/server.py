@@ -14,9 +14,10 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Callable
+from typing import IO
 from urllib.parse import urlsplit
 
 import requests
@@ -121,8 +122,14 @@ def _last_api_key(argv: list[str]) -> str | None:
 
 
 class Server:
-    def __init__(self, target: Target, log_path: Path | str, port: int | None = None, host: str = LOOPBACK,
-                 redactor: Redactor | None = None):
+    def __init__(
+        self,
+        target: Target,
+        log_path: Path | str,
+        port: int | None = None,
+        host: str = LOOPBACK,
+        redactor: Redactor | None = None,
+    ):
         if target.mode not in ("engine", "command", "attach"):
             raise ServerError(f"unknown target mode '{target.mode}' (engine, command or attach)")
         self.target = target
@@ -160,8 +167,9 @@ class Server:
         if t.mode == "command":
             assert t.command is not None  # a command target has one (checked where it is made)
             # a configuration's flags go after the user's command, as with the embedded engine
-            command = fill_placeholders(t.command, host=self.host, port=self.port,
-                                        model=t.model or paths.default_model_dir())
+            command = fill_placeholders(
+                t.command, host=self.host, port=self.port, model=t.model or paths.default_model_dir()
+            )
             argv = split_command(command) + list(t.flags)
             env.update(t.env)
             return argv, env
@@ -173,8 +181,15 @@ class Server:
         if (cpu or Path(model).exists()) and not Path(model, "config.json").is_file():
             raise ServerError(f"no model at {model}: run `mmchaos model build`")
         tp = tensor_parallel_size(t.flags)
-        env.update({"VLLM_CACHE_ROOT": str(paths.vllm_cache_root(e.version)), "VLLM_NO_USAGE_STATS": "1",
-                    "DO_NOT_TRACK": "1", PARENT_ENV: str(os.getpid()), OWN_TMPDIR_ENV: tmpdir})
+        env.update(
+            {
+                "VLLM_CACHE_ROOT": str(paths.vllm_cache_root(e.version)),
+                "VLLM_NO_USAGE_STATS": "1",
+                "DO_NOT_TRACK": "1",
+                PARENT_ENV: str(os.getpid()),
+                OWN_TMPDIR_ENV: tmpdir,
+            }
+        )
         if cpu:
             env.update(
                 {
@@ -201,7 +216,7 @@ class Server:
         ]
         return argv, env
 
-    def start(self) -> "Server":
+    def start(self) -> Server:
         if self.target.mode == "attach":
             self.started_at = time.time()
             return self
@@ -216,8 +231,10 @@ class Server:
             # would find it and we would load a server that is not ours
             url = urlsplit(self.base_url)
             if url.hostname in ("127.0.0.1", "localhost") and url.port and port_in_use(url.port, LOOPBACK):
-                raise ServerError(f"port {url.port} of {self.base_url} is already in use by another process: "
-                                  "stop it, or change the port in the command and the url")
+                raise ServerError(
+                    f"port {url.port} of {self.base_url} is already in use by another process: "
+                    "stop it, or change the port in the command and the url"
+                )
         else:
             self.base_url = f"http://{self.host}:{self.port}"
         self._tmpdir = tempfile.mkdtemp(prefix="mmchaos-server-")
@@ -241,8 +258,9 @@ class Server:
         except FileNotFoundError as e:
             self._cleanup_files()
             raise ServerError(f"cannot run '{argv[0]}': not found") from e
-        self._copier = threading.Thread(target=self._copy_log, args=(self.proc.stdout, self._log_file),
-                                        name="mmchaos-server-log", daemon=True)
+        self._copier = threading.Thread(
+            target=self._copy_log, args=(self.proc.stdout, self._log_file), name="mmchaos-server-log", daemon=True
+        )
         self._copier.start()
         self.pgid = self.proc.pid
         self.started_at = time.time()
@@ -341,7 +359,7 @@ class Server:
             shutil.rmtree(self._tmpdir, ignore_errors=True)  # vllm_dist_* files and ZMQ sockets live here
             self._tmpdir = None
 
-    def __enter__(self) -> "Server":
+    def __enter__(self) -> Server:
         return self.start()
 
     def __exit__(self, *exc) -> None:

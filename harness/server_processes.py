@@ -74,8 +74,9 @@ def identify(pgid: int, leader_pid: int, prefix: str = DEFAULT_PREFIX) -> dict[s
     front = core.ppid if core is not None else leader_pid
     if not any(r.startswith(API_SERVER) for r in found) and front in members:
         try:
-            found[f"{API_SERVER}:0"] = Identity(f"{API_SERVER}:0", front, members[front].create_time(),
-                                                _title(members[front]), members[front].ppid())
+            found[f"{API_SERVER}:0"] = Identity(
+                f"{API_SERVER}:0", front, members[front].create_time(), _title(members[front]), members[front].ppid()
+            )
         except psutil.Error:
             pass
     return dict(sorted(found.items()))

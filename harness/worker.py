@@ -28,8 +28,18 @@ class WorkerError(Exception):
 
 
 def worker_argv(master_host: str, master_port: int, locustfile: Path, processes: int = 0) -> list[str]:
-    argv = [sys.executable, "-m", "locust", "-f", str(locustfile), "--worker", "--master-host", master_host,
-            "--master-port", str(master_port)]
+    argv = [
+        sys.executable,
+        "-m",
+        "locust",
+        "-f",
+        str(locustfile),
+        "--worker",
+        "--master-host",
+        master_host,
+        "--master-port",
+        str(master_port),
+    ]
     return argv + (["--processes", str(processes)] if processes else [])
 
 
@@ -37,8 +47,9 @@ def _interrupt(*_) -> None:
     raise KeyboardInterrupt
 
 
-def serve(master_host: str, master_port: int, locustfile: str | None = None, processes: int = 0,
-          once: bool = False, say=print) -> int:
+def serve(
+    master_host: str, master_port: int, locustfile: str | None = None, processes: int = 0, once: bool = False, say=print
+) -> int:
     """Run Locust workers for the master at ``master_host:master_port`` until interrupted (``once``: one run, its
     exit code). Returns the exit code."""
     if not master_host.strip():
@@ -54,8 +65,15 @@ def serve(master_host: str, master_port: int, locustfile: str | None = None, pro
         while True:
             say(f"mmchaos worker: joining the master at {master_host}:{master_port} ({lf.name})")
             t0 = time.monotonic()
-            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True, text=True, errors="replace")
+            proc = subprocess.Popen(
+                argv,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                text=True,
+                errors="replace",
+            )
             assert proc.stdout is not None  # piped above
             for line in proc.stdout:
                 sys.stdout.write(line)  # through the terminal's redaction
@@ -66,8 +84,10 @@ def serve(master_host: str, master_port: int, locustfile: str | None = None, pro
                 return code
             quick_fails = quick_fails + 1 if code and time.monotonic() - t0 < QUICK_FAIL_S else 0
             if quick_fails >= 3:
-                raise WorkerError(f"the Locust worker failed three times within {QUICK_FAIL_S:g} s (exit code {code}); "
-                                  "see its output above")
+                raise WorkerError(
+                    f"the Locust worker failed three times within {QUICK_FAIL_S:g} s (exit code {code}); "
+                    "see its output above"
+                )
             say(f"mmchaos worker: the run ended (exit code {code}); waiting for the master's next one")
             time.sleep(RESTART_PAUSE_S)  # pacing restarts
     except KeyboardInterrupt:

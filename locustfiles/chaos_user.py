@@ -56,7 +56,7 @@ class ChaosUser(FastHttpUser):
         self.oracle = consistency.for_process(o.consistency_sample)
         self.refused_backoff = o.refused_backoff_ms / 1000
         # the jitter of retry delays: its own stream, so the requests a seed gives do not depend on outcomes
-        self.jitter = np.random.default_rng([o.seed, self.worker_index, self.user_id, 0x7e7])
+        self.jitter = np.random.default_rng([o.seed, self.worker_index, self.user_id, 0x7E7])
         self.connection = connections.install(self.client, self.host)
         # aborts use a plain connection of their own (see _abort), so the main pool never holds a dropped one
         self.abort_after = o.abort_after_ms / 1000
@@ -70,11 +70,23 @@ class ChaosUser(FastHttpUser):
         headers = _retry_headers(resp)
         return headers if retry_policy.should_retry(policy, retries, status, outcome, headers) else None
 
-    def _post(self, payload: bytes, headers: dict, name: str, ctx: dict, req: BuiltRequest, retries: int,
-              policy: str, last: bool, template: bytes, hashes: list[str]):
+    def _post(
+        self,
+        payload: bytes,
+        headers: dict,
+        name: str,
+        ctx: dict,
+        req: BuiltRequest,
+        retries: int,
+        policy: str,
+        last: bool,
+        template: bytes,
+        hashes: list[str],
+    ):
         self.connection.reconnects = 0
-        with self.client.request("POST", req.path, data=payload, headers=headers, name=name, context=ctx,
-                                 catch_response=True) as resp:
+        with self.client.request(
+            "POST", req.path, data=payload, headers=headers, name=name, context=ctx, catch_response=True
+        ) as resp:
             status = resp.status_code or None
             error = getattr(resp, "error", None)
             outcome = outcome_of(status, error, False)
@@ -98,8 +110,19 @@ class ChaosUser(FastHttpUser):
                 resp.failure(f"HTTP {status}")
         return status, resp, retry
 
-    def _abort(self, payload: bytes, headers: dict, name: str, ctx: dict, path: str, t0: float, retries: int,
-               after: float, policy: str, last: bool):
+    def _abort(
+        self,
+        payload: bytes,
+        headers: dict,
+        name: str,
+        ctx: dict,
+        path: str,
+        t0: float,
+        retries: int,
+        after: float,
+        policy: str,
+        last: bool,
+    ):
         """Send on a connection of its own and hang up after --abort-after-ms: the server sees the client
         disconnect mid-request, as when a caller times out. A server that answers first is recorded as such,
         and a retryable answer is retried as any other (the caller's timeout is per attempt, as the SDK's)."""
@@ -128,14 +151,28 @@ class ChaosUser(FastHttpUser):
         retry = self._decide_retry(status, outcome_of(status, None, False), resp, retries, policy) if status else None
         ctx["final"] = retry is None and last
         self.environment.events.request.fire(
-            request_type="POST", name=name, response_time=(time.perf_counter() - p0) * 1000,
-            response_length=len(body), response=resp, context=ctx, exception=resp.error if failed else None,
-            start_time=t0, url=path)
+            request_type="POST",
+            name=name,
+            response_time=(time.perf_counter() - p0) * 1000,
+            response_length=len(body),
+            response=resp,
+            context=ctx,
+            exception=resp.error if failed else None,
+            start_time=t0,
+            url=path,
+        )
         return status, resp, retry
 
-    def send(self, req: BuiltRequest, *, abort: bool = False, abort_after_ms: float | None = None,
-             t_sched: float | None = None, recorded: tuple[str, int, bool] | None = None,
-             **ctx_extra) -> tuple[int | None, object]:
+    def send(
+        self,
+        req: BuiltRequest,
+        *,
+        abort: bool = False,
+        abort_after_ms: float | None = None,
+        t_sched: float | None = None,
+        recorded: tuple[str, int, bool] | None = None,
+        **ctx_extra,
+    ) -> tuple[int | None, object]:
         """POST ``req`` as the client would, retries included; returns the last attempt's (status or None,
         response). Locust's stats count an attempt as a success when it got what it was built to get (a
         malformed case's expected status, an abort's disconnect). An abort hangs up after ``abort_after_ms``
@@ -161,9 +198,20 @@ class ChaosUser(FastHttpUser):
             self.seq += 1
             request_id = f"{REQUEST_ID_PREFIX}{self.run_id}-{self.worker_index}-{self.user_id}-{self.seq}"
             group = group or request_id
-            ctx = {**req.meta.columns(), "endpoint": req.path, "request_bytes": len(payload), "user_id": self.user_id,
-                   "seq": self.seq, "request_id": request_id, "abort": abort, "attempt": retries + 1,
-                   "request_group": group, "final": True, "reconnects": 0, **ctx_extra}
+            ctx = {
+                **req.meta.columns(),
+                "endpoint": req.path,
+                "request_bytes": len(payload),
+                "user_id": self.user_id,
+                "seq": self.seq,
+                "request_id": request_id,
+                "abort": abort,
+                "attempt": retries + 1,
+                "request_group": group,
+                "final": True,
+                "reconnects": 0,
+                **ctx_extra,
+            }
             headers = {**self.headers, "X-Request-Id": request_id}
             t0 = time.time()
             if t_sched is not None and retries == 0:  # a retry is the client's, not an arrival
@@ -171,11 +219,13 @@ class ChaosUser(FastHttpUser):
             plugin.trace(ctx, template, urls, after * 1000 if abort else None)
             try:
                 if abort:
-                    status, resp, retry = self._abort(payload, headers, name, ctx, req.path, t0, retries, after,
-                                                      policy, last)
+                    status, resp, retry = self._abort(
+                        payload, headers, name, ctx, req.path, t0, retries, after, policy, last
+                    )
                 else:
-                    status, resp, retry = self._post(payload, headers, name, ctx, req, retries, policy, last,
-                                                     template, hashes)
+                    status, resp, retry = self._post(
+                        payload, headers, name, ctx, req, retries, policy, last, template, hashes
+                    )
             except GreenletExit:
                 # Locust is stopping this user mid-request (the run ended): the request still gets its row
                 plugin.cut(self.environment, ctx, t0, (time.time() - t0) * 1000)

@@ -66,8 +66,11 @@ class Oracle:
                 verdict = True if verdict is None else verdict
             else:
                 verdict = False
-                why = why or f"wrong answer: cosine {sameness.cosine(first, v):.4f} with this input's first answer " \
-                             f"(at least {sameness.COSINE_MIN} is the same answer)"
+                why = (
+                    why
+                    or f"wrong answer: cosine {sameness.cosine(first, v):.4f} with this input's first answer "
+                    f"(at least {sameness.COSINE_MIN} is the same answer)"
+                )
         if verdict is not None:
             self.checked += 1
             self.wrong += verdict is False

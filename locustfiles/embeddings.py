@@ -20,6 +20,7 @@ from gevent.lock import BoundedSemaphore
 from gevent.threadpool import ThreadPool
 from locust import events, task
 from locust.runners import MasterRunner
+
 from mmchaos.locustfiles import open_loop, plugin
 from mmchaos.locustfiles.chaos_user import ChaosUser
 from mmchaos.locustfiles.shapes import ChaosShape  # noqa: F401  (Locust picks the shape class up from this module)

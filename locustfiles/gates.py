@@ -45,26 +45,57 @@ def _at_least(option: str, limit: float, value: float | None, fmt, what: str, mi
     return Gate(option, limit, value, state, f"{what} {fmt(value)} {sign} --{option.replace('_', '-')} {fmt(limit)}")
 
 
-def evaluate(options, counts: Counts, crashes: int | None, p95_ms: float | None,
-             rate_held: float | None = None) -> list[Gate]:
+def evaluate(
+    options, counts: Counts, crashes: int | None, p95_ms: float | None, rate_held: float | None = None
+) -> list[Gate]:
     """``crashes``: None when /health was not watched; ``p95_ms``: None when no valid request succeeded;
     ``rate_held``: open loop, the requests sent over those due (None when none was due)."""
-    gates = [_gate("max_crashes", options.max_crashes, crashes, lambda v: f"{v:.0f}", "crashes",
-                   "/health not watched")]
+    gates = [_gate("max_crashes", options.max_crashes, crashes, lambda v: f"{v:.0f}", "crashes", "/health not watched")]
     if options.max_server_error_ratio < 1:
         ratio = counts.valid_uncured / counts.valid_groups if counts.valid_groups else None
-        gates.append(_gate("max_server_error_ratio", options.max_server_error_ratio, ratio, lambda v: f"{v:.2%}",
-                           "valid requests failed by the server after retries", "no valid request was sent"))
+        gates.append(
+            _gate(
+                "max_server_error_ratio",
+                options.max_server_error_ratio,
+                ratio,
+                lambda v: f"{v:.2%}",
+                "valid requests failed by the server after retries",
+                "no valid request was sent",
+            )
+        )
     if getattr(options, "consistency_sample", 0) > 0:  # the wrong-answer oracle is on
-        gates.append(_gate("max_wrong_answers", getattr(options, "max_wrong_answers", 0),
-                           counts.wrong_answers if counts.answers_checked else None, lambda v: f"{v:.0f}",
-                           "wrong answers to repeated inputs", "no answer to a repeated input was compared"))
+        gates.append(
+            _gate(
+                "max_wrong_answers",
+                getattr(options, "max_wrong_answers", 0),
+                counts.wrong_answers if counts.answers_checked else None,
+                lambda v: f"{v:.0f}",
+                "wrong answers to repeated inputs",
+                "no answer to a repeated input was compared",
+            )
+        )
     if options.max_p95_ms > 0:
-        gates.append(_gate("max_p95_ms", options.max_p95_ms, p95_ms, lambda v: f"{v:.0f} ms",
-                           "p95 latency of valid requests", "no valid request was answered"))
+        gates.append(
+            _gate(
+                "max_p95_ms",
+                options.max_p95_ms,
+                p95_ms,
+                lambda v: f"{v:.0f} ms",
+                "p95 latency of valid requests",
+                "no valid request was answered",
+            )
+        )
     if getattr(options, "rate", 0) and getattr(options, "min_rate_ratio", 0) > 0:
-        gates.append(_at_least("min_rate_ratio", options.min_rate_ratio, rate_held, lambda v: f"{v:.1%}",
-                               f"requests sent of those due at --rate {options.rate:g}", "no request was due"))
+        gates.append(
+            _at_least(
+                "min_rate_ratio",
+                options.min_rate_ratio,
+                rate_held,
+                lambda v: f"{v:.1%}",
+                f"requests sent of those due at --rate {options.rate:g}",
+                "no request was due",
+            )
+        )
     return gates
 
 

@@ -78,6 +78,7 @@ def init(environment, cut_hook, redactor) -> None:
     panel = Live.panel = Panel(signatures(), source, redactor)
     panel.p95_ms = lambda: valid_p95_ms(environment.stats)
     if isinstance(runner, MasterRunner):
+
         def on_worker_report(client_id, data, **_):
             for run_id, report in (data.get(REPORT_KEY) or {}).items():
                 if run_id == panel.run_id:  # late reports of an earlier run are not this run's
@@ -88,6 +89,7 @@ def init(environment, cut_hook, redactor) -> None:
 
         environment.events.worker_report.add_listener(on_worker_report)
     else:
+
         def on_request(response=None, context=None, exception=None, start_time=None, **_):
             panel.on_attempt(classify_request(signatures(), response, context, exception, start_time))
 

@@ -27,8 +27,9 @@ class Pacer:
     """This process's arrivals: ``claim()`` gives the next one's epoch time; ``due()`` counts those whose time has
     come (up to the stop)."""
 
-    def __init__(self, rate: float, arrival: str, burstiness: float, seed: int, lane: int = 0, lanes: int = 1,
-                 clock=time.time):
+    def __init__(
+        self, rate: float, arrival: str, burstiness: float, seed: int, lane: int = 0, lanes: int = 1, clock=time.time
+    ):
         self.clock = clock
         self._claims = arrivals.Lane(rate, arrival, burstiness, seed, lane, lanes)
         self._dues = arrivals.Lane(rate, arrival, burstiness, seed, lane, lanes)  # the same times, counted apart
@@ -99,4 +100,4 @@ def summary(rate: float, arrival: str, sent: int, due: int, lags: arrivals.LagCo
     p50, p99 = lags.percentile(0.5), lags.percentile(0.99)
     lag = f"schedule lag p50 <= {p50:g} ms, p99 <= {p99:g} ms" if p99 is not None else "no request sent"
     held = f"{ratio:.1%}" if ratio is not None else "n/a"
-    return (f"open loop: asked {rate:g} req/s ({arrival}); sent {sent} of the {due} requests due ({held}); {lag}")
+    return f"open loop: asked {rate:g} req/s ({arrival}); sent {sent} of the {due} requests due ({held}); {lag}"

@@ -11,7 +11,6 @@ from __future__ import annotations
 import re
 import time
 from collections import OrderedDict, deque
-
 from dataclasses import asdict
 
 from mmchaos import arrivals, cause_rule, schema
@@ -91,10 +90,15 @@ class Panel:
         return self.rule.last_ok
 
     # events
-    def _event(self, t: float, event: str, signature: str, source: str, detail: str,
-               cause: str | None = None) -> dict:
-        e = {"t": t, "event": event, "signature": signature, "source": source,
-             "detail": clean(self.redact(detail), 500), "cause": cause}
+    def _event(self, t: float, event: str, signature: str, source: str, detail: str, cause: str | None = None) -> dict:
+        e = {
+            "t": t,
+            "event": event,
+            "signature": signature,
+            "source": source,
+            "detail": clean(self.redact(detail), 500),
+            "cause": cause,
+        }
         self.events.append(e)
         key = (event, signature)
         self.event_counts[key] = self.event_counts.get(key, 0) + 1
@@ -142,8 +146,14 @@ class Panel:
             self._drift_event(d)
 
     def _drift_event(self, d: dict, cause: str | None = None) -> None:
-        self._event(d.get("t") or time.time(), "drift", d.get("signature") or "cache_miss_503", "response",
-                    f"{d.get('kind')}: HTTP 503 {d.get('error') or ''}", cause)
+        self._event(
+            d.get("t") or time.time(),
+            "drift",
+            d.get("signature") or "cache_miss_503",
+            "response",
+            f"{d.get('kind')}: HTTP 503 {d.get('error') or ''}",
+            cause,
+        )
 
     # health (the watchers' on_health callback)
     def on_health(self, row: dict) -> None:
@@ -169,13 +179,24 @@ class Panel:
         detail = f"/health: {state}" + (f" ({err})" if err else "")
         if crash == HANG:
             self.crashes += 1
-            self.open_crash = self._event(t, "crash", HANG, "health",
-                                          f"{detail} for {t - silent_since:.0f} s after ok" if silent_since else detail,
-                                          self.last_cause)
+            self.open_crash = self._event(
+                t,
+                "crash",
+                HANG,
+                "health",
+                f"{detail} for {t - silent_since:.0f} s after ok" if silent_since else detail,
+                self.last_cause,
+            )
         elif crash:
             self.crashes += 1
-            self.open_crash = self._event(t, "crash", self._crash_signature(), "health",
-                                          f"{detail}, after ok at {clock(last_ok)}", self.last_cause)
+            self.open_crash = self._event(
+                t,
+                "crash",
+                self._crash_signature(),
+                "health",
+                f"{detail}, after ok at {clock(last_ok)}",
+                self.last_cause,
+            )
         elif state != NO_ANSWER and last_ok is None and self.polls == 1:
             self._event(t, "down", self._crash_signature(), "health", f"{detail} when the run started")
 
@@ -226,14 +247,23 @@ class Panel:
 
     # judgement
     def counts(self) -> Counts:
-        return self.outcomes.verdict + Counts(crashes=self.crashes, health_polls=self.polls,
-                                              health_failed=self.polls - self.polls_ok, drift_lines=self.drift_lines)
+        return self.outcomes.verdict + Counts(
+            crashes=self.crashes,
+            health_polls=self.polls,
+            health_failed=self.polls - self.polls_ok,
+            drift_lines=self.drift_lines,
+        )
 
     def verdict(self) -> dict:
         v = judge(self.counts())
-        return {"level": v.level, "title": v.title,
-                "checks": [{"check": n, "title": CHECKS[n][0], "state": st, "evidence": why}
-                           for n, (st, why) in v.checks.items()]}
+        return {
+            "level": v.level,
+            "title": v.title,
+            "checks": [
+                {"check": n, "title": CHECKS[n].title, "state": st, "evidence": why}
+                for n, (st, why) in v.checks.items()
+            ],
+        }
 
     def open_loop(self) -> dict | None:
         """Open loop: the asked rate against what was sent, and how late (None in closed loop)."""
@@ -241,14 +271,21 @@ class Panel:
         if not rate:
             return None
         lags, due = self.outcomes.lags, self.due()
-        return {"rate": rate, "arrival": self.options.get("arrival"), "due": due, "sent": lags.total,
-                "held": arrivals.held(lags.total, due), "lag_p50_ms": lags.percentile(0.5),
-                "lag_p99_ms": lags.percentile(0.99)}
+        return {
+            "rate": rate,
+            "arrival": self.options.get("arrival"),
+            "due": due,
+            "sent": lags.total,
+            "held": arrivals.held(lags.total, due),
+            "lag_p50_ms": lags.percentile(0.5),
+            "lag_p99_ms": lags.percentile(0.99),
+        }
 
     def gates(self, options) -> list[gates.Gate]:
         ol = self.open_loop()
-        return gates.evaluate(options, self.counts(), self.crashes if self.watching else None, self.p95_ms(),
-                              ol["held"] if ol else None)
+        return gates.evaluate(
+            options, self.counts(), self.crashes if self.watching else None, self.p95_ms(), ol["held"] if ol else None
+        )
 
     # views
     def hit_rate_series(self) -> list[dict]:
@@ -274,8 +311,13 @@ class Panel:
         if not self.scrapes:
             return {"available": False, "text": "n/a (this server's /metrics has no mm-cache counters)"}
         last = self.scrapes[-1]
-        out = {"available": True, "t": last["t"], "hits": last["hits"], "queries": last["queries"],
-               "names": sorted(self.mm_names)}
+        out = {
+            "available": True,
+            "t": last["t"],
+            "hits": last["hits"],
+            "queries": last["queries"],
+            "names": sorted(self.mm_names),
+        }
         out["cumulative"] = last["hits"] / last["queries"] if last["queries"] else None
         first = self.first_scrape
         dq = last["queries"] - first["queries"]
@@ -307,21 +349,39 @@ class Panel:
             "now": now,
             "counts_source": self.counts_source,
             "workers_reporting": len(self.workers),
-            "outcomes": {"categories": list(CATEGORIES), "kinds": kinds, "total": total,
-                         "last_error": {k: self.redact(v) for k, v in self.outcomes.last_error.items()},
-                         "drift_503": self.outcomes.drift_total},
-            "health": {"watching": self.watching, "state": self.health_state, "since": self.health_since,
-                       "last_ok": self.last_ok, "polls": self.polls, "polls_ok": self.polls_ok,
-                       "segments": list(self.segments)[-SHOWN_SEGMENTS:]},
+            "outcomes": {
+                "categories": list(CATEGORIES),
+                "kinds": kinds,
+                "total": total,
+                "last_error": {k: self.redact(v) for k, v in self.outcomes.last_error.items()},
+                "drift_503": self.outcomes.drift_total,
+            },
+            "health": {
+                "watching": self.watching,
+                "state": self.health_state,
+                "since": self.health_since,
+                "last_ok": self.last_ok,
+                "polls": self.polls,
+                "polls_ok": self.polls_ok,
+                "segments": list(self.segments)[-SHOWN_SEGMENTS:],
+            },
             "events": list(self.events)[::-1][:SHOWN_EVENTS],
-            "event_counts": [{"event": e, "signature": s, "count": n}
-                             for (e, s), n in sorted(self.event_counts.items())],
+            "event_counts": [
+                {"event": e, "signature": s, "count": n} for (e, s), n in sorted(self.event_counts.items())
+            ],
             "mm_cache": self.hit_rate(),
-            "server_log": {"path": self.server_log, "lines_read": self.log_lines, "error": self.log_error,
-                           "classified": self.classified},
+            "server_log": {
+                "path": self.server_log,
+                "lines_read": self.log_lines,
+                "error": self.log_error,
+                "classified": self.classified,
+            },
             "verdict": self.verdict(),
             "open_loop": self.open_loop(),
             "gates": [asdict(g) for g in self.gates(options)] if options is not None else [],
-            "timeline": {"segments": list(self.segments), "hit_rate": self.hit_rate_series(),
-                         "events": [e for e in self.events if e["event"] in ("crash", "drift", "recovered", "down")]},
+            "timeline": {
+                "segments": list(self.segments),
+                "hit_rate": self.hit_rate_series(),
+                "events": [e for e in self.events if e["event"] in ("crash", "drift", "recovered", "down")],
+            },
         }

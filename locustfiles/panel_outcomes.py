@@ -17,8 +17,13 @@ from mmchaos.verdict_rule import Counts, attempt_counts
 
 # Outcome columns of the panel: a recorded row's outcome, with HTTP errors split by status class.
 CATEGORIES = ("ok", "4xx", "503", "5xx", "refused", "timeout", "aborted", "cut", "other")
-_BY_OUTCOME = {schema.OK: "ok", schema.CONNECTION_ERROR: "refused", schema.TIMEOUT: "timeout",
-               schema.ABORTED: "aborted", schema.CUT: "cut"}
+_BY_OUTCOME = {
+    schema.OK: "ok",
+    schema.CONNECTION_ERROR: "refused",
+    schema.TIMEOUT: "timeout",
+    schema.ABORTED: "aborted",
+    schema.CUT: "cut",
+}
 WORKER_DRIFT_PER_REPORT = 20  # drift samples a worker sends per report (all are counted)
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
@@ -71,15 +76,39 @@ def classify_request(sigs: Signatures, response, context, exception, start_time=
     exception = exception or getattr(response, "error", None)  # as in Recorder.on_request
     outcome = outcomes.outcome_of(status, exception, bool(ctx.get("abort")))
     error = None if outcome == schema.OK else outcomes.error_text(response, exception, status)
-    return Attempt(ctx.get("kind") or "other", ctx.get("case"), status, outcome, ctx.get("expected_status"),
-                   bool(ctx.get("final", True)), error, start_time, sigs.drift_answer(status, error),
-                   ctx.get("sched_lag_ms"), ctx.get("image_hashes"), ctx.get("request_id"), ctx.get("consistent"))
+    return Attempt(
+        ctx.get("kind") or "other",
+        ctx.get("case"),
+        status,
+        outcome,
+        ctx.get("expected_status"),
+        bool(ctx.get("final", True)),
+        error,
+        start_time,
+        sigs.drift_answer(status, error),
+        ctx.get("sched_lag_ms"),
+        ctx.get("image_hashes"),
+        ctx.get("request_id"),
+        ctx.get("consistent"),
+    )
 
 
 def cut_attempt(context, start_time=None) -> Attempt:
     ctx = context or {}
-    return Attempt(ctx.get("kind") or "other", ctx.get("case"), None, schema.CUT, ctx.get("expected_status"), True,
-                   None, start_time, None, ctx.get("sched_lag_ms"), ctx.get("image_hashes"), ctx.get("request_id"))
+    return Attempt(
+        ctx.get("kind") or "other",
+        ctx.get("case"),
+        None,
+        schema.CUT,
+        ctx.get("expected_status"),
+        True,
+        None,
+        start_time,
+        None,
+        ctx.get("sched_lag_ms"),
+        ctx.get("image_hashes"),
+        ctx.get("request_id"),
+    )
 
 
 class Outcomes:
@@ -104,8 +133,16 @@ class Outcomes:
         if a.drift:
             self.drift_total += 1
             self.drift.append({"t": a.t, "kind": a.kind, "error": clean(a.error), "signature": a.drift})
-        self.verdict += attempt_counts(a.kind, a.case, a.status, a.outcome, a.expected_status, a.final,
-                                       a.drift is not None, consistent=a.consistent)
+        self.verdict += attempt_counts(
+            a.kind,
+            a.case,
+            a.status,
+            a.outcome,
+            a.expected_status,
+            a.final,
+            a.drift is not None,
+            consistent=a.consistent,
+        )
 
     def merge(self, other: dict) -> list[dict]:
         """Add a worker's report (``to_report()``); returns the drift samples it carried."""
@@ -121,8 +158,14 @@ class Outcomes:
         return list(other.get("drift", []))
 
     def to_report(self) -> dict:
-        return {"counts": self.counts, "last_error": self.last_error, "drift_total": self.drift_total,
-                "drift": list(self.drift), "verdict": asdict(self.verdict), "lags": self.lags.counts}
+        return {
+            "counts": self.counts,
+            "last_error": self.last_error,
+            "drift_total": self.drift_total,
+            "drift": list(self.drift),
+            "verdict": asdict(self.verdict),
+            "lags": self.lags.counts,
+        }
 
     def __bool__(self) -> bool:
         return bool(self.counts)

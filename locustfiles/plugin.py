@@ -124,8 +124,10 @@ def _init(environment, **_):
     # kills the process with rows unflushed. End the shape instead: Locust then quits its usual way.
     gevent.signal_handler(signal.SIGTERM, lambda: _end_shape_on_sigterm(environment))
     # what every greenlet is waiting on, for a run that stalls (the campaign runner asks before it stops one)
-    gevent.signal_handler(signal.SIGUSR2, lambda: log.error("mmchaos: greenlets on SIGUSR2:\n%s",
-                                                            "\n".join(gevent.util.format_run_info())))
+    gevent.signal_handler(
+        signal.SIGUSR2,
+        lambda: log.error("mmchaos: greenlets on SIGUSR2:\n%s", "\n".join(gevent.util.format_run_info())),
+    )
     Session.main = gevent.getcurrent()  # Locust's main(), which a headless master's wait for workers blocks
     Session.redactor = Redactor.from_environment([api_key() or ""])
     live.init(environment, Session.cut_hook, Session.redactor)
@@ -204,14 +206,24 @@ def _test_start(environment, **_):
         if Session.inbox is not None:
             Session.inbox.open_run(o.run_id, o.results_dir)
         if not o.no_watch and environment.host:
-            Session.watchers = Watchers(o.watch_url or environment.host, lambda table: table_writer(environment, table),
-                                        headers=auth_headers(),
-                                        health_interval=o.health_interval,
-                                        metrics_interval=o.metrics_interval).start()
+            Session.watchers = Watchers(
+                o.watch_url or environment.host,
+                lambda table: table_writer(environment, table),
+                headers=auth_headers(),
+                health_interval=o.health_interval,
+                metrics_interval=o.metrics_interval,
+            ).start()
     open_loop.test_start(environment)  # after the run's options are final: the master's go to its workers next
     if not isinstance(runner, MasterRunner):
-        Session.recorder = Recorder(environment, table_writer(environment, "requests"), o.run_id, o.config_name,
-                                    o.trial, Session.cut_hook, Session.redactor)
+        Session.recorder = Recorder(
+            environment,
+            table_writer(environment, "requests"),
+            o.run_id,
+            o.config_name,
+            o.trial,
+            Session.cut_hook,
+            Session.redactor,
+        )
         if not o.no_trace:
             Session.tracer = Tracer(table_writer(environment, "trace"), table_writer(environment, "trace_images"))
     live.test_start(environment, Session.watchers)

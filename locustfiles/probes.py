@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from locust import constant, events, task
+
 from mmchaos.locustfiles import plugin
 from mmchaos.locustfiles.chaos_user import ChaosUser
 from mmchaos.payloads import bodies as build
@@ -30,8 +31,12 @@ POISON_CASE = "dimensions_unsupported"  # the report's measured post-render 400
 
 @events.init_command_line_parser.add_listener
 def _options(parser):
-    parser.add_argument("--probe-sequences", type=str, default=",".join(SEQUENCES),
-                        help=f"comma-separated probe sequences: {', '.join(SEQUENCES)}")
+    parser.add_argument(
+        "--probe-sequences",
+        type=str,
+        default=",".join(SEQUENCES),
+        help=f"comma-separated probe sequences: {', '.join(SEQUENCES)}",
+    )
 
 
 def _as_probe(req: build.BuiltRequest, step: str, expected: int | None = None) -> build.BuiltRequest:
@@ -54,7 +59,9 @@ class ProbeUser(ChaosUser):
 
     def _fresh(self):
         self.n += 1
-        return fresh.fresh_image(self.pool[self.n % len(self.pool)], f"probe-{self.worker_index}-{self.user_id}-{self.n}")
+        return fresh.fresh_image(
+            self.pool[self.n % len(self.pool)], f"probe-{self.worker_index}-{self.user_id}-{self.n}"
+        )
 
     def _reuse(self, seq: str, image, model: str, ins) -> None:
         self.send(_as_probe(build.image_request(model, image, "probe", instruction=ins), "reuse"), probe=seq)
@@ -68,8 +75,7 @@ class ProbeUser(ChaosUser):
             req = malformed.build_malformed_request(self.poison, image, model, instruction=ins)
             self.send(_as_probe(req, "poison", self.poison.expected_status), probe=seq)
         elif seq == "tokenize_reuse":
-            self.send(_as_probe(build.tokenize_request(model, image, "probe", instruction=ins), "tokenize"),
-                      probe=seq)
+            self.send(_as_probe(build.tokenize_request(model, image, "probe", instruction=ins), "tokenize"), probe=seq)
         else:
             req = build.image_request(model, image, "probe", instruction=ins)
             self.send(_as_probe(req, "abort"), abort=True, probe=seq)

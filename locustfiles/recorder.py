@@ -18,8 +18,17 @@ from mmchaos.tables import PartWriter, process_tag
 class Recorder:
     """Attach to a Locust environment; writes the REQUESTS rows through ``writer``."""
 
-    def __init__(self, environment, writer: PartWriter, run_id: str, config: str, trial: int, cut_hook, redactor,
-                 interval: float = 1.0):
+    def __init__(
+        self,
+        environment,
+        writer: PartWriter,
+        run_id: str,
+        config: str,
+        trial: int,
+        cut_hook,
+        redactor,
+        interval: float = 1.0,
+    ):
         self.writer = writer
         self.run_id, self.config, self.trial = run_id, config, trial
         self.worker = process_tag()
@@ -33,8 +42,19 @@ class Recorder:
         cut_hook.add_listener(self.on_cut)
         self._loop = gevent.spawn(self._flush_loop)
 
-    def on_request(self, request_type, name, response_time, response_length, response=None, context=None,
-                   exception=None, start_time=None, url=None, **_):
+    def on_request(
+        self,
+        request_type,
+        name,
+        response_time,
+        response_length,
+        response=None,
+        context=None,
+        exception=None,
+        start_time=None,
+        url=None,
+        **_,
+    ):
         ctx = context or {}
         status = status_of(response)
         # marking a request a success in Locust (catch_response) clears its exception; the cause stays on it

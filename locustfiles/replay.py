@@ -31,7 +31,7 @@ from mmchaos import schema
 from mmchaos.files import write_json_atomic
 from mmchaos.locustfiles import plugin
 from mmchaos.locustfiles.chaos_user import ChaosUser
-from mmchaos.payloads.replay_plan import ReplayPlan, ReplayError
+from mmchaos.payloads.replay_plan import ReplayError, ReplayPlan
 
 plugin.register()
 log = logging.getLogger("mmchaos")
@@ -40,8 +40,12 @@ log = logging.getLogger("mmchaos")
 @events.init_command_line_parser.add_listener
 def _options(parser):
     parser.add_argument("--replay", type=str, default="", help="the trace folder or JSONL request log to replay")
-    parser.add_argument("--replay-speed", type=float, default=1.0,
-                        help="1: the recorded timing; k: k times faster; 0: as fast as possible")
+    parser.add_argument(
+        "--replay-speed",
+        type=float,
+        default=1.0,
+        help="1: the recorded timing; k: k times faster; 0: as fast as possible",
+    )
 
 
 class Replay:
@@ -73,8 +77,9 @@ class Replay:
                 if isinstance(environment.runner, (MasterRunner, WorkerRunner)):
                     raise ReplayError("replay runs in one process (no master/workers)")
                 cls.plan = ReplayPlan.load(o.replay)
-                log.info("mmchaos: replaying %d requests of %d users from %s", len(cls.plan), len(cls.plan.lanes),
-                         o.replay)
+                log.info(
+                    "mmchaos: replaying %d requests of %d users from %s", len(cls.plan), len(cls.plan.lanes), o.replay
+                )
             except (ReplayError, OSError) as e:
                 log.error("mmchaos: %s", e)
                 cls.plan, cls.failed = None, True
@@ -100,11 +105,20 @@ def _stop(environment, **_):
     plan, o = Replay.plan, environment.parsed_options
     if plan is None or not getattr(o, "results_dir", None) or Replay.t0 is None:
         return
-    write_json_atomic(Path(o.results_dir) / schema.REPLAY, {
-        "source": Replay.source, "requests": len(plan), "sent": Replay.sent, "not_sent": len(plan) - Replay.sent,
-        "complete": Replay.finished.is_set(), "cut_by_run_time": Replay.cut and not Replay.finished.is_set(),
-        "t_first": Replay.t0, "t_done": Replay.t_done, "speed": o.replay_speed,
-    })
+    write_json_atomic(
+        Path(o.results_dir) / schema.REPLAY,
+        {
+            "source": Replay.source,
+            "requests": len(plan),
+            "sent": Replay.sent,
+            "not_sent": len(plan) - Replay.sent,
+            "complete": Replay.finished.is_set(),
+            "cut_by_run_time": Replay.cut and not Replay.finished.is_set(),
+            "t_first": Replay.t0,
+            "t_done": Replay.t_done,
+            "speed": o.replay_speed,
+        },
+    )
 
 
 class ReplayUser(ChaosUser):
@@ -127,8 +141,12 @@ class ReplayUser(ChaosUser):
             for step in self.lane:
                 if o.replay_speed > 0:  # the recorded schedule, not a synchronisation
                     gevent.sleep(max(0.0, Replay.t0 + step.offset / o.replay_speed - time.time()))
-                self.send(step.request, abort=step.abort_after_ms is not None, abort_after_ms=step.abort_after_ms,
-                          recorded=self._recorded(step.recorded))
+                self.send(
+                    step.request,
+                    abort=step.abort_after_ms is not None,
+                    abort_after_ms=step.abort_after_ms,
+                    recorded=self._recorded(step.recorded),
+                )
                 Replay.sent += 1
                 if step.recorded is not None and step.recorded.attempt == 1:
                     self.groups[step.recorded.group] = self.last_group

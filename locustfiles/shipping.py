@@ -117,9 +117,17 @@ class Outbox:
     def _send(self, part: _Part) -> None:
         part.sent_at, part.tries = time.monotonic(), part.tries + 1
         try:
-            self.environment.runner.send_message(PART, {"run": part.run, "table": part.table, "name": part.name,
-                                                        "rows": part.rows, "worker": self.worker,
-                                                        "data": part.data})
+            self.environment.runner.send_message(
+                PART,
+                {
+                    "run": part.run,
+                    "table": part.table,
+                    "name": part.name,
+                    "rows": part.rows,
+                    "worker": self.worker,
+                    "data": part.data,
+                },
+            )
         except RPCError as e:  # kept: it goes again when due
             log.warning("mmchaos: sending %s to the master failed (%s); it will be sent again", part.name, e)
 
@@ -144,6 +152,7 @@ class Outbox:
 
     def run_ended(self) -> None:
         """At a test's stop (Locust still reads the socket): say done once the master has every part."""
+
         def wait_then_say_done():
             if self._acked.wait(timeout=FINISH_S):
                 self._say_done(spilled=0)
@@ -199,12 +208,22 @@ class Outbox:
             try:
                 put_part(table_dir(folder, part.table), part.name, part.data)
             except OSError as e:
-                log.error("mmchaos: %d rows of %s lost: no master acknowledged them and %s cannot be written (%s)",
-                          part.rows, part.table, folder, e.strerror or e)
+                log.error(
+                    "mmchaos: %d rows of %s lost: no master acknowledged them and %s cannot be written (%s)",
+                    part.rows,
+                    part.table,
+                    folder,
+                    e.strerror or e,
+                )
                 continue
             rows += part.rows
-            log.error("mmchaos: no master acknowledged %d rows of %s: written to %s on this machine (%s)",
-                      part.rows, part.table, Path(folder).resolve(), self.worker)
+            log.error(
+                "mmchaos: no master acknowledged %d rows of %s: written to %s on this machine (%s)",
+                part.rows,
+                part.table,
+                Path(folder).resolve(),
+                self.worker,
+            )
         self.pending.clear()
         return rows
 
@@ -264,12 +283,19 @@ class Inbox:
             # not acknowledged: the worker keeps it (a master of that run may come back), else writes it itself
             if run not in self._refused_runs:
                 self._refused_runs.add(run)
-                log.warning("mmchaos: worker %s sends rows of run %r, which this master does not run: not written",
-                            d.get("worker") or msg.node_id, run)
+                log.warning(
+                    "mmchaos: worker %s sends rows of run %r, which this master does not run: not written",
+                    d.get("worker") or msg.node_id,
+                    run,
+                )
             return
         refused = None
-        if table not in schema.TABLES or not isinstance(name, str) or not PART_NAME.fullmatch(name) \
-                or not isinstance(data, bytes):
+        if (
+            table not in schema.TABLES
+            or not isinstance(name, str)
+            or not PART_NAME.fullmatch(name)
+            or not isinstance(data, bytes)
+        ):
             refused = f"not a part of a known table: {str(table)[:40]!r}, {str(name)[:80]!r}"
         elif problem := part_problem(data, schema.TABLES[table]):
             refused = f"{name} of {table}: {problem}"
@@ -284,8 +310,9 @@ class Inbox:
             if new:  # a part sent again is counted once, as it is written once
                 rec.parts += 1
                 rec.rows += int(d.get("rows") or 0) if table == "requests" else 0
-        environment.runner.send_message(ACK, {"run": run, "table": table, "name": name, "refused": refused},
-                                        client_id=msg.node_id)
+        environment.runner.send_message(
+            ACK, {"run": run, "table": table, "name": name, "refused": refused}, client_id=msg.node_id
+        )
 
     def _on_done(self, environment, msg, **_) -> None:
         d = msg.data if isinstance(msg.data, dict) else {}
@@ -305,9 +332,14 @@ class Inbox:
             return
         workers = sorted(self.ledgers.get(run, {}).values(), key=lambda r: (r.worker, r.client))
         try:
-            write_json_atomic(self.folders[run] / schema.WORKERS, {
-                "run_id": run, "workers": [asdict(w) for w in workers],
-                "lost": [w.worker or w.client for w in workers if not w.done]})
+            write_json_atomic(
+                self.folders[run] / schema.WORKERS,
+                {
+                    "run_id": run,
+                    "workers": [asdict(w) for w in workers],
+                    "lost": [w.worker or w.client for w in workers if not w.done],
+                },
+            )
         except OSError as e:
             log.error("mmchaos: cannot write %s: %s", schema.WORKERS, e.strerror or e)
 
@@ -336,8 +368,9 @@ class Inbox:
 
         def waiting() -> bool:
             now = time.monotonic()
-            return any(not r.done and cid not in gone and now - heard.get(cid, start) < SILENT_S
-                       for cid, r in ledger.items())
+            return any(
+                not r.done and cid not in gone and now - heard.get(cid, start) < SILENT_S for cid, r in ledger.items()
+            )
 
         while waiting() and time.monotonic() < deadline:
             got = _receive(runner.server.recv_from_client, POLL_S)

@@ -26,6 +26,7 @@ KEPT = 50_000  # image hashes remembered as written: a long run's memory stays f
 def common_affixes(a: str, b: str) -> tuple[int, int]:
     """Lengths of the longest common prefix and suffix of ``a`` and ``b`` (not overlapping in either), found by
     halving: each step compares slices, which Python does at memcmp speed."""
+
     def longest(same, limit: int) -> int:
         lo, hi = 0, limit
         while lo < hi:
@@ -35,7 +36,7 @@ def common_affixes(a: str, b: str) -> tuple[int, int]:
 
     limit = min(len(a), len(b))
     pre = longest(lambda n: a[:n] == b[:n], limit)
-    suf = longest(lambda n: a[len(a) - n:] == b[len(b) - n:], limit - pre)
+    suf = longest(lambda n: a[len(a) - n :] == b[len(b) - n :], limit - pre)
     return pre, suf
 
 
@@ -52,14 +53,16 @@ class Tracer:
         self._loop = gevent.spawn(self._flush_loop)
 
     def record(self, ctx: dict, template: bytes, urls, abort_after_ms: float | None) -> None:
-        self.requests.add({
-            "worker": self.worker,
-            "user_id": ctx.get("user_id"),
-            "seq": ctx.get("seq"),
-            "abort_after_ms": abort_after_ms,
-            "body": template,
-            "images": ",".join(self._keep(u) for u in urls) or None,
-        })
+        self.requests.add(
+            {
+                "worker": self.worker,
+                "user_id": ctx.get("user_id"),
+                "seq": ctx.get("seq"),
+                "abort_after_ms": abort_after_ms,
+                "body": template,
+                "images": ",".join(self._keep(u) for u in urls) or None,
+            }
+        )
 
     def _keep(self, url: str) -> str:
         """The hash of the image behind ``url``, stored the first time it is seen."""
@@ -67,13 +70,23 @@ class Tracer:
         if ref is None:  # a URL made for the request: kept as how it differs from its image, or as it is
             h = hashlib.sha256(url.encode()).hexdigest()[:16]
             if not self._seen(h):
-                self.images.add(self._derived(h, url) if isinstance(url, DerivedURL) else
-                                {"hash": h, "form": "url", "data": url.encode()})
+                self.images.add(
+                    self._derived(h, url)
+                    if isinstance(url, DerivedURL)
+                    else {"hash": h, "form": "url", "data": url.encode()}
+                )
             return h
         if self._seen(ref.hash):
             return ref.hash
-        row = {"hash": ref.hash, "mime": ref.mime, "format": ref.format, "width": ref.width, "height": ref.height,
-               "mode": ref.mode, "quality": ref.quality}
+        row = {
+            "hash": ref.hash,
+            "mime": ref.mime,
+            "format": ref.format,
+            "width": ref.width,
+            "height": ref.height,
+            "mode": ref.mode,
+            "quality": ref.quality,
+        }
         if ref.base is not None:
             row.update(form="fresh", base=self._keep(ref.base), token=ref.token)
         elif ref.spec is not None:
@@ -98,8 +111,13 @@ class Tracer:
     def _derived(self, h: str, url: DerivedURL) -> dict:
         source = url_text(url.source, url.encoding)
         pre, suf = common_affixes(source, url)
-        return {"hash": h, "form": "derived", "base": self._keep(url.source), "data": url[pre:len(url) - suf].encode(),
-                "spec": json.dumps({"prefix": pre, "suffix": suf, "encoding": url.encoding})}
+        return {
+            "hash": h,
+            "form": "derived",
+            "base": self._keep(url.source),
+            "data": url[pre : len(url) - suf].encode(),
+            "spec": json.dumps({"prefix": pre, "suffix": suf, "encoding": url.encoding}),
+        }
 
     def _flush_loop(self) -> None:
         while True:

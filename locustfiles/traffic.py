@@ -11,12 +11,12 @@ import bisect
 from dataclasses import replace
 
 import numpy as np
+
+from mmchaos.options import WEIGHTS
 from mmchaos.payloads import bodies as build
 from mmchaos.payloads import catalogue, fresh, malformed, video, video_cases
 from mmchaos.payloads.reuse import ReuseModel
 from mmchaos.payloads.shared_pool import shared_pool
-
-from mmchaos.options import WEIGHTS
 
 KINDS = tuple(WEIGHTS)
 TEXTS = (
@@ -103,8 +103,9 @@ class UserTraffic:
     def _video_request(self, kind: str) -> build.BuiltRequest:
         ins = self.t.instruction
         if kind in ("video", "abort"):
-            req = video_cases.valid(self.model, self.video(), self._text(), instruction=ins,
-                                    encoding_format=self._format())
+            req = video_cases.valid(
+                self.model, self.video(), self._text(), instruction=ins, encoding_format=self._format()
+            )
             return req if kind == "video" else req._replace(meta=replace(req.meta, kind="abort"))
         if kind == "malformed_post":
             return video_cases.malformed(video_cases.POISON_CASE, self.model, self.video(), instruction=ins)
@@ -127,15 +128,17 @@ class UserTraffic:
         if kind == "video" or self._with_video(kind):
             return self._video_request(kind)
         if kind in ("valid_image", "abort"):
-            req = build.image_request(self.model, self.image(), self._text(), instruction=ins,
-                                      encoding_format=self._format())
+            req = build.image_request(
+                self.model, self.image(), self._text(), instruction=ins, encoding_format=self._format()
+            )
             return req if kind == "valid_image" else req._replace(meta=replace(req.meta, kind="abort"))
         if kind == "text":
             return build.text_request(self.model, self._text(), encoding_format=self._format())
         if kind == "multi_image":
             ims = [self.image() for _ in range(max(2, o.multi_images))]
-            return build.multi_image_request(self.model, ims, self._text(), instruction=ins,
-                                             encoding_format=self._format())
+            return build.multi_image_request(
+                self.model, ims, self._text(), instruction=ins, encoding_format=self._format()
+            )
         if kind == "batch":
             inputs = [build.EmbedInput(images=(self.image(),), text=self._text()) for _ in range(max(1, o.batch_size))]
             return build.batch_request(self.model, inputs, instruction=ins, encoding_format=self._format())
@@ -143,5 +146,6 @@ class UserTraffic:
             return build.tokenize_request(self.model, self.image(), self._text(), instruction=ins)
         cases = self.t.cases[kind]
         case = cases[int(self.rng.integers(len(cases)))]
-        return malformed.build_malformed_request(case, self.image(), self.model, max_model_len=o.max_model_len,
-                                                 instruction=ins)
+        return malformed.build_malformed_request(
+            case, self.image(), self.model, max_model_len=o.max_model_len, instruction=ins
+        )

@@ -29,14 +29,22 @@ def parse_metrics(text: str, t: float) -> list[dict]:
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             if s.name.startswith(METRIC_PREFIXES) and not s.name.endswith(SKIP_SUFFIXES):
-                rows.append({"t": t, "name": s.name, "labels": json.dumps(s.labels, sort_keys=True),
-                             "value": float(s.value)})
+                rows.append(
+                    {"t": t, "name": s.name, "labels": json.dumps(s.labels, sort_keys=True), "value": float(s.value)}
+                )
     return rows
 
 
 class Watchers:
-    def __init__(self, base_url: str, writer_for: Callable[[str], PartWriter], headers: dict | None = None,
-                 health_interval: float = 0.25, metrics_interval: float = 1.0, max_seconds: float = 24 * 3600):
+    def __init__(
+        self,
+        base_url: str,
+        writer_for: Callable[[str], PartWriter],
+        headers: dict | None = None,
+        health_interval: float = 0.25,
+        metrics_interval: float = 1.0,
+        max_seconds: float = 24 * 3600,
+    ):
         url = URL(base_url)
         # a client of their own, so polls never queue behind load requests
         self.client = HTTPClient.from_url(url, concurrency=2, connection_timeout=1.0, network_timeout=2.0)
@@ -94,7 +102,7 @@ class Watchers:
         self.health.flush()
         self.metrics.flush()
 
-    def start(self) -> "Watchers":
+    def start(self) -> Watchers:
         self._greenlets = [gevent.spawn(self._health_loop), gevent.spawn(self._metrics_loop)]
         return self
 

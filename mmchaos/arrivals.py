@@ -33,13 +33,13 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def problem(rate: float, arrival: str, burstiness: float, max_concurrency: int, shape: str,
-            flag=_flag) -> tuple[str, str] | None:
+def problem(
+    rate: float, arrival: str, burstiness: float, max_concurrency: int, shape: str, flag=_flag
+) -> tuple[str, str] | None:
     """Why these open-loop settings cannot run together: (the setting at fault, one phrase naming settings by
     ``flag(name)``: Locust's flags by default, a campaign file's keys with ``flag=str``), or None. ``rate`` 0
     means closed loop (no rate given)."""
-    rate_f, arr, burst, cap, shape_f = (flag(n) for n in ("rate", "arrival", "burstiness", "max_concurrency",
-                                                          "shape"))
+    rate_f, arr, burst, cap, shape_f = (flag(n) for n in ("rate", "arrival", "burstiness", "max_concurrency", "shape"))
     if not rate >= 0 or not math.isfinite(rate):
         return "rate", f"{rate_f} must be more than 0 requests per second, not {rate:g}"
     if arrival not in ARRIVALS:
@@ -52,14 +52,18 @@ def problem(rate: float, arrival: str, burstiness: float, max_concurrency: int, 
         if max_concurrency:
             return "max_concurrency", f"{cap} caps an open-loop run: give {rate_f} too"
         if arrival != "poisson" or burstiness != 1:
-            return ("arrival" if arrival != "poisson" else "burstiness",
-                    f"{arr} and {burst} shape the arrivals of {rate_f}: give {rate_f} too")
+            return (
+                "arrival" if arrival != "poisson" else "burstiness",
+                f"{arr} and {burst} shape the arrivals of {rate_f}: give {rate_f} too",
+            )
         return None
     if burstiness != 1 and arrival != "gamma":
         return "burstiness", f"{burst} is the shape of {arr} gamma; with {arr} {arrival} leave it out"
     if shape != "steady":
-        return "shape", (f"{shape_f} {shape} varies the number of users, which {rate_f} sizes itself: use "
-                         f"{shape_f} steady with {rate_f} (or leave {rate_f} out)")
+        return "shape", (
+            f"{shape_f} {shape} varies the number of users, which {rate_f} sizes itself: use "
+            f"{shape_f} steady with {rate_f} (or leave {rate_f} out)"
+        )
     return None
 
 
@@ -67,8 +71,9 @@ class Lane:
     """This process's arrivals: times in seconds from the run's start, in order (every ``lanes``-th arrival of the
     run's one sequence, from the ``lane``-th)."""
 
-    def __init__(self, rate: float, arrival: str, burstiness: float = 1.0, seed: int = 1, lane: int = 0,
-                 lanes: int = 1):
+    def __init__(
+        self, rate: float, arrival: str, burstiness: float = 1.0, seed: int = 1, lane: int = 0, lanes: int = 1
+    ):
         why = problem(rate, arrival, burstiness, 0, "steady")
         if why or rate <= 0:
             raise ValueError(why[1] if why else "a lane needs a rate")
@@ -92,7 +97,7 @@ class Lane:
     def _draw(self) -> None:
         times = self._t + np.cumsum(self._gaps(_BLOCK))
         first = (self.lane - self._n) % self.lanes  # the index in this block of this lane's next arrival
-        self._mine = times[first::self.lanes].tolist()
+        self._mine = times[first :: self.lanes].tolist()
         self._i = 0
         self._t, self._n = float(times[-1]), self._n + _BLOCK
 
@@ -117,7 +122,7 @@ class LagCounts:
         self.counts[bisect.bisect_left(LAG_EDGES_MS, lag_ms)] += 1
 
     def merge(self, counts: list[int]) -> None:
-        for i, n in enumerate(counts[:len(self.counts)]):
+        for i, n in enumerate(counts[: len(self.counts)]):
             self.counts[i] += int(n)
 
     @property

@@ -10,6 +10,7 @@ each other) is checked by the plan after these models.
 from __future__ import annotations
 
 import json
+import types
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
@@ -19,7 +20,7 @@ from . import faults, options
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.@-]*$"
 SCHEMA_FILE = "campaign.schema.json"  # shipped next to the campaign files, named by their `#:schema` line
-Number = Union[int, float]  # kept as written: 8 stays 8 on Locust's command line and in manifests
+Number = int | float  # kept as written: 8 stays 8 on Locust's command line and in manifests
 
 
 class Says:
@@ -50,10 +51,12 @@ class Campaign(Section):
     engines: list[str] = _key([], "engine versions every [[config]] without its own engine runs on")
     trials: Annotated[int, Field(ge=1)] = _key(1, "trials per configuration (per sweep point)")
     target: Literal["engine", "command", "attach"] = _key(
-        "engine", "engine: an engine mmchaos installed; command: your server command, started per trial; "
-                  "attach: a server already running at url")
-    command: str = _key("", "target = \"command\": the server command, with {port} where its port goes")
-    url: str = _key("", "target = \"attach\" (or a command's server): http(s)://host[:port]")
+        "engine",
+        "engine: an engine mmchaos installed; command: your server command, started per trial; "
+        "attach: a server already running at url",
+    )
+    command: str = _key("", 'target = "command": the server command, with {port} where its port goes')
+    url: str = _key("", 'target = "attach" (or a command\'s server): http(s)://host[:port]')
     model: str = _key("", "the model folder or name to serve (empty: the tiny test model)")
     seed: int = _key(1, "seed of the traffic's choices; trial k runs with seed + k")
 
@@ -68,14 +71,22 @@ def _option_field(o: options.Option):
 
 
 MIX_KINDS = {k: o for k in options.WEIGHTS if (o := options.BY_NAME[f"weight_{k}"])}
-SETTABLE_OPTIONS = {o.name: o for o in options.OPTIONS
-                    if o.name not in options.HARNESS_OWNED and not o.name.startswith("weight_")}
-Mix = create_model("Mix", __base__=Section, __doc__="[workload.mix]: a request kind's weight (relative; 0 turns it "
-                   "off); kinds not named keep their default weight",
-                   **{k: _option_field(o) for k, o in MIX_KINDS.items()})
-Options = create_model("Options", __base__=Section, __doc__="[workload.options]: the traffic's knobs, as the "
-                       "Locust flags of the same name (--pool-size for pool_size)",
-                       **{n: _option_field(o) for n, o in SETTABLE_OPTIONS.items()})
+SETTABLE_OPTIONS = {
+    o.name: o for o in options.OPTIONS if o.name not in options.HARNESS_OWNED and not o.name.startswith("weight_")
+}
+Mix = create_model(
+    "Mix",
+    __base__=Section,
+    __doc__="[workload.mix]: a request kind's weight (relative; 0 turns it "
+    "off); kinds not named keep their default weight",
+    **{k: _option_field(o) for k, o in MIX_KINDS.items()},
+)
+Options = create_model(
+    "Options",
+    __base__=Section,
+    __doc__="[workload.options]: the traffic's knobs, as the Locust flags of the same name (--pool-size for pool_size)",
+    **{n: _option_field(o) for n, o in SETTABLE_OPTIONS.items()},
+)
 
 
 class Workload(Section):
@@ -84,48 +95,65 @@ class Workload(Section):
     locustfile: str = _key("", "a locustfile of yours, relative to this file (empty: mmchaos's realistic mix)")
     trace: str = _key("", "a trace folder or JSONL request log to replay instead of a mix, relative to this file")
     replay_speed: Annotated[Number, Field(ge=0), Says("must be 0 (as fast as possible) or more")] = _key(
-        1.0, "speed of the trace's replay: 1 as recorded, k times faster, 0 as fast as possible")
+        1.0, "speed of the trace's replay: 1 as recorded, k times faster, 0 as fast as possible"
+    )
     users: Annotated[int, Field(ge=1)] = _key(8, "concurrent Locust users")
     spawn_rate: Annotated[Number, Field(gt=0), Says("must be positive (users started per second)")] = _key(
-        8, "users started per second")
+        8, "users started per second"
+    )
     duration: Annotated[Number, Field(ge=1), Says("must be at least 1 s")] = _key(30, "seconds of load per trial")
     max_requests: Annotated[int, Field(ge=0), Says("must be 0 (no limit) or more")] = _key(
-        0, "stop a trial after this many requests per Locust process (0: only the duration)")
+        0, "stop a trial after this many requests per Locust process (0: only the duration)"
+    )
     shape: Shape = _key("steady", "load shape: steady, ramp, spike or soak")
     # open loop (mmchaos.arrivals, whose rule checks them together): requests per second sent when due
-    rate: Number = _key(0, "open loop: requests per second, sent when due by users sized for the rate (not `users`); "
-                           "0 or left out: a closed loop of `users`")
+    rate: Number = _key(
+        0,
+        "open loop: requests per second, sent when due by users sized for the rate (not `users`); "
+        "0 or left out: a closed loop of `users`",
+    )
     arrival: str = _key("poisson", "open loop: the arrival process of rate: poisson, constant or gamma")
-    burstiness: Number = _key(1.0, "open loop, arrival = \"gamma\": the shape of the gaps (1 = Poisson, below 1 "
-                                   "burstier)")
+    burstiness: Number = _key(
+        1.0, 'open loop, arrival = "gamma": the shape of the gaps (1 = Poisson, below 1 burstier)'
+    )
     max_concurrency: int = _key(0, "open loop: the most requests in flight at once (0: sized for the rate)")
     mix: Mix = _key(Mix(), "request kinds' weights")  # type: ignore[valid-type]
     options: Options = _key(Options(), "the traffic's knobs")  # type: ignore[valid-type]
     # Locust's master and workers (harness/distributed.py)
     processes: Annotated[int, Field(ge=0, le=1024)] = _key(0, "local Locust worker processes (0: one process)")
     expect_workers: Annotated[int, Field(ge=0, le=1024)] = _key(
-        0, "workers from other machines (`mmchaos worker`) the master waits for")
-    master_bind_host: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:*-]+$"), Says(
-        "must be an address: 127.0.0.1 (this machine's workers only), an interface's address, or * (all)")] = _key(
-        "127.0.0.1", "where the master listens for workers: loopback takes only this machine's; * opens it")
+        0, "workers from other machines (`mmchaos worker`) the master waits for"
+    )
+    master_bind_host: Annotated[
+        str,
+        Field(pattern=r"^[A-Za-z0-9_.:*-]+$"),
+        Says("must be an address: 127.0.0.1 (this machine's workers only), an interface's address, or * (all)"),
+    ] = _key("127.0.0.1", "where the master listens for workers: loopback takes only this machine's; * opens it")
     master_bind_port: Annotated[int, Field(ge=1, le=65535), Says("must be a port (1-65535)")] = _key(
-        5557, "the master's port for its workers")
+        5557, "the master's port for its workers"
+    )
     expect_workers_max_wait: Annotated[Number, Field(ge=1), Says("must be at least 1 s")] = _key(
-        300, "seconds the master waits for its workers")
+        300, "seconds the master waits for its workers"
+    )
 
 
 class Crash(Section):
     """[crash]: what a crash does to a trial, and when a server counts as hung or failed to start."""
 
     policy: Literal["stop", "restart"] = _key(
-        "stop", "stop: the trial ends at the first crash; restart: start the server again and keep loading "
-                "(the default with a [sweep])")
+        "stop",
+        "stop: the trial ends at the first crash; restart: start the server again and keep loading "
+        "(the default with a [sweep])",
+    )
     hang_after: Annotated[Number, Field(gt=0), Says("must be positive (seconds)")] = _key(
-        10, "seconds without an answer on /health that make a hang")
+        10, "seconds without an answer on /health that make a hang"
+    )
     startup_timeout: Annotated[Number, Field(ge=1), Says("must be at least 1 s")] = _key(
-        300, "seconds a server may take to become healthy")
+        300, "seconds a server may take to become healthy"
+    )
     max_restarts: Annotated[int, Field(ge=0), Says("must be 0 or more")] = _key(
-        20, "restarts per trial under policy = \"restart\"")
+        20, 'restarts per trial under policy = "restart"'
+    )
 
 
 class Config(Section):
@@ -133,17 +161,23 @@ class Config(Section):
 
     name: Name = Field(description="the configuration's name: its results go to results/<campaign>/<name>/")
     description: str = _key("", "one line for the report")
-    engine: str = _key("", "the engine version it runs on (target = \"engine\")")
+    engine: str = _key("", 'the engine version it runs on (target = "engine")')
     engines: list[str] = _key([], "several engine versions: one configuration each, named name@version")
-    command: str = _key("", "target = \"command\": this configuration's own server command (e.g. another "
-                            "virtualenv's vllm serve)")
-    flags: Annotated[list[str], Says("must be strings, e.g. [\"--mm-processor-cache-gb\", \"0\"]")] = _key(
-        [], "vLLM flags, verbatim, e.g. [\"--mm-processor-cache-gb\", \"0\"]")
-    env: Annotated[dict[str, Union[str, int, float, bool]], Says("must be a table of NAME = \"value\"")] = _key({}, "environment variables of the server")
+    command: str = _key(
+        "", "target = \"command\": this configuration's own server command (e.g. another virtualenv's vllm serve)"
+    )
+    flags: Annotated[list[str], Says('must be strings, e.g. ["--mm-processor-cache-gb", "0"]')] = _key(
+        [], 'vLLM flags, verbatim, e.g. ["--mm-processor-cache-gb", "0"]'
+    )
+    env: Annotated[dict[str, str | int | float | bool], Says('must be a table of NAME = "value"')] = _key(
+        {}, "environment variables of the server"
+    )
 
 
 Fault = create_model(
-    "Fault", __base__=Section, __doc__="[[fault]]: one fault injected into every trial (mmchaos/faults.py checks "
+    "Fault",
+    __base__=Section,
+    __doc__="[[fault]]: one fault injected into every trial (mmchaos/faults.py checks "
     "its kind, target and parameters together)",
     kind=(str, Field(description="what to do: the fault's kind (docs: faults)")),
     target=(str, Field("", description="the process or link it is aimed at")),
@@ -152,8 +186,11 @@ Fault = create_model(
     after_requests=(int, Field(-1, description="after this many requests (-1: not given)")),
     duration=(Number, Field(0, description="seconds it lasts (0: an instant)")),
     name=(str, Field("", description="its name in the report (empty: made from its kind)")),
-    **{p: (Number, Field(-1, description=f"{p} of the fault (-1: not given)"))
-       for kind in faults.PARAMETERS.values() for p in kind},
+    **{
+        p: (Number, Field(-1, description=f"{p} of the fault (-1: not given)"))
+        for kind in faults.PARAMETERS.values()
+        for p in kind
+    },
 )
 
 
@@ -167,12 +204,23 @@ class CampaignFile(Section):
     fault: list[Fault] = _key([], "faults injected into every trial")  # type: ignore[valid-type]
     # its knobs and values are checked by the plan (harness/campaign_plan.py), which knows what each knob takes
     sweep: dict[str, Any] | None = _key(
-        None, "one or two knobs (users, a kind's weight, a numeric option) = [values]; every combination is a "
-              "point (see the hazard page)", minProperties=1, maxProperties=2)
+        None,
+        "one or two knobs (users, a kind's weight, a numeric option) = [values]; every combination is a "
+        "point (see the hazard page)",
+        minProperties=1,
+        maxProperties=2,
+    )
 
 
-SECTIONS = {"campaign": Campaign, "workload": Workload, "crash": Crash, "config": Config, "fault": Fault,
-            "workload.mix": Mix, "workload.options": Options}
+SECTIONS = {
+    "campaign": Campaign,
+    "workload": Workload,
+    "crash": Crash,
+    "config": Config,
+    "fault": Fault,
+    "workload.mix": Mix,
+    "workload.options": Options,
+}
 
 
 def json_schema() -> dict:
@@ -206,6 +254,7 @@ def json_schema_text() -> str:
 
 
 # --- pydantic's errors as a campaign file's one-line errors -------------------------------------------------------
+
 
 class FileProblem(ValueError):
     """One problem of a campaign file: its message, and where (section, key, nth table) to find its line."""
@@ -285,11 +334,12 @@ def problem(error: ValidationError) -> FileProblem:
             known = [*CampaignFile.model_fields]
             return FileProblem(f"unknown section [{key}]; {did_you_mean(key, known)}", key)
         noun = {"workload.mix": "kind", "workload.options": "option"}.get(section, "key")
-        return FileProblem(f"unknown {noun} '{key}' in {where}; {did_you_mean(key, model.model_fields)}",
-                           section, key, nth)
+        return FileProblem(
+            f"unknown {noun} '{key}' in {where}; {did_you_mean(key, model.model_fields)}", section, key, nth
+        )
     if kind == "missing":
         if not section and key == "campaign":
-            return FileProblem("missing the [campaign] section (with at least name = \"...\")")
+            return FileProblem('missing the [campaign] section (with at least name = "...")')
         if not section and key == "config":
             return FileProblem("no [[config]] tables: name at least one flag configuration")
         return FileProblem(f"{where} needs '{key}'", section, nth=nth)
@@ -319,8 +369,9 @@ _BOUNDS = {"greater_than_equal", "greater_than", "less_than_equal", "less_than"}
 
 def _bound_words(info: FieldInfo | None, e: dict) -> str:
     """The key's bounds in words: both ends when it has both ("must be 0 to 1024"), else the one it broke."""
-    bounds = {k: v for m in (info.metadata if info else []) for k in ("ge", "le") if (v := getattr(m, k, None))
-              is not None}
+    bounds = {
+        k: v for m in (info.metadata if info else []) for k in ("ge", "le") if (v := getattr(m, k, None)) is not None
+    }
     if len(bounds) == 2:
         return f"must be {bounds['ge']} to {bounds['le']}"
     ctx = e["ctx"]
@@ -338,7 +389,7 @@ def _type_words(annotation) -> str:
     origin = get_origin(annotation) or annotation
     if origin is Annotated:
         return _type_words(get_args(annotation)[0])
-    if origin is Union:
+    if origin in (Union, types.UnionType):  # Optional[X] and X | Y
         return " or ".join(_type_words(a) for a in get_args(annotation) if a is not type(None))
     if isinstance(origin, type) and issubclass(origin, BaseModel):
         return "a table"
@@ -351,4 +402,3 @@ def validate(data: dict) -> CampaignFile:
         return CampaignFile.model_validate(data)
     except ValidationError as e:
         raise problem(e) from None
-

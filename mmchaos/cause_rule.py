@@ -42,8 +42,9 @@ def failed_after_render(kind: str | None, case: str | None, outcome: str) -> boo
     return is_poison(kind, case) or outcome == schema.TIMEOUT
 
 
-def causes(event: np.ndarray, t: np.ndarray, t_event: np.ndarray, failed: np.ndarray, answered: np.ndarray
-           ) -> dict[int, int]:
+def causes(
+    event: np.ndarray, t: np.ndarray, t_event: np.ndarray, failed: np.ndarray, answered: np.ndarray
+) -> dict[int, int]:
     """For many events at once: ``event[i]`` is the event use ``i`` belongs to (a use of one of its images, in
     its server's life), ``t[i]`` when it was sent, ``t_event[i]`` its event's time, ``failed[i]`` whether it
     failed after render, ``answered[i]`` whether it was answered (ok, and no failure). Returns {event: the index
@@ -67,8 +68,7 @@ def cause(uses: Iterable[Use], t_event: float) -> Use | None:
         return None
     failed = [failed_after_render(u.kind, u.case, u.outcome) for u in uses]
     answered = [u.outcome == schema.OK and not f for u, f in zip(uses, failed)]
-    found = causes(np.zeros(len(uses), dtype=int), [u.t for u in uses], np.full(len(uses), t_event), failed,
-                   answered)
+    found = causes(np.zeros(len(uses), dtype=int), [u.t for u in uses], np.full(len(uses), t_event), failed, answered)
     return uses[found[0]] if found else None
 
 

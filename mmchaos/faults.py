@@ -29,13 +29,20 @@ TARGETS = PROCESS_TARGETS + (NETWORK,)
 PARAMETERS: dict[str, dict[str, tuple[str, float | None]]] = {
     KILL: {},
     STOP: {},
-    LATENCY: {"latency_ms": ("added to each chunk of a response, ms", None),
-              "jitter_ms": ("uniform +- spread around latency_ms, ms", 0.0)},
+    LATENCY: {
+        "latency_ms": ("added to each chunk of a response, ms", None),
+        "jitter_ms": ("uniform +- spread around latency_ms, ms", 0.0),
+    },
     BANDWIDTH: {"kbps": ("cap on each connection's bytes per second, both ways, in kB/s", None)},
     RESET: {"after_bytes": ("bytes of each response passed on before the connection is reset (RST)", None)},
     SILENCE: {},
-    SLOW_READ: {"kbps": ("the rate the proxy reads each response from the server at, in kB/s (a small receive "
-                         "buffer: the server's writes block)", None)},
+    SLOW_READ: {
+        "kbps": (
+            "the rate the proxy reads each response from the server at, in kB/s (a small receive "
+            "buffer: the server's writes block)",
+            None,
+        )
+    },
 }
 NEEDS_DURATION = (STOP, *NETWORK_KINDS)  # a kill is at once; the others last
 
@@ -76,11 +83,15 @@ class Fault:
 
     def label(self) -> str:
         """``kill tp_worker:1 at 20 s``, ``latency 200±50 ms for 10 s at 5 s``."""
-        what = {LATENCY: lambda p: f"{p.get('latency_ms', 0):g}±{p.get('jitter_ms', 0):g} ms",
-                BANDWIDTH: lambda p: f"{p.get('kbps', 0):g} kB/s", SLOW_READ: lambda p: f"{p.get('kbps', 0):g} kB/s",
-                RESET: lambda p: f"after {p.get('after_bytes', 0):g} B"}.get(self.kind)
-        text = " ".join(x for x in (self.kind, self.role() if self.is_process else "", what(self.params) if what
-                                    else "") if x)
+        what = {
+            LATENCY: lambda p: f"{p.get('latency_ms', 0):g}±{p.get('jitter_ms', 0):g} ms",
+            BANDWIDTH: lambda p: f"{p.get('kbps', 0):g} kB/s",
+            SLOW_READ: lambda p: f"{p.get('kbps', 0):g} kB/s",
+            RESET: lambda p: f"after {p.get('after_bytes', 0):g} B",
+        }.get(self.kind)
+        text = " ".join(
+            x for x in (self.kind, self.role() if self.is_process else "", what(self.params) if what else "") if x
+        )
         if self.kind in NEEDS_DURATION:
             text += f" for {self.duration:g} s"
         return f"{text} {self.when()}" if self.at is not None or self.after_requests is not None else text
@@ -97,7 +108,7 @@ def problem(f: Fault) -> str | None:
     if f.is_process and f.target not in PROCESS_TARGETS:
         return f"a {f.kind} needs target = one of {', '.join(PROCESS_TARGETS)}, not '{f.target or '(none)'}'"
     if not f.is_process and f.target != NETWORK:
-        return f"a {f.kind} acts on the network between the load and the server: target = \"network\" or none"
+        return f'a {f.kind} acts on the network between the load and the server: target = "network" or none'
     if f.rank < 0 or (f.target in (ENGINE_CORE, NETWORK) and f.rank):
         return f"rank {f.rank} does not apply to {f.target}" if f.rank >= 0 else "rank must be 0 or more"
     if (f.at is None) == (f.after_requests is None) and (f.at is not None):
@@ -113,7 +124,7 @@ def problem(f: Fault) -> str | None:
     known = PARAMETERS[f.kind]
     for p, v in f.params.items():
         if p not in known:
-            return (f"{f.kind} takes no '{p}'" + (f"; it takes {', '.join(known)}" if known else ""))
+            return f"{f.kind} takes no '{p}'" + (f"; it takes {', '.join(known)}" if known else "")
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or (p != "jitter_ms" and v == 0):
             return f"{p} must be a positive number, not {v!r}"
     for p, (_, default) in known.items():

@@ -71,48 +71,90 @@ WEIGHTS = {
 OPTIONS = [
     *(Option(f"weight_{k}", int, w, f"weight of {h}", minimum=0) for k, (w, h) in WEIGHTS.items()),
     Option("model", str, "", "model name for requests (empty: the first of /v1/models)"),
-    Option("instruction", str, DEFAULT_INSTRUCTION, "Qwen3-VL-Embedding instruction (system message); "
-           "empty for none"),
+    Option("instruction", str, DEFAULT_INSTRUCTION, "Qwen3-VL-Embedding instruction (system message); empty for none"),
     Option("pool_size", int, 48, "distinct images in the pool", minimum=1),
     Option("zipf", float, 1.1, "Zipf exponent of image popularity (0 = uniform; higher = hotter hot set)", minimum=0),
-    Option("fresh_fraction", float, 0.1, "share of image draws that are never-repeated fresh images", minimum=0,
-           maximum=1),
-    Option("image_preset", str, "realistic", "generated pool preset: realistic (256-2048 px) or small",
-           choices=tuple(IMAGE_PRESETS)),
+    Option(
+        "fresh_fraction", float, 0.1, "share of image draws that are never-repeated fresh images", minimum=0, maximum=1
+    ),
+    Option(
+        "image_preset",
+        str,
+        "realistic",
+        "generated pool preset: realistic (256-2048 px) or small",
+        choices=tuple(IMAGE_PRESETS),
+    ),
     Option("max_side", int, 0, "cap on the long side of generated images in px (0 = the preset's)", minimum=0),
     Option("image_dir", str, "", "use your own images from this folder instead of generated ones"),
     Option("image_seed", int, 0, "seed of the generated image pool", minimum=0),
     Option("multi_images", int, 3, "images per multi_image request", minimum=2),
     Option("batch_size", int, 4, "inputs per batch request", minimum=1),
-    Option("base64_fraction", float, 0.1, "share of embedding requests asking encoding_format=base64", minimum=0,
-           maximum=1),
-    Option("video_share", float, 0.2, "share of malformed and abort requests that carry a video instead of an image "
-           "(a broken video, the post-render 400, an abandoned video request)", minimum=0, maximum=1),
+    Option(
+        "base64_fraction", float, 0.1, "share of embedding requests asking encoding_format=base64", minimum=0, maximum=1
+    ),
+    Option(
+        "video_share",
+        float,
+        0.2,
+        "share of malformed and abort requests that carry a video instead of an image "
+        "(a broken video, the post-render 400, an abandoned video request)",
+        minimum=0,
+        maximum=1,
+    ),
     Option("abort_after_ms", int, 40, "the abort kind gives up (disconnects) after this many ms", minimum=1),
     Option("malformed_cases", str, "", "comma-separated malformed case names to use (empty: all)"),
     Option("cases_file", str, "", "TOML file with extra malformed cases"),
     Option("max_model_len", int, 4096, "the server's --max-model-len (for the over-length cases)", minimum=1),
     Option("request_timeout", float, 60.0, "seconds before a request counts as timed out", minimum=0.001),
-    Option("retry_policy", str, "openai", "how the client retries: openai (the OpenAI SDK's defaults: 2 retries "
-           "of connection errors, 408, 409, 429 and 5xx, with backoff) or none; every attempt is a row",
-           choices=RETRY_POLICIES),
-    Option("refused_backoff_ms", int, 250, "a user waits this long after a request got no answer (server down)",
-           minimum=0),
+    Option(
+        "retry_policy",
+        str,
+        "openai",
+        "how the client retries: openai (the OpenAI SDK's defaults: 2 retries "
+        "of connection errors, 408, 409, 429 and 5xx, with backoff) or none; every attempt is a row",
+        choices=RETRY_POLICIES,
+    ),
+    Option(
+        "refused_backoff_ms", int, 250, "a user waits this long after a request got no answer (server down)", minimum=0
+    ),
     Option("wait_ms", int, 0, "think time per user between requests, uniform in [0, wait_ms] ms", minimum=0),
     Option("seed", int, 1, "seed of each user's choices (kinds, images): runs are reproducible"),
     Option("shape", str, "steady", "load shape: steady, ramp, spike or soak", choices=SHAPES),
     # open loop (mmchaos.arrivals): requests sent at the times of an arrival process, by Locust users sized for it
-    Option("rate", float, 0.0, "open loop: requests per second, sent when due whatever the answers take (users are "
-           "sized for it; -u is not used); 0: closed loop, -u users sending back to back", positive=True),
-    Option("arrival", str, "poisson", "open loop: the arrival process of --rate: poisson, constant or gamma",
-           choices=arrivals.ARRIVALS),
-    Option("burstiness", float, 1.0, "open loop, --arrival gamma: the shape of the gaps (1 = Poisson, below 1 "
-           "burstier, above 1 smoother)", positive=True),
-    Option("max_concurrency", int, 0, "open loop: the most requests in flight at once (0: sized for the rate, at "
-           f"most {arrivals.AUTO_MAX_CONCURRENCY})", minimum=0),
+    Option(
+        "rate",
+        float,
+        0.0,
+        "open loop: requests per second, sent when due whatever the answers take (users are "
+        "sized for it; -u is not used); 0: closed loop, -u users sending back to back",
+        positive=True,
+    ),
+    Option(
+        "arrival",
+        str,
+        "poisson",
+        "open loop: the arrival process of --rate: poisson, constant or gamma",
+        choices=arrivals.ARRIVALS,
+    ),
+    Option(
+        "burstiness",
+        float,
+        1.0,
+        "open loop, --arrival gamma: the shape of the gaps (1 = Poisson, below 1 burstier, above 1 smoother)",
+        positive=True,
+    ),
+    Option(
+        "max_concurrency",
+        int,
+        0,
+        "open loop: the most requests in flight at once (0: sized for the rate, at "
+        f"most {arrivals.AUTO_MAX_CONCURRENCY})",
+        minimum=0,
+    ),
     Option("arrival_lanes", str, "", "Locust's workers in lane order (set by the master)", ui=False),
-    Option("max_requests", int, 0, "stop after this many requests per Locust process (0: only the run time)",
-           minimum=0),
+    Option(
+        "max_requests", int, 0, "stop after this many requests per Locust process (0: only the run time)", minimum=0
+    ),
     Option("results_dir", str, "", "where rows go (empty: results/adhoc/<time>)"),
     Option("run_id", str, "", "id stamped on every row (empty: generated)", ui=False),
     Option("config_name", str, "adhoc", "configuration name stamped on every row", ui=False),
@@ -120,38 +162,91 @@ OPTIONS = [
     Option("health_interval", float, 0.25, "seconds between /health polls", minimum=0.01),
     Option("metrics_interval", float, 1.0, "seconds between /metrics scrapes", minimum=0.01),
     Option("no_watch", bool, False, "do not poll /health and /metrics"),
-    Option("watch_url", str, "", "poll /health and /metrics at this base URL instead of --host (the server itself, "
-           "when the users load it through a fault proxy)", ui=False),
+    Option(
+        "watch_url",
+        str,
+        "",
+        "poll /health and /metrics at this base URL instead of --host (the server itself, "
+        "when the users load it through a fault proxy)",
+        ui=False,
+    ),
     Option("no_trace", bool, False, "do not keep the trace (what each request sent, to replay or minimize it)"),
-    Option("consistency_sample", float, 0.25, "wrong-answer oracle: share of inputs (by input) whose repeated "
-           "answers are compared with their first answer (0: off)", minimum=0, maximum=1),
-    Option("server_log", str, "", "the server's log file: the web UI's mmchaos panel tails it and names crashes "
-           "and drift by the log signatures (empty: none)"),
+    Option(
+        "consistency_sample",
+        float,
+        0.25,
+        "wrong-answer oracle: share of inputs (by input) whose repeated "
+        "answers are compared with their first answer (0: off)",
+        minimum=0,
+        maximum=1,
+    ),
+    Option(
+        "server_log",
+        str,
+        "",
+        "the server's log file: the web UI's mmchaos panel tails it and names crashes "
+        "and drift by the log signatures (empty: none)",
+    ),
     # gates: the run's exit code (0 all hold, 1 one failed, 2 it could not run); a campaign asks its report instead
     Option("max_crashes", int, 0, "gate: most server crashes (seen on /health) the run may see", minimum=0),
-    Option("max_server_error_ratio", float, 0.01, "gate: largest share of valid requests that may fail because of the "
-           "server after the client's retries (1: no gate)", minimum=0, maximum=1),
-    Option("max_wrong_answers", int, 0, "gate: most answers to a repeated input that may differ from its first "
-           "answer (the wrong-answer oracle)", minimum=0),
+    Option(
+        "max_server_error_ratio",
+        float,
+        0.01,
+        "gate: largest share of valid requests that may fail because of the "
+        "server after the client's retries (1: no gate)",
+        minimum=0,
+        maximum=1,
+    ),
+    Option(
+        "max_wrong_answers",
+        int,
+        0,
+        "gate: most answers to a repeated input that may differ from its first answer (the wrong-answer oracle)",
+        minimum=0,
+    ),
     Option("max_p95_ms", float, 0.0, "gate: largest p95 latency of valid requests in ms (0: no gate)", minimum=0),
-    Option("min_rate_ratio", float, arrivals.DEFAULT_MIN_RATE_RATIO, "gate, open loop: smallest share of the "
-           "requests due that were sent (achieved / asked rate; 0: no gate)", minimum=0, maximum=1),
+    Option(
+        "min_rate_ratio",
+        float,
+        arrivals.DEFAULT_MIN_RATE_RATIO,
+        "gate, open loop: smallest share of the requests due that were sent (achieved / asked rate; 0: no gate)",
+        minimum=0,
+        maximum=1,
+    ),
 ]
 BY_NAME = {o.name: o for o in OPTIONS}
 GATES = ("max_crashes", "max_server_error_ratio", "max_wrong_answers", "max_p95_ms", "min_rate_ratio")
 OPEN_LOOP = ("rate", "arrival", "burstiness", "max_concurrency")  # [workload] keys of a campaign, not options
-HARNESS_OWNED = {"model", "seed", "shape", "max_requests", "results_dir", "run_id", "config_name", "trial",
-                 "arrival_lanes", "watch_url", *OPEN_LOOP, *GATES}
+HARNESS_OWNED = {
+    "model",
+    "seed",
+    "shape",
+    "max_requests",
+    "results_dir",
+    "run_id",
+    "config_name",
+    "trial",
+    "arrival_lanes",
+    "watch_url",
+    *OPEN_LOOP,
+    *GATES,
+}
 
 
 def register(parser) -> None:
     for o in OPTIONS:
         if o.type is bool:
-            parser.add_argument(o.flag, action="store_true", default=o.default, help=o.help,
-                                include_in_web_ui=o.ui)
+            parser.add_argument(o.flag, action="store_true", default=o.default, help=o.help, include_in_web_ui=o.ui)
         else:
-            parser.add_argument(o.flag, type=_positive(o) if o.positive else o.type, default=o.default, help=o.help,
-                                include_in_web_ui=o.ui, choices=o.choices)
+            parser.add_argument(
+                o.flag,
+                type=_positive(o) if o.positive else o.type,
+                default=o.default,
+                help=o.help,
+                include_in_web_ui=o.ui,
+                choices=o.choices,
+            )
 
 
 def _positive(o: Option):
@@ -180,7 +275,9 @@ def to_argv(mix: dict, options: dict) -> list[str]:
     argv = []
     for kind, weight in mix.items():
         if kind not in WEIGHTS:
-            raise OptionError(f"unknown kind '{kind}' in [workload.mix]; {did_you_mean(kind, WEIGHTS)}", "workload.mix", kind)
+            raise OptionError(
+                f"unknown kind '{kind}' in [workload.mix]; {did_you_mean(kind, WEIGHTS)}", "workload.mix", kind
+            )
         why = BY_NAME[f"weight_{kind}"].problem(weight)
         if why:
             raise OptionError(f"[workload.mix] {kind} {why}", "workload.mix", kind)
@@ -189,8 +286,11 @@ def to_argv(mix: dict, options: dict) -> list[str]:
         o = BY_NAME.get(name)
         if o is None or name in HARNESS_OWNED or name.startswith("weight_"):
             settable = [n for n in BY_NAME if n not in HARNESS_OWNED and not n.startswith("weight_")]
-            raise OptionError(f"unknown option '{name}' in [workload.options]; {did_you_mean(name, settable)}",
-                              "workload.options", name)
+            raise OptionError(
+                f"unknown option '{name}' in [workload.options]; {did_you_mean(name, settable)}",
+                "workload.options",
+                name,
+            )
         why = o.problem(value)
         if why:
             raise OptionError(f"[workload.options] {name} {why}", "workload.options", name)

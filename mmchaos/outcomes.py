@@ -86,8 +86,14 @@ def causes(rows) -> np.ndarray:
     if not len(rows):
         return np.empty(0, dtype=object)
     outcome = rows["outcome"].astype("category")
-    key = np.stack([rows["status"].to_numpy(float, na_value=np.nan), outcome.cat.codes.to_numpy(float),
-                    rows["expected_status"].to_numpy(float, na_value=np.nan)], axis=1)
+    key = np.stack(
+        [
+            rows["status"].to_numpy(float, na_value=np.nan),
+            outcome.cat.codes.to_numpy(float),
+            rows["expected_status"].to_numpy(float, na_value=np.nan),
+        ],
+        axis=1,
+    )
     uniq, inverse = np.unique(np.nan_to_num(key, nan=-1.0), axis=0, return_inverse=True)
     names = list(outcome.cat.categories)
     table = [cause_of(_int(st), names[int(oc)] if oc >= 0 else None, _int(ex)) for st, oc, ex in uniq]

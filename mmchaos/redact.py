@@ -33,7 +33,7 @@ def flag_values(argv: Iterable[str], flag: str = API_KEY_FLAG) -> list[str]:
         if arg.startswith(flag + "="):
             out.append(arg.split("=", 1)[1])
         elif arg == flag:
-            for value in argv[i + 1:]:
+            for value in argv[i + 1 :]:
                 if value.startswith("-"):
                     break
                 out.append(value)
@@ -61,11 +61,11 @@ class Redactor:
         self.values = sorted({v for v in values if v and len(v) >= MIN_SECRET}, key=len, reverse=True)
 
     @classmethod
-    def from_environment(cls, extra: Iterable[str] = ()) -> "Redactor":
+    def from_environment(cls, extra: Iterable[str] = ()) -> Redactor:
         """This process's secrets: its environment's secret entries (MMCHAOS_API_KEY among them), and ``extra``."""
         return cls([*secret_env(os.environ).values(), *extra])
 
-    def with_values(self, values: Iterable[str]) -> "Redactor":
+    def with_values(self, values: Iterable[str]) -> Redactor:
         return Redactor([*self.values, *values])
 
     def text(self, text: str) -> str:

@@ -2,8 +2,8 @@
 
 ``openai`` is the OpenAI Python SDK's default behaviour (``_base_client.py``: 2 retries; connection errors,
 timeouts, 408, 409, 429 and >= 500 are retried unless the server says ``x-should-retry: false``; the delay is
-0.5 s doubling up to 8 s, minus up to 25 % jitter, or the server's ``retry-after-ms`` / ``retry-after`` (seconds or an HTTP date) when it
-is within (0, 120] s; a longer ``retry-after`` means no retry). ``none`` sends every request once.
+0.5 s doubling up to 8 s, minus up to 25 % jitter, or the server's ``retry-after-ms`` / ``retry-after`` (seconds or
+an HTTP date) when it is within (0, 120] s; a longer ``retry-after`` means no retry). ``none`` sends every request once.
 The verdict uses :func:`retryable` too: a failure a retrying client would retry is a retryable error.
 """
 
@@ -52,8 +52,9 @@ def retry_after(headers: Mapping[str, str] | None, now: float | None = None) -> 
     return None
 
 
-def should_retry(policy: str, retries_done: int, status: int | None, outcome: str,
-                 headers: Mapping[str, str] | None = None) -> bool:
+def should_retry(
+    policy: str, retries_done: int, status: int | None, outcome: str, headers: Mapping[str, str] | None = None
+) -> bool:
     if policy != OPENAI or retries_done >= OPENAI_MAX_RETRIES:
         return False
     if outcome not in _UNANSWERED:
@@ -71,4 +72,4 @@ def delay(retries_done: int, u: float, headers: Mapping[str, str] | None = None)
     after = retry_after(headers)
     if after is not None and math.isfinite(after) and 0 < after <= MAX_RETRY_AFTER_S:
         return after
-    return min(INITIAL_DELAY_S * 2.0 ** retries_done, MAX_DELAY_S) * (1 - 0.25 * u)
+    return min(INITIAL_DELAY_S * 2.0**retries_done, MAX_DELAY_S) * (1 - 0.25 * u)

@@ -33,10 +33,18 @@ COSINE_MIN = 0.999
 COLLAPSE_COSINE = 0.99999
 
 # Fields that say how an answer is written or when it is scheduled, not what it is.
-IGNORED = frozenset({
-    "encoding_format", "embed_dtype", "endianness", "embedding_types",  # the answer's encoding
-    "user", "priority", "request_id", "cache_salt",  # who asks, when, and which prefix-cache pool
-})
+IGNORED = frozenset(
+    {
+        "encoding_format",
+        "embed_dtype",
+        "endianness",
+        "embedding_types",  # the answer's encoding
+        "user",
+        "priority",
+        "request_id",
+        "cache_salt",  # who asks, when, and which prefix-cache pool
+    }
+)
 # The kind of answer each route gives (routes giving the same kind of answer from the same input agree)
 ANSWER_KINDS = {"/v1/embeddings": "embed", "/v2/embed": "embed"}
 # Cohere's /v2/embed names of the OpenAI parameters
@@ -54,8 +62,11 @@ def media_hash(url: str) -> str:
     if url.startswith("data:") and "," in url:
         head, _, data = url.partition(",")
         try:
-            raw = base64.b64decode(data, validate=True) if head.endswith(";base64") else \
-                urllib.parse.unquote_to_bytes(data)
+            raw = (
+                base64.b64decode(data, validate=True)
+                if head.endswith(";base64")
+                else urllib.parse.unquote_to_bytes(data)
+            )
             return content_hash(raw)
         except ValueError:
             pass
@@ -154,8 +165,11 @@ def _cohere(body: Mapping[str, Any], media: _Media) -> Iterator[list]:
 
 def _with_media(node: Any, media: _Media) -> Any:
     if isinstance(node, Mapping):
-        return {k: (["media", media.next(v)] if k == "url" and isinstance(v, str) else _with_media(v, media))
-                for k, v in node.items() if k not in IGNORED}
+        return {
+            k: (["media", media.next(v)] if k == "url" and isinstance(v, str) else _with_media(v, media))
+            for k, v in node.items()
+            if k not in IGNORED
+        }
     if isinstance(node, list):
         return [_with_media(v, media) for v in node]
     return node

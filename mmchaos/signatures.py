@@ -48,12 +48,12 @@ class Signatures:
 
     @classmethod
     @functools.cache
-    def default(cls) -> "Signatures":
+    def default(cls) -> Signatures:
         """The default table (read once per process)."""
         return cls.load()
 
     @classmethod
-    def load(cls, *files: Path | str) -> "Signatures":
+    def load(cls, *files: Path | str) -> Signatures:
         """The default table, extended by users' files (same shape; a user's name replaces a default one)."""
         by_name: dict[str, Signature] = {}
         mm_hash_pattern = request_id_pattern = None
@@ -74,10 +74,17 @@ class Signatures:
                     pat = re.compile(s["pattern"])
                 except re.error as e:
                     raise SignatureError(f"{f}: signature {s['name']}: bad pattern ({e})") from e
-                by_name[s["name"]] = Signature(s["name"], pat, bool(s.get("fatal", False)), int(s.get("rank", 50)),
-                                               s.get("description", ""), bool(s.get("drift", False)))
-        return cls(sorted(by_name.values(), key=lambda s: s.rank), mm_hash_pattern or r"$^",
-                   request_id_pattern or r"$^")
+                by_name[s["name"]] = Signature(
+                    s["name"],
+                    pat,
+                    bool(s.get("fatal", False)),
+                    int(s.get("rank", 50)),
+                    s.get("description", ""),
+                    bool(s.get("drift", False)),
+                )
+        return cls(
+            sorted(by_name.values(), key=lambda s: s.rank), mm_hash_pattern or r"$^", request_id_pattern or r"$^"
+        )
 
     @property
     def drift_names(self) -> frozenset[str]:
@@ -120,8 +127,9 @@ class Signatures:
         follows it), so they are left out: one mechanism gets one chain, whichever of them a death happened to
         print. Drift lines are causes and always stay."""
         by_name = {s.name: s for s in self.signatures}
-        sigs = [by_name[n] for n in (i.signature.name if isinstance(i, Match) else str(i) for i in items)
-                if n in by_name]
+        sigs = [
+            by_name[n] for n in (i.signature.name if isinstance(i, Match) else str(i) for i in items) if n in by_name
+        ]
         if crash is None:
             fatal = [s for s in sigs if s.fatal]
             crash = min(fatal, key=lambda s: s.rank).name if fatal else UNKNOWN

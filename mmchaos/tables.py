@@ -38,8 +38,13 @@ class PartWriter:
     """Append rows (dicts) and flush them as parquet parts under ``folder``, or hand each part (name, bytes, row
     count) to ``sink`` instead: a Locust worker ships them to its master. Thread- and greenlet-safe."""
 
-    def __init__(self, folder: Path | str | None, table_schema: pa.Schema, tag: str | None = None,
-                 sink: Callable[[str, bytes, int], None] | None = None):
+    def __init__(
+        self,
+        folder: Path | str | None,
+        table_schema: pa.Schema,
+        tag: str | None = None,
+        sink: Callable[[str, bytes, int], None] | None = None,
+    ):
         self.folder = Path(folder) if folder is not None else None
         if sink is None and self.folder is None:
             raise ValueError("a PartWriter needs a folder or a sink")
@@ -110,7 +115,7 @@ def encode_rows(rows: list[dict], table_schema: pa.Schema, pause: Callable[[], N
         for i in range(0, len(rows), SLICE):
             if i:
                 pause()
-            w.write_table(schema.table_from_rows(rows[i:i + SLICE], table_schema))
+            w.write_table(schema.table_from_rows(rows[i : i + SLICE], table_schema))
     return out.getvalue().to_pybytes()
 
 

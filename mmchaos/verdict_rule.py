@@ -19,6 +19,7 @@ exercise (no malformed request was sent, nothing could poison the cache, ...) is
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import NamedTuple
 
 from mmchaos import schema
 from mmchaos.outcomes import cause_of
@@ -28,21 +29,24 @@ LEVELS = (FAILS, RETRYABLE, CLEAN)
 TITLES = {FAILS: "fails", RETRYABLE: "survives with retryable errors", CLEAN: "clean"}
 OK, FAILED, NOT_EXERCISED = "ok", "failed", "not exercised"
 
-CHECKS = {  # name -> (title, the level a failure of it means)
-    "fails_alone": ("the bad request fails alone", FAILS),
-    "stays_up": ("the server stays up (/health 200, no crash)", FAILS),
-    "normal_ok": ("normal requests keep succeeding (after retries)", FAILS),
-    "no_drift": ("no cache drift (logged or answered)", RETRYABLE),
-    "first_try": ("no retryable errors (all at the first attempt)", RETRYABLE),
-    "same_answer": ("repeated inputs get the same answer", FAILS),
-}
-# what a failed check means, in the report's plain words (the check's title says what was hoped for)
-FAILED_WORDS = {
-    "fails_alone": "a bad request did not get its expected status",
-    "stays_up": "the server crashed",
-    "normal_ok": "normal requests failed even after retries",
-    "no_drift": "the caches drifted",
-    "first_try": "some requests failed at their first attempt",
+
+class Check(NamedTuple):
+    title: str  # what was hoped for
+    level: str  # the level a failure of it means
+    failed: str  # what a failure of it means, in the report's plain words
+
+
+CHECKS = {
+    "fails_alone": Check("the bad request fails alone", FAILS, "a bad request did not get its expected status"),
+    "stays_up": Check("the server stays up (/health 200, no crash)", FAILS, "the server crashed"),
+    "normal_ok": Check(
+        "normal requests keep succeeding (after retries)", FAILS, "normal requests failed even after retries"
+    ),
+    "no_drift": Check("no cache drift (logged or answered)", RETRYABLE, "the caches drifted"),
+    "first_try": Check(
+        "no retryable errors (all at the first attempt)", RETRYABLE, "some requests failed at their first attempt"
+    ),
+    "same_answer": Check("repeated inputs get the same answer", FAILS, "a repeated input got a different answer"),
 }
 
 
@@ -65,7 +69,7 @@ class Counts:
     answers_checked: int = 0  # answers to a repeated input compared with its first answer (the oracle)
     wrong_answers: int = 0  # of them, a different answer
 
-    def __add__(self, other: "Counts") -> "Counts":
+    def __add__(self, other: Counts) -> Counts:
         return Counts(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
 
 
@@ -74,18 +78,31 @@ def is_poison(kind: str | None, case: str | None) -> bool:
     return kind in schema.POISON_KINDS or (kind == "probe" and case in schema.POISON_PROBE_STEPS)
 
 
-def attempt_counts(kind: str | None, case: str | None, status: int | None, outcome: str,
-                   expected_status: int | None, final: bool, drift_answer: bool, n: int = 1,
-                   consistent: bool | None = None) -> Counts:
+def attempt_counts(
+    kind: str | None,
+    case: str | None,
+    status: int | None,
+    outcome: str,
+    expected_status: int | None,
+    final: bool,
+    drift_answer: bool,
+    n: int = 1,
+    consistent: bool | None = None,
+) -> Counts:
     """What ``n`` alike attempts add to the counts. ``final``: the client's last attempt of its request (the one
     that says whether it was cured); ``drift_answer``: the server answered it with a cache miss; ``consistent``:
     the oracle's comparison with the input's first answer (None: not compared)."""
     if outcome == schema.CUT:
         return Counts()
     server = cause_of(status, outcome, expected_status) == schema.SERVER
-    c = Counts(attempts=n, server_attempts=n * server, drift_answers=n * drift_answer,
-               poison_sent=n * is_poison(kind, case), answers_checked=n * (consistent is not None),
-               wrong_answers=n * (consistent is False))
+    c = Counts(
+        attempts=n,
+        server_attempts=n * server,
+        drift_answers=n * drift_answer,
+        poison_sent=n * is_poison(kind, case),
+        answers_checked=n * (consistent is not None),
+        wrong_answers=n * (consistent is False),
+    )
     if final and expected_status is not None:
         c.bad_groups, c.bad_uncured = n, n * server
     elif final and (kind in schema.VALID_KINDS or (kind == "probe" and case != "abort")):
@@ -103,10 +120,10 @@ class Verdict:
         return TITLES[self.level]
 
     def failed(self) -> list[str]:
-        return [CHECKS[n][0] for n, (state, _) in self.checks.items() if state == FAILED]
+        return [CHECKS[n].title for n, (state, _) in self.checks.items() if state == FAILED]
 
     def not_exercised(self) -> list[str]:
-        return [CHECKS[n][0] for n, (state, _) in self.checks.items() if state == NOT_EXERCISED]
+        return [CHECKS[n].title for n, (state, _) in self.checks.items() if state == NOT_EXERCISED]
 
 
 def _n(k: int, what: str) -> str:
@@ -116,42 +133,50 @@ def _n(k: int, what: str) -> str:
 def judge(c: Counts) -> Verdict:
     checks: dict[str, tuple[str, str]] = {}
     if c.bad_groups:
-        checks["fails_alone"] = (FAILED if c.bad_uncured else OK,
-                                 f"{c.bad_groups - c.bad_uncured:,} of {_n(c.bad_groups, 'malformed requests')} "
-                                 "got their expected status")
+        checks["fails_alone"] = (
+            FAILED if c.bad_uncured else OK,
+            f"{c.bad_groups - c.bad_uncured:,} of {_n(c.bad_groups, 'malformed requests')} got their expected status",
+        )
     else:
         checks["fails_alone"] = (NOT_EXERCISED, "no malformed request was sent")
     if c.health_polls or c.crashes:
-        checks["stays_up"] = (FAILED if c.crashes or c.health_failed else OK,
-                              f"{_n(c.crashes, 'crash(es)')}, {c.health_failed:,} of {_n(c.health_polls, '/health polls')}"
-                              " failed")
+        checks["stays_up"] = (
+            FAILED if c.crashes or c.health_failed else OK,
+            f"{_n(c.crashes, 'crash(es)')}, {c.health_failed:,} of {_n(c.health_polls, '/health polls')} failed",
+        )
     else:
         checks["stays_up"] = (NOT_EXERCISED, "/health was not watched")
     if c.valid_groups:
-        checks["normal_ok"] = (FAILED if c.valid_uncured else OK,
-                               f"{c.valid_groups - c.valid_uncured:,} of {_n(c.valid_groups, 'valid requests')} "
-                               "succeeded")
+        checks["normal_ok"] = (
+            FAILED if c.valid_uncured else OK,
+            f"{c.valid_groups - c.valid_uncured:,} of {_n(c.valid_groups, 'valid requests')} succeeded",
+        )
     else:
         checks["normal_ok"] = (NOT_EXERCISED, "no valid request was sent")
     drift = c.drift_lines + c.drift_answers
     if drift:
-        checks["no_drift"] = (FAILED, f"{_n(c.drift_lines, 'drift line(s)')} logged, "
-                                      f"{_n(c.drift_answers, 'cache-miss answer(s)')}")
+        checks["no_drift"] = (
+            FAILED,
+            f"{_n(c.drift_lines, 'drift line(s)')} logged, {_n(c.drift_answers, 'cache-miss answer(s)')}",
+        )
     elif c.poison_sent:
         checks["no_drift"] = (OK, f"none after {_n(c.poison_sent, 'post-render failures and aborts')}")
     else:
         checks["no_drift"] = (NOT_EXERCISED, "no post-render failure or abort was sent: nothing could poison the cache")
     if c.attempts:
-        checks["first_try"] = (FAILED if c.server_attempts else OK,
-                               f"{_n(c.server_attempts, 'attempt(s)')} of {c.attempts:,} failed because of the server")
+        checks["first_try"] = (
+            FAILED if c.server_attempts else OK,
+            f"{_n(c.server_attempts, 'attempt(s)')} of {c.attempts:,} failed because of the server",
+        )
     else:
         checks["first_try"] = (NOT_EXERCISED, "no request was sent")
     if c.answers_checked:
-        checks["same_answer"] = (FAILED if c.wrong_answers else OK,
-                                 f"{_n(c.wrong_answers, 'wrong answer(s)')} of {_n(c.answers_checked, 'answers')} "
-                                 "to a repeated input")
+        checks["same_answer"] = (
+            FAILED if c.wrong_answers else OK,
+            f"{_n(c.wrong_answers, 'wrong answer(s)')} of {_n(c.answers_checked, 'answers')} to a repeated input",
+        )
     else:
         checks["same_answer"] = (NOT_EXERCISED, "no answer to a repeated input was compared with its first")
-    failed_levels = {CHECKS[n][1] for n, (state, _) in checks.items() if state == FAILED}
+    failed_levels = {CHECKS[n].level for n, (state, _) in checks.items() if state == FAILED}
     level = FAILS if FAILS in failed_levels else RETRYABLE if failed_levels else CLEAN
     return Verdict(level, checks)

@@ -38,8 +38,13 @@ def main(argv: list[str] | None = None) -> int:
             pool = load_image_dir(a.image_dir)
         else:
             pool = generate_pool(
-                a.n, a.seed, preset=a.preset, max_side=a.max_side, cache_dir=a.cache_dir,
-                use_cache=not a.no_cache, workers=a.workers,
+                a.n,
+                a.seed,
+                preset=a.preset,
+                max_side=a.max_side,
+                cache_dir=a.cache_dir,
+                use_cache=not a.no_cache,
+                workers=a.workers,
             )
     except (OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

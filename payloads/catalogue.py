@@ -89,21 +89,26 @@ class Catalogue(Mapping[str, MalformedCase]):
         """The cases that can be built without / with a known max_model_len."""
         return [c for c in self._cases.values() if max_model_len is not None or not c.needs_max_model_len]
 
-    def by_kind(self, max_model_len: int | None, names: Sequence[str] = (),
-                weighted: Sequence[str] = ()) -> dict[str, list[MalformedCase]]:
+    def by_kind(
+        self, max_model_len: int | None, names: Sequence[str] = (), weighted: Sequence[str] = ()
+    ) -> dict[str, list[MalformedCase]]:
         """The cases each malformed kind of the mix draws from (``names``: only those), checked: an unknown name,
         or a kind in ``weighted`` left with no case, is a ValueError."""
         unknown = [n for n in names if n not in self._cases]
         if unknown:
             raise ValueError(f"unknown malformed case(s) {unknown}; known: {', '.join(self._cases)}")
         usable = [c for c in self.usable(max_model_len) if not names or c.name in names]
-        out = {"malformed_pre": [c for c in usable if not c.poisons],
-               "malformed_post": [c for c in usable if c.poisons and c.carries_image]}
+        out = {
+            "malformed_pre": [c for c in usable if not c.poisons],
+            "malformed_post": [c for c in usable if c.poisons and c.carries_image],
+        }
         for kind in weighted:
             if kind in out and not out[kind]:
                 stage = "after" if kind == "malformed_post" else "before"
-                raise ValueError(f"{kind} has weight but none of the selected malformed cases fails {stage} "
-                                 f"rendering: select one, or set its weight to 0")
+                raise ValueError(
+                    f"{kind} has weight but none of the selected malformed cases fails {stage} "
+                    f"rendering: select one, or set its weight to 0"
+                )
         return out
 
 
@@ -127,9 +132,7 @@ def _parse_case(raw: Any, origin: str, position: int) -> MalformedCase:
     label = name if isinstance(name, str) else f"#{position}"
     unknown = sorted(set(raw) - set(_REQUIRED) - set(_OPTIONAL))
     if unknown:
-        raise _fail(
-            origin, label, f"unknown key {unknown[0]!r} (allowed: {', '.join(_REQUIRED + _OPTIONAL)})"
-        )
+        raise _fail(origin, label, f"unknown key {unknown[0]!r} (allowed: {', '.join(_REQUIRED + _OPTIONAL)})")
     missing = [k for k in _REQUIRED if k not in raw]
     if missing:
         raise _fail(origin, label, f"missing required key {missing[0]!r}")
@@ -142,8 +145,11 @@ def _parse_case(raw: Any, origin: str, position: int) -> MalformedCase:
 
     check("stage", raw["stage"] in STAGES, f"one of {STAGES}")
     status = raw["expected_status"]
-    check("expected_status", isinstance(status, int) and not isinstance(status, bool) and 100 <= status <= 599,
-          "an HTTP status (integer 100-599)")
+    check(
+        "expected_status",
+        isinstance(status, int) and not isinstance(status, bool) and 100 <= status <= 599,
+        "an HTTP status (integer 100-599)",
+    )
     check("carries_image", isinstance(raw["carries_image"], bool), "true or false")
     check("description", isinstance(raw["description"], str), "a string")
     if "evidence" in raw:
@@ -165,8 +171,11 @@ def _parse_case(raw: Any, origin: str, position: int) -> MalformedCase:
         allowed = MUTATIONS[mutation].params
         for k, v in params.items():
             if k not in allowed:
-                raise _fail(origin, name, f"unknown params key {k!r} for mutation {mutation!r} "
-                                          f"(allowed: {', '.join(allowed) or 'none'})")
+                raise _fail(
+                    origin,
+                    name,
+                    f"unknown params key {k!r} for mutation {mutation!r} (allowed: {', '.join(allowed) or 'none'})",
+                )
             if not _same_type(v, allowed[k]):
                 raise _fail(origin, name, f"params.{k} must be a {type(allowed[k]).__name__}, got {v!r}")
     patch = raw.get("patch", {})
@@ -177,8 +186,11 @@ def _parse_case(raw: Any, origin: str, position: int) -> MalformedCase:
                 raise _fail(origin, name, f"unknown placeholder {s!r} in patch (known: {', '.join(PLACEHOLDERS)})")
     unset = raw.get("unset", [])
     if "unset" in raw:
-        check("unset", isinstance(unset, list) and all(isinstance(u, str) and u for u in unset),
-              "a list of dotted key paths")
+        check(
+            "unset",
+            isinstance(unset, list) and all(isinstance(u, str) and u for u in unset),
+            "a list of dotted key paths",
+        )
     if mutation is None and not patch and not unset:
         raise _fail(origin, name, "changes nothing: give a 'mutation', a 'patch' or 'unset'")
     return MalformedCase(

@@ -71,7 +71,7 @@ def apply_stamp(arr: np.ndarray, stamp: np.ndarray, off: int) -> None:
     """Paste the stamp into an (h, w, 3|4) uint8 array in place, as Pillow pastes an L image converted to the
     array's mode: grey in the colour channels, alpha 255."""
     sh, sw = stamp.shape
-    region = arr[off:off + sh, off:off + sw]
+    region = arr[off : off + sh, off : off + sw]
     region[..., :3] = stamp[..., None]
     if arr.shape[2] == 4:
         region[..., 3] = 255
@@ -133,6 +133,7 @@ def decoded(base, keep: bool = True) -> np.ndarray:
     """The base image decoded as fresh_image converts it (RGB, or RGBA for images with alpha), as a
     read-only array; kept in the cache when ``keep`` (the formats re-encoded whole need it every time, the
     templates only once)."""
+
     def build():
         with Image.open(io.BytesIO(base.data)) as src:
             src.load()
@@ -161,8 +162,8 @@ def _png_chunks(data: bytes):
         return None
     out, i = [], len(PNG_SIG)
     while i + 8 <= len(data):
-        (n,) = struct.unpack(">I", data[i:i + 4])
-        out.append((data[i + 4:i + 8], data[i + 8:i + 8 + n]))
+        (n,) = struct.unpack(">I", data[i : i + 4])
+        out.append((data[i + 4 : i + 8], data[i + 8 : i + 8 + n]))
         i += 12 + n
     return out
 
@@ -213,7 +214,7 @@ def _png_template(base) -> _PngTemplate | None:
     stride = 1 + w * channels
     if len(filtered) != h * stride:
         return None
-    tail = filtered[n_top * stride:]
+    tail = filtered[n_top * stride :]
     c = zlib.compressobj(3, zlib.DEFLATED, -15)  # the level encode.encode uses for PNG
     deflated = c.compress(tail) + c.flush()
     top = np.array(pixels[:n_top])
@@ -239,8 +240,15 @@ def _fresh_png(base, digest: bytes) -> tuple[bytes, str] | None:
     c = zlib.compressobj(3, zlib.DEFLATED, -15)
     head = b"\x78\x5e" + c.compress(raw_bytes) + c.flush(zlib.Z_SYNC_FLUSH)  # byte-aligned, not final
     adler = adler32_combine(zlib.adler32(raw_bytes), t.tail_adler, t.tail_len)
-    data = b"".join((t.head, _png_chunk(b"IDAT", head), t.tail_chunk,
-                     _png_chunk(b"IDAT", struct.pack(">I", adler)), _png_chunk(b"IEND", b"")))
+    data = b"".join(
+        (
+            t.head,
+            _png_chunk(b"IDAT", head),
+            t.tail_chunk,
+            _png_chunk(b"IDAT", struct.pack(">I", adler)),
+            _png_chunk(b"IEND", b""),
+        )
+    )
     return data, "RGBA" if ch == 4 else "RGB"
 
 
@@ -263,12 +271,12 @@ def _jpeg_scan(data: bytes):
         if data[i] != 0xFF:
             return None
         marker = data[i + 1]
-        (n,) = struct.unpack(">H", data[i + 2:i + 4])
+        (n,) = struct.unpack(">H", data[i + 2 : i + 4])
         if marker == 0xC0:  # SOF0: baseline
             nc = data[i + 9]
             comps = [data[i + 10 + 3 * k + 1] for k in range(nc)]
             hv = (max(s >> 4 for s in comps), max(s & 15 for s in comps))
-        elif marker in (0xC1, 0xC2, 0xC3) or 0xC5 <= marker <= 0xCF and marker != 0xCC:
+        elif marker in (0xC1, 0xC2, 0xC3) or (0xC5 <= marker <= 0xCF and marker != 0xCC):
             return None
         elif marker == 0xDA:
             start = i + 2 + n
@@ -374,8 +382,11 @@ def fresh_data(base, digest: bytes) -> tuple[bytes, str, str]:
     src = decoded(base)
     mode = "RGBA" if src.shape[2] == 4 else "RGB"
     fmt = base.format if base.format in ("jpeg", "png", "webp") else "png"
-    run, slot = _offload if _offload is not None and src.shape[0] * src.shape[1] >= OFFLOAD_MIN_PIXELS else \
-        (None, contextlib.nullcontext())
+    run, slot = (
+        _offload
+        if _offload is not None and src.shape[0] * src.shape[1] >= OFFLOAD_MIN_PIXELS
+        else (None, contextlib.nullcontext())
+    )
     with slot:  # the copies are made only when their encode can start
         arr = np.array(src)
         apply_stamp(arr, *stamp_array(digest, arr.shape[1], arr.shape[0]))

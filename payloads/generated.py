@@ -112,4 +112,3 @@ def generate_pool(
         generated=len(results) - hits,
         from_cache=hits,
     )
-

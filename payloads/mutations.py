@@ -76,8 +76,9 @@ def _mut_truncated_image(body: dict, ctx: MutationContext) -> dict:
     if not 0.0 < frac < 1.0:
         raise ValueError(f"keep_fraction must be in (0, 1), got {frac}")
     data = ctx.image.data[: max(1, int(len(ctx.image.data) * frac))]
-    return _set_first_image_url(body, derived_url(f"data:{ctx.image.mime};base64,{base64.b64encode(data).decode()}",
-                                                  ctx.image))
+    return _set_first_image_url(
+        body, derived_url(f"data:{ctx.image.mime};base64,{base64.b64encode(data).decode()}", ctx.image)
+    )
 
 
 def _mut_unsupported_format(body: dict, ctx: MutationContext) -> dict:
@@ -99,8 +100,9 @@ def _mut_unsupported_format(body: dict, ctx: MutationContext) -> dict:
 
 
 def _mut_data_url_not_base64(body: dict, ctx: MutationContext) -> dict:
-    return _set_first_image_url(body, derived_url(f"data:{ctx.image.mime},{percent_encoded(ctx.image.data)}",
-                                                  ctx.image, "percent"))
+    return _set_first_image_url(
+        body, derived_url(f"data:{ctx.image.mime},{percent_encoded(ctx.image.data)}", ctx.image, "percent")
+    )
 
 
 def png_header_only(width: int, height: int) -> bytes:

@@ -253,4 +253,3 @@ def render(spec: ImageSpec) -> Image.Image:
         ImageDraw.Draw(mask).rounded_rectangle((0, 0, im.size[0] - 1, im.size[1] - 1), radius=r, fill=255)
         im.putalpha(mask)
     return im
-

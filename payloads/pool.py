@@ -27,7 +27,6 @@ class PayloadWarning(UserWarning):
     """Something in the user's payload input was skipped or changed."""
 
 
-
 class DataURL(str):
     """A data URL built by mmchaos whose text has no character JSON would escape: ASCII, no quote, backslash or
     control character (base64 or percent-encoding and a plain MIME type). :func:`.bodies.encode_body`
@@ -124,8 +123,9 @@ class PoolImage:
         # pool image again and again, and base64 of a big image costs ~1 ms
         url = ImageURL(f"data:{self.mime};base64,{base64.b64encode(self.data).decode('ascii')}")
         base, token = self.recipe or (None, None)
-        url.ref = ImageRef(self.hash, self.mime, self.format, self.width, self.height, self.mode, self.quality,
-                           base, token, self.spec)
+        url.ref = ImageRef(
+            self.hash, self.mime, self.format, self.width, self.height, self.mode, self.quality, base, token, self.spec
+        )
         return url
 
 
@@ -164,6 +164,7 @@ class ImagePool(Sequence[PoolImage]):
             "generated": self.generated,
             "from_cache": self.from_cache,
         }
+
 
 def content_hash(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:16]

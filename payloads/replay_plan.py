@@ -78,11 +78,14 @@ class ReplayPlan:
         case = None if pd.isna(r["case"]) else r["case"]
         expected = None if pd.isna(r["expected_status"]) else int(r["expected_status"])
         hashes = tuple(self.trace.image_hashes(i))
-        meta = RequestMeta(kind=r["kind"], image_ids=hashes, image_hashes=hashes, case=case,
-                           expected_status=expected)
+        meta = RequestMeta(kind=r["kind"], image_ids=hashes, image_hashes=hashes, case=case, expected_status=expected)
         after = r["abort_after_ms"]
-        return Step(float(r["t_start"]) - t0, TracedRequest(r["endpoint"], meta, self, i),
-                    None if pd.isna(after) else float(after), recorded)
+        return Step(
+            float(r["t_start"]) - t0,
+            TracedRequest(r["endpoint"], meta, self, i),
+            None if pd.isna(after) else float(after),
+            recorded,
+        )
 
     def with_model(self, template: bytes) -> bytes:
         """The body for a server that serves ``model`` under another name than the recorded one: only the model

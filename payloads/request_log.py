@@ -29,8 +29,19 @@ from .bodies import EMBEDDINGS_PATH, TOKENIZE_PATH, body_template, fill_template
 from .pool import MIME, DataURL, ImageRef, ImageURL, content_hash
 from .traces import Trace, TraceError
 
-FIELDS = {"t", "endpoint", "body", "status", "disconnect_after_ms", "session", "kind", "case", "expected_status",
-          "request_id", "retry_of"}
+FIELDS = {
+    "t",
+    "endpoint",
+    "body",
+    "status",
+    "disconnect_after_ms",
+    "session",
+    "kind",
+    "case",
+    "expected_status",
+    "request_id",
+    "retry_of",
+}
 SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 DATA_URL = re.compile(r"^data:([^;,]+);base64,(.*)$", re.S)
 EXTENSION = {mime: fmt for fmt, mime in MIME.items()}  # image/jpeg -> jpeg: a file's name says its type
@@ -90,10 +101,20 @@ def _request(rec, where: str, root: Path, images: dict, sessions: dict, n: int) 
     template, urls = body_template(body)
     kind, expected = _kind(rec, body, endpoint, status, expected, after, len(urls), where)
     return {
-        "request_id": str(rec.get("request_id") or f"log-{n}"), "worker": "log", "user_id": user,
-        "seq": n, "attempt": 1, "t_start": _time(rec.get("t", 0.0), where),
-        "endpoint": endpoint, "kind": kind, "case": rec.get("case"), "probe": None, "expected_status": expected,
-        "status": status, "outcome": None, "abort_after_ms": None if after is None else float(after),
+        "request_id": str(rec.get("request_id") or f"log-{n}"),
+        "worker": "log",
+        "user_id": user,
+        "seq": n,
+        "attempt": 1,
+        "t_start": _time(rec.get("t", 0.0), where),
+        "endpoint": endpoint,
+        "kind": kind,
+        "case": rec.get("case"),
+        "probe": None,
+        "expected_status": expected,
+        "status": status,
+        "outcome": None,
+        "abort_after_ms": None if after is None else float(after),
         "body": template,
         "images": ",".join(u.ref.hash for u in urls) or None,
         "image_hashes": ",".join(u.ref.hash for u in urls) or None,
@@ -218,8 +239,20 @@ def _stored(data: bytes, mime: str, images: dict) -> DataURL:
     h = content_hash(data)
     fmt = EXTENSION.get(mime, mime.rpartition("/")[2])
     _, size, mode = _header(data)  # an image: its reader said so
-    images.setdefault(h, {"hash": h, "form": "image", "mime": mime, "format": fmt, "width": size[0],
-                          "height": size[1], "mode": mode, "quality": None, "data": data})
+    images.setdefault(
+        h,
+        {
+            "hash": h,
+            "form": "image",
+            "mime": mime,
+            "format": fmt,
+            "width": size[0],
+            "height": size[1],
+            "mode": mode,
+            "quality": None,
+            "data": data,
+        },
+    )
     url = ImageURL(f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}")
     url.ref = ImageRef(h, mime, fmt, size[0], size[1], mode, None)
     return url
@@ -242,8 +275,14 @@ def write(trace: Trace, path: Path | str) -> int:
     for i, r in trace.requests.iterrows():
         refs = [_file_of(trace, h, folder, files) for h in trace.image_hashes(i)]
         body = json.loads(fill_template(trace.requests.at[i, "body"], refs))
-        rec = {"t": round(float(r["t_start"]) - t0, 6), "session": f"s{lane[trace.lane_keys()[i]]}",
-               "endpoint": r["endpoint"], "body": body, "kind": r["kind"], "request_id": r["request_id"]}
+        rec = {
+            "t": round(float(r["t_start"]) - t0, 6),
+            "session": f"s{lane[trace.lane_keys()[i]]}",
+            "endpoint": r["endpoint"],
+            "body": body,
+            "kind": r["kind"],
+            "request_id": r["request_id"],
+        }
         group = r.get("request_group")
         if isinstance(group, str) and group != r["request_id"] and group in ids:
             rec["retry_of"] = group  # the client's retry of the request it names

@@ -38,8 +38,11 @@ def without_image(trace: Trace, i: int, j: int) -> Trace | None:
         if isinstance(node, list):
             out = []
             for v in node:
-                if isinstance(v, dict) and v.get("type") == "image_url" and \
-                        (v.get("image_url") or {}).get("url") == _SLOT_TEXT:
+                if (
+                    isinstance(v, dict)
+                    and v.get("type") == "image_url"
+                    and (v.get("image_url") or {}).get("url") == _SLOT_TEXT
+                ):
                     seen[0] += 1
                     if seen[0] - 1 == j:
                         continue
@@ -54,7 +57,7 @@ def without_image(trace: Trace, i: int, j: int) -> Trace | None:
         return None
     requests = trace.requests.copy()
     requests.at[i, "body"] = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-    requests.at[i, "images"] = ",".join(hashes[:j] + hashes[j + 1:])
+    requests.at[i, "images"] = ",".join(hashes[:j] + hashes[j + 1 :])
     return Trace.of(requests, needed_images(requests, trace.images).values())
 
 
@@ -76,11 +79,21 @@ def with_smaller_image(trace: Trace, h: str, long_side: int) -> Trace | None:
     data = buf.getvalue()
     new = content_hash(data)
     images = dict(trace.images)
-    images[new] = {"hash": new, "form": IMAGE, "mime": MIME[fmt], "format": fmt, "width": small.width,
-                   "height": small.height, "mode": small.mode, "quality": None, "data": data}
+    images[new] = {
+        "hash": new,
+        "form": IMAGE,
+        "mime": MIME[fmt],
+        "format": fmt,
+        "width": small.width,
+        "height": small.height,
+        "mode": small.mode,
+        "quality": None,
+        "data": data,
+    }
     requests = trace.requests.copy()
     requests["images"] = requests["images"].map(
-        lambda s: ",".join(new if x == h else x for x in s.split(",")) if isinstance(s, str) and s else s)
+        lambda s: ",".join(new if x == h else x for x in s.split(",")) if isinstance(s, str) and s else s
+    )
     return Trace.of(requests, needed_images(requests, images).values())
 
 

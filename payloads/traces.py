@@ -26,8 +26,23 @@ from .pool import DataURL, ImageRef, ImageURL, PoolImage, content_hash, url_text
 
 IMAGE, GENERATED, FRESH, DERIVED, URL = schema.IMAGE_FORMS
 # what a trace takes from the rows of the same requests
-ROW_COLUMNS = ("request_id", "worker", "user_id", "seq", "attempt", "request_group", "t_start", "endpoint", "kind",
-               "case", "probe", "expected_status", "status", "outcome", "image_hashes")
+ROW_COLUMNS = (
+    "request_id",
+    "worker",
+    "user_id",
+    "seq",
+    "attempt",
+    "request_group",
+    "t_start",
+    "endpoint",
+    "kind",
+    "case",
+    "probe",
+    "expected_status",
+    "status",
+    "outcome",
+    "image_hashes",
+)
 
 
 class TraceError(ValueError):
@@ -98,8 +113,18 @@ class Trace:
             url = ImageURL(f"data:{row['mime']};base64,{base64.b64encode(self.data(h)).decode('ascii')}")
             base = self.url(row["base"]) if row["form"] == FRESH else None
             spec = ImageSpec(**json.loads(row["spec"])) if row["form"] == GENERATED else None
-            url.ref = ImageRef(h, row["mime"], row["format"], int(row["width"]), int(row["height"]), row["mode"],
-                               _int_or_none(row["quality"]), base, row["token"] if base is not None else None, spec)
+            url.ref = ImageRef(
+                h,
+                row["mime"],
+                row["format"],
+                int(row["width"]),
+                int(row["height"]),
+                row["mode"],
+                _int_or_none(row["quality"]),
+                base,
+                row["token"] if base is not None else None,
+                spec,
+            )
         if row["form"] != FRESH:
             self._urls[h] = url
         return url
@@ -107,7 +132,7 @@ class Trace:
     def _derived_text(self, h: str, row: dict) -> str:
         how = json.loads(row["spec"])
         source = url_text(self.url(row["base"]), how["encoding"], self.data(row["base"]))
-        text = source[:how["prefix"]] + row["data"].decode() + source[len(source) - how["suffix"]:]
+        text = source[: how["prefix"]] + row["data"].decode() + source[len(source) - how["suffix"] :]
         if hashlib.sha256(text.encode()).hexdigest()[:16] != h:
             raise TraceError(f"the URL {h} made from image {row['base']} does not come out the same")
         return text
@@ -124,14 +149,24 @@ class Trace:
         else:
             data, _, _ = fresh_data(self.pool_image(row["base"]), stamp_digest(row["token"]))
         if content_hash(data) != h:
-            raise TraceError(f"{row['form']} image {h} does not come out the same on this machine (another Pillow, "
-                             "libjpeg or zlib?): export the trace where it was recorded (mmchaos trace export)")
+            raise TraceError(
+                f"{row['form']} image {h} does not come out the same on this machine (another Pillow, "
+                "libjpeg or zlib?): export the trace where it was recorded (mmchaos trace export)"
+            )
         return data
 
     def pool_image(self, h: str) -> PoolImage:
         row = self.images[h]
-        return PoolImage(id=h, format=row["format"], width=int(row["width"]), height=int(row["height"]),
-                         data=self.data(h), hash=h, mode=row["mode"], quality=_int_or_none(row["quality"]))
+        return PoolImage(
+            id=h,
+            format=row["format"],
+            width=int(row["width"]),
+            height=int(row["height"]),
+            data=self.data(h),
+            hash=h,
+            mode=row["mode"],
+            quality=_int_or_none(row["quality"]),
+        )
 
     # -- structure -----------------------------------------------------------------------------------------
     def lane_keys(self) -> pd.Series:
@@ -165,8 +200,11 @@ def needed_images(requests: pd.DataFrame, images: dict[str, dict]) -> dict[str, 
 def save(trace: Trace, folder: Path | str) -> None:
     """Write ``trace`` into ``folder`` as a run keeps one: trace/, trace_images/, and requests/ holding what is
     known of each request (an imported log: what production saw)."""
-    tables = (("trace_images", list(trace.images.values())), ("trace", trace.requests.to_dict("records")),
-              ("requests", trace.requests.to_dict("records")))
+    tables = (
+        ("trace_images", list(trace.images.values())),
+        ("trace", trace.requests.to_dict("records")),
+        ("requests", trace.requests.to_dict("records")),
+    )
     for table, rows in tables:
         table_schema = schema.TABLES[table]
         w = PartWriter(table_dir(folder, table), table_schema, tag="import")

@@ -64,9 +64,7 @@ def load_image_dir(path: str | Path, *, recursive: bool = True) -> ImagePool:
             continue
         seen[h] = rel
         images.append(
-            PoolImage(
-                id=rel.replace(",", "_"), format=fmt, width=size[0], height=size[1], data=data, hash=h, mode=mode
-            )
+            PoolImage(id=rel.replace(",", "_"), format=fmt, width=size[0], height=size[1], data=data, hash=h, mode=mode)
         )
     if dupes:
         warnings.warn(

@@ -67,7 +67,7 @@ def frames_of(spec: VideoSpec) -> np.ndarray:
         frame = ((frame.astype(np.int32) + base) % 256).astype(np.uint8)
         left = (i * 5) % max(1, spec.width - side)
         top = (i * 3) % max(1, spec.height - side)
-        frame[top:top + side, left:left + side] = square
+        frame[top : top + side, left : left + side] = square
         out[i] = frame
     return out
 
@@ -173,5 +173,10 @@ def malformed(case: str, seed: int = 0) -> Video:
     raise ValueError(f"unknown malformed video {case!r}; known: {', '.join(MALFORMED_VIDEOS)}")
 
 
-MALFORMED_VIDEOS = ("video_truncated", "video_wrong_container", "video_zero_frames", "video_too_many_frames",
-                    "video_not_a_video")
+MALFORMED_VIDEOS = (
+    "video_truncated",
+    "video_wrong_container",
+    "video_zero_frames",
+    "video_too_many_frames",
+    "video_not_a_video",
+)

@@ -37,26 +37,40 @@ class VideoCase:
 
 
 # The broken videos the server refuses (expected_status as measured on 0.32.0), and the post-render poison.
-CASES = {c.name: c for c in (
-    VideoCase("video_truncated", "malformed_pre", 400, "the first third of an mp4 (no moov atom): refused on load"),
-    VideoCase("video_zero_frames", "malformed_pre", 400, "an mp4 with a header and no frame: refused on load"),
-    VideoCase("video_not_a_video", "malformed_pre", 400, "a PNG signature labelled video/mp4: refused on load"),
-    VideoCase("video_dimensions_unsupported", "malformed_post", 400,
-              "a fresh video with `dimensions` on a model without Matryoshka: refused after rendering (poisons)"),
-)}
+CASES = {
+    c.name: c
+    for c in (
+        VideoCase("video_truncated", "malformed_pre", 400, "the first third of an mp4 (no moov atom): refused on load"),
+        VideoCase("video_zero_frames", "malformed_pre", 400, "an mp4 with a header and no frame: refused on load"),
+        VideoCase("video_not_a_video", "malformed_pre", 400, "a PNG signature labelled video/mp4: refused on load"),
+        VideoCase(
+            "video_dimensions_unsupported",
+            "malformed_post",
+            400,
+            "a fresh video with `dimensions` on a model without Matryoshka: refused after rendering (poisons)",
+        ),
+    )
+}
 PRE_CASES = tuple(n for n, c in CASES.items() if c.kind == "malformed_pre")
 POISON_CASE = "video_dimensions_unsupported"
 # broken-looking videos a server answers 200 (measured on 0.32.0): sent by the engine test, not by the mix
 ACCEPTED = ("video_wrong_container", "video_too_many_frames")
 
 
-def valid(model: str, clip: video.Video, text: str | None = TEXT, *,
-          instruction: str | None = DEFAULT_INSTRUCTION, encoding_format: str = "float") -> BuiltRequest:
+def valid(
+    model: str,
+    clip: video.Video,
+    text: str | None = TEXT,
+    *,
+    instruction: str | None = DEFAULT_INSTRUCTION,
+    encoding_format: str = "float",
+) -> BuiltRequest:
     return video_request(model, [clip], text, instruction=instruction, encoding_format=encoding_format)
 
 
-def malformed(name: str, model: str, clip: video.Video, *, instruction: str | None = DEFAULT_INSTRUCTION,
-              seed: int = 0) -> BuiltRequest:
+def malformed(
+    name: str, model: str, clip: video.Video, *, instruction: str | None = DEFAULT_INSTRUCTION, seed: int = 0
+) -> BuiltRequest:
     """The request of case ``name``: a broken video of :mod:`.video` (``seed`` varies it), or ``clip`` with the
     post-render poison."""
     case = CASES[name]
@@ -64,6 +78,7 @@ def malformed(name: str, model: str, clip: video.Video, *, instruction: str | No
         req = video_request(model, [clip], TEXT, instruction=instruction, extra={"dimensions": 16})
     else:
         req = video_request(model, [video.malformed(name, seed)], TEXT, instruction=instruction)
-    meta = RequestMeta(kind=case.kind, case=name, expected_status=case.expected_status,
-                       video_hashes=req.meta.video_hashes)
+    meta = RequestMeta(
+        kind=case.kind, case=name, expected_status=case.expected_status, video_hashes=req.meta.video_hashes
+    )
     return req._replace(meta=meta)

@@ -115,8 +115,11 @@ def pytest_runtest_protocol(item, nextitem):
     def refuser(what):
         def refuse(*args, **_):
             argv = args[1] if what == "Popen" and len(args) > 1 else args[:1]
-            raise StartedAProcess(f"{item.nodeid} is a unit test and started a process ({what} {argv!r}): mark it "
-                                  "integration (pytest.mark.integration), or test that code in-process")
+            raise StartedAProcess(
+                f"{item.nodeid} is a unit test and started a process ({what} {argv!r}): mark it "
+                "integration (pytest.mark.integration), or test that code in-process"
+            )
+
         return refuse
 
     import gevent.subprocess
@@ -142,8 +145,9 @@ def fixed_server(tmp_path_factory):
 @pytest.fixture(scope="session")
 def workaround_server(tmp_path_factory):
     """vLLM 0.30.0 with the report's workaround: --mm-processor-cache-gb 0."""
-    with vllm_server(REPORT_VERSION, ["--mm-processor-cache-gb", "0"],
-                     tmp_path_factory.mktemp("workaround") / "server.log") as s:
+    with vllm_server(
+        REPORT_VERSION, ["--mm-processor-cache-gb", "0"], tmp_path_factory.mktemp("workaround") / "server.log"
+    ) as s:
         yield s
 
 
@@ -159,8 +163,9 @@ def demo_campaign(tmp_path_factory):
     root = tmp_path_factory.mktemp("demo")
     text = (TESTS.parent / "campaigns" / "demo.toml").read_text()
     text = re.sub(r"(?m)^trials = \d+", "trials = 1", text)
-    text = text.replace('locustfile = "../locustfiles/embeddings.py"',
-                        f'locustfile = "{TESTS.parent}/locustfiles/embeddings.py"')
+    text = text.replace(
+        'locustfile = "../locustfiles/embeddings.py"', f'locustfile = "{TESTS.parent}/locustfiles/embeddings.py"'
+    )
     f = root / "demo.toml"
     f.write_text(text)
     results = campaign_runner.CampaignRunner(campaign_plan.load(f), root / "results").run()

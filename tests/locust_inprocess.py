@@ -51,25 +51,52 @@ class Run:
 
 
 def _classes(module):
-    users = [v for v in vars(module).values()
-             if isinstance(v, type) and issubclass(v, User) and not v.abstract]
-    shapes = [v for v in vars(module).values()
-              if isinstance(v, type) and issubclass(v, LoadTestShape) and v is not LoadTestShape and not v.abstract]
+    users = [v for v in vars(module).values() if isinstance(v, type) and issubclass(v, User) and not v.abstract]
+    shapes = [
+        v
+        for v in vars(module).values()
+        if isinstance(v, type) and issubclass(v, LoadTestShape) and v is not LoadTestShape and not v.abstract
+    ]
     return users, shapes
 
 
-def run(locustfile: str, host: str, out: Path, *args: str, users: int = 4, max_requests: int,
-        bound_s: float = 120) -> Run:
+def run(
+    locustfile: str, host: str, out: Path, *args: str, users: int = 4, max_requests: int, bound_s: float = 120
+) -> Run:
     """One headless run of ``mmchaos.locustfiles.<locustfile>`` (e.g. "embeddings"), ended by its request budget.
 
     The run time handed to Locust is ``bound_s``: a run that reaches it has not met its budget, and fails."""
     module = importlib.import_module(f"mmchaos.locustfiles.{locustfile}")  # registers the plugin's arguments
-    options = get_parser(default_config_files=[]).parse_args([
-        "-f", module.__file__, "--headless", "-u", str(users), "-r", str(users), "-t", f"{bound_s:g}s",
-        "--host", host, "--results-dir", str(out), "--max-requests", str(max_requests), *DEFAULTS, *args])
+    options = get_parser(default_config_files=[]).parse_args(
+        [
+            "-f",
+            module.__file__,
+            "--headless",
+            "-u",
+            str(users),
+            "-r",
+            str(users),
+            "-t",
+            f"{bound_s:g}s",
+            "--host",
+            host,
+            "--results-dir",
+            str(out),
+            "--max-requests",
+            str(max_requests),
+            *DEFAULTS,
+            *args,
+        ]
+    )
     user_classes, shapes = _classes(module)
-    env = Environment(user_classes=user_classes, shape_class=shapes[0]() if shapes else None,
-                      events=locust.events, host=host, parsed_options=options, locustfile=module.__file__)
+    env = Environment(
+        user_classes=user_classes,
+        shape_class=shapes[0]() if shapes else None,
+        events=locust.events,
+        host=host,
+        parsed_options=options,
+        locustfile=module.__file__,
+    )
     handlers = []
     real_signal_handler = gevent.signal_handler
 

@@ -16,13 +16,38 @@ from mmchaos.tables import read_table
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def locust(locustfile: str, host: str, out: Path, *args: str, users: int = 4, seconds: int = 4,
-           timeout: float = 120) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "locust", "-f", str(ROOT / locustfile), "--headless", "-u", str(users),
-           "-r", str(users), "-t", f"{seconds}s", "--host", host, "--only-summary", "--json-file", str(out / "locust"),
-           "--results-dir", str(out), "--image-preset", "small", "--pool-size", "16", *args]
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-                         start_new_session=True)
+def locust(
+    locustfile: str, host: str, out: Path, *args: str, users: int = 4, seconds: int = 4, timeout: float = 120
+) -> subprocess.CompletedProcess:
+    cmd = [
+        sys.executable,
+        "-m",
+        "locust",
+        "-f",
+        str(ROOT / locustfile),
+        "--headless",
+        "-u",
+        str(users),
+        "-r",
+        str(users),
+        "-t",
+        f"{seconds}s",
+        "--host",
+        host,
+        "--only-summary",
+        "--json-file",
+        str(out / "locust"),
+        "--results-dir",
+        str(out),
+        "--image-preset",
+        "small",
+        "--pool-size",
+        "16",
+        *args,
+    ]
+    p = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, start_new_session=True
+    )
     try:
         stdout, _ = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -51,6 +76,9 @@ ONLY = {f"--weight-{k.replace('_', '-')}": "0" for k in WEIGHTS}
 def only(video_share: float = 0.0, **weights: int) -> list[str]:
     """Locust arguments for a mix of just these kinds, e.g. only(valid_image=3, malformed_post=1); the malformed
     requests and aborts carry images only, unless ``video_share`` says otherwise."""
-    args = {**ONLY, **{f"--weight-{k.replace('_', '-')}": str(w) for k, w in weights.items()},
-            "--video-share": str(video_share)}
+    args = {
+        **ONLY,
+        **{f"--weight-{k.replace('_', '-')}": str(w) for k, w in weights.items()},
+        "--video-share": str(video_share),
+    }
     return [x for kv in args.items() for x in kv]

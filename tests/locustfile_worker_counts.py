@@ -57,4 +57,3 @@ def _write(**_):
     if out and _reported:
         with open(out, "w") as f:
             json.dump({str(pid): n for pid, n in _reported.items()}, f)
-

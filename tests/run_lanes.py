@@ -32,10 +32,12 @@ import pytest
 from mmchaos.harness.processes import stop_group
 
 ROOT = Path(__file__).resolve().parent.parent
-LANES = {"unit": ["-m", "unit", "--durations=10"],
-         "integration": ["-m", "integration", "--durations=15"],
-         "engine, own servers": ["-m", "engine and not shared_server", "--durations=20"],
-         "engine, shared servers": ["-m", "engine and shared_server", "--durations=20"]}
+LANES = {
+    "unit": ["-m", "unit", "--durations=10"],
+    "integration": ["-m", "integration", "--durations=15"],
+    "engine, own servers": ["-m", "engine and not shared_server", "--durations=20"],
+    "engine, shared servers": ["-m", "engine and shared_server", "--durations=20"],
+}
 STOP_GRACE_S = 30
 NO_TESTS = pytest.ExitCode.NO_TESTS_COLLECTED
 
@@ -58,8 +60,16 @@ def main(prepare: str, extra: list[str]) -> int:
         logs: dict[str, Path] = {}
 
         def start(lane: str, live: bool = False) -> subprocess.Popen:
-            argv = [sys.executable, "-m", "pytest", "-ra", *LANES[lane], "--basetemp",
-                    f"{tmp}/{lane.replace(', ', '-').replace(' ', '-')}", *extra]
+            argv = [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-ra",
+                *LANES[lane],
+                "--basetemp",
+                f"{tmp}/{lane.replace(', ', '-').replace(' ', '-')}",
+                *extra,
+            ]
             if live:
                 return subprocess.Popen(argv, cwd=ROOT, start_new_session=True)
             logs[lane] = Path(tmp) / f"{len(logs)}.log"
@@ -100,6 +110,7 @@ def main(prepare: str, extra: list[str]) -> int:
     # 5 is pytest's "no test selected": a lane -k or -m left empty has not failed, unless none ran at all
     failed = any(code not in (0, NO_TESTS) for code in codes.values()) or all(c == NO_TESTS for c in lanes)
     return 1 if failed else 0
+
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])

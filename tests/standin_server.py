@@ -32,9 +32,9 @@ import subprocess
 import sys
 import threading
 import time
-from typing import ClassVar
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import ClassVar
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
@@ -78,15 +78,19 @@ class Handler(BaseHTTPRequestHandler):
     def _drift_line(self, named: bool) -> None:
         # as vLLM: the request by its X-Request-Id (prefixed), when the drift is a poisoned image's
         rid = self.headers.get("X-Request-Id") if named else None
-        self.say(f"WARNING [core.py:1868] Multi-modal cache miss for request embd-{rid or 'x'} "
-                 "(mm_hashes=['ab12cd34ef']): P0/P1 cache drift; returning a retryable response so the items are "
-                 "resent with data.")
+        self.say(
+            f"WARNING [core.py:1868] Multi-modal cache miss for request embd-{rid or 'x'} "
+            "(mm_hashes=['ab12cd34ef']): P0/P1 cache drift; returning a retryable response so the items are "
+            "resent with data."
+        )
 
     def do_GET(self):
         if getattr(self, "dead", False):
             return self.hang_up()
         if self.path == "/health":
-            self._send(503 if self.opts.unhealthy else 200, "" if not self.opts.unhealthy else "unhealthy", "text/plain")
+            self._send(
+                503 if self.opts.unhealthy else 200, "" if not self.opts.unhealthy else "unhealthy", "text/plain"
+            )
         elif self.path == "/v1/models":
             self._send(200, {"object": "list", "data": [{"id": "standin", "object": "model"}]})
         elif self.path == "/metrics":
@@ -122,8 +126,9 @@ class Handler(BaseHTTPRequestHandler):
             count = own.count
             own.first = getattr(own, "first", None) or time.monotonic()
         late = self.opts.die_after_s and time.monotonic() - own.first > self.opts.die_after_s
-        poisoned = self.opts.crash_after_poison and own.poisoned & set(_image_urls(body) if isinstance(body, dict)
-                                                                     else [])
+        poisoned = self.opts.crash_after_poison and own.poisoned & set(
+            _image_urls(body) if isinstance(body, dict) else []
+        )
         if (self.opts.die_after and count > self.opts.die_after) or late or poisoned:
             self._drift_line(poisoned)
             self.say("    assert req_state.detokenizer is not None\nAssertionError")
@@ -132,8 +137,9 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(400, {"error": {"message": "input or messages required", "code": 400}})
         urls = _image_urls(body)
         if any(u.startswith("file:") for u in urls):
-            self._send(500, {"error": {"message": "Cannot load local files without --allowed-local-media-path",
-                                       "code": 500}})
+            self._send(
+                500, {"error": {"message": "Cannot load local files without --allowed-local-media-path", "code": 500}}
+            )
             self.close_connection = True  # closed without saying so, as uvicorn does after an unhandled error
             self.wfile.flush()  # the answer leaves now; the close comes after the delay
             time.sleep(self.opts.close_delay_ms / 1000)
@@ -158,9 +164,13 @@ class Handler(BaseHTTPRequestHandler):
         if body.get("encoding_format", "float") not in ("float", "base64"):
             return self._send(400, {"error": {"message": "bad encoding_format", "code": 400}})
         messages = body.get("messages")
-        n_inputs = len(body["input"]) if isinstance(body.get("input"), list) and body["input"] \
-            and not isinstance(body["input"][0], dict) else \
-            len(messages) if isinstance(messages, list) and messages and isinstance(messages[0], list) else 1
+        n_inputs = (
+            len(body["input"])
+            if isinstance(body.get("input"), list) and body["input"] and not isinstance(body["input"][0], dict)
+            else len(messages)
+            if isinstance(messages, list) and messages and isinstance(messages[0], list)
+            else 1
+        )
         vector = [0.125] * DIM
         if self.opts.wrong_on_repeat and urls:
             with self.lock:
@@ -187,7 +197,7 @@ def _image_urls(body: dict) -> list[str]:
 
 
 class ENGINE:
-    core: "subprocess.Popen | None" = None
+    core: subprocess.Popen | None = None
     workers: ClassVar[list[int]] = []
 
 
@@ -210,16 +220,18 @@ while True:
 
 
 def _start_engine(tp: int) -> None:
-    ENGINE.core = subprocess.Popen(["VLLM::EngineCore", "-c", CORE, str(tp)], executable=sys.executable,
-                                   stdout=subprocess.PIPE, text=True)
+    ENGINE.core = subprocess.Popen(
+        ["VLLM::EngineCore", "-c", CORE, str(tp)], executable=sys.executable, stdout=subprocess.PIPE, text=True
+    )
     ENGINE.workers = [int(x) for x in ENGINE.core.stdout.readline().split()[1:]]
 
     def watch():
         for line in ENGINE.core.stdout:
             print(line, end="", flush=True)
         ENGINE.core.wait()
-        print("ERROR [core_client.py:1] Engine core proc EngineCore died unexpectedly, shutting down client.",
-              flush=True)
+        print(
+            "ERROR [core_client.py:1] Engine core proc EngineCore died unexpectedly, shutting down client.", flush=True
+        )
         os._exit(1)
 
     threading.Thread(target=watch, daemon=True).start()
@@ -250,8 +262,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--close-delay-ms", type=float, default=50, help="after a 500, close the connection this late")
     p.add_argument("--miss-after-poison", action="store_true", help="answer a poisoned image once with a 503 miss")
     p.add_argument("--crash-after-poison", action="store_true", help="die when a poisoned image comes again")
-    p.add_argument("--wrong-on-repeat", action="store_true",
-                   help="answer an image it answered before with another embedding (a wrong answer)")
+    p.add_argument(
+        "--wrong-on-repeat",
+        action="store_true",
+        help="answer an image it answered before with another embedding (a wrong answer)",
+    )
     p.add_argument("--body-log", default="", help="append 'request-id sha256(body)' of each POST to this file")
     p.add_argument("--limit-mm-per-prompt", type=json.loads, default={}, help="JSON, as vLLM's (checked, unused)")
     p.add_argument("--echo-key", action="store_true", help="quote the API key in 400 answers (a careless server)")
@@ -278,8 +293,20 @@ class InProcess:
             threading.Thread(target=self._close, daemon=True).start()  # not from a request: shutdown() waits for it
             handler.hang_up()
 
-        handler = type("Handler", (Handler,), {"opts": opts, "count": 0, "poisoned": set(), "seen": {}, "lock": threading.Lock(),
-                                               "dead": False, "say": say, "die": die})
+        handler = type(
+            "Handler",
+            (Handler,),
+            {
+                "opts": opts,
+                "count": 0,
+                "poisoned": set(),
+                "seen": {},
+                "lock": threading.Lock(),
+                "dead": False,
+                "say": say,
+                "die": die,
+            },
+        )
         self.httpd = ThreadingHTTPServer((opts.host, 0), handler)
         self.httpd.daemon_threads = True
         self.handler = handler
@@ -293,7 +320,7 @@ class InProcess:
             self.httpd.shutdown()
             self.httpd.server_close()
 
-    def __enter__(self) -> "InProcess":
+    def __enter__(self) -> InProcess:
         self._thread.start()
         return self
 

@@ -9,11 +9,12 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
-
 from cli_inprocess import mmchaos
+
+from mmchaos import schema as S
 from mmchaos.analysis import intervals as I
 from mmchaos.analysis import report, stats
 from mmchaos.analysis.attribution import SAME_IMAGE, WINDOW, attribute
@@ -21,7 +22,6 @@ from mmchaos.analysis.results import LoadError, load_results
 from mmchaos.analysis.survival import first_crash_durations, kaplan_meier, median_survival
 from mmchaos.analysis.synthetic import SyntheticConfig, make_campaign
 from mmchaos.analysis.verdict import verdicts
-from mmchaos import schema as S
 from mmchaos.tables import table_dir
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,20 +31,48 @@ T0 = 1_700_000_000.0
 # --- building small results by hand --------------------------------------------------------------------
 
 
-def write_trial(camp: Path, config: str, trial: int, *, requests=(), health=(), metrics=(), log_events=(),
-                crashes=(), manifest: dict | None = None, server_log: str | None = "INFO up\n") -> Path:
+def write_trial(
+    camp: Path,
+    config: str,
+    trial: int,
+    *,
+    requests=(),
+    health=(),
+    metrics=(),
+    log_events=(),
+    crashes=(),
+    manifest: dict | None = None,
+    server_log: str | None = "INFO up\n",
+) -> Path:
     folder = camp / config / S.trial_folder(trial)
     folder.mkdir(parents=True, exist_ok=True)
-    for name, rows in (("requests", requests), ("health", health), ("metrics", metrics),
-                       ("log_events", log_events), ("crashes", crashes)):
+    for name, rows in (
+        ("requests", requests),
+        ("health", health),
+        ("metrics", metrics),
+        ("log_events", log_events),
+        ("crashes", crashes),
+    ):
         if rows:
             d = table_dir(folder, name)
             d.mkdir(parents=True, exist_ok=True)
             pq.write_table(S.table_from_rows(list(rows), S.TABLES[name]), d / "part-test-000000.parquet")
     if manifest is not None:
-        m = {"campaign": camp.name, "config": config, "trial": trial, "engine": "0.30.0", "flags": [], "env": {},
-             "target": "engine", "workload": {"users": 1}, "t_start": T0, "t_end": T0 + 1800, "status": "completed",
-             "git_rev": "abc", "machine": "test"}
+        m = {
+            "campaign": camp.name,
+            "config": config,
+            "trial": trial,
+            "engine": "0.30.0",
+            "flags": [],
+            "env": {},
+            "target": "engine",
+            "workload": {"users": 1},
+            "t_start": T0,
+            "t_end": T0 + 1800,
+            "status": "completed",
+            "git_rev": "abc",
+            "machine": "test",
+        }
         m.update(manifest)
         (folder / S.MANIFEST).write_text(json.dumps(m))
     if server_log is not None:
@@ -52,12 +80,30 @@ def write_trial(camp: Path, config: str, trial: int, *, requests=(), health=(), 
     return folder
 
 
-def req(t, kind="valid_image", outcome=S.OK, status=200, hashes="h1", case=None, expected=None, latency=100.0,
-        request_id=None):
+def req(
+    t,
+    kind="valid_image",
+    outcome=S.OK,
+    status=200,
+    hashes="h1",
+    case=None,
+    expected=None,
+    latency=100.0,
+    request_id=None,
+):
     n_images = 0 if hashes is None else len(hashes.split(","))
-    return {"t_start": T0 + t, "kind": kind, "outcome": outcome, "status": status, "image_hashes": hashes,
-            "n_images": n_images, "case": case, "expected_status": expected, "latency_ms": latency,
-            "request_id": request_id}
+    return {
+        "t_start": T0 + t,
+        "kind": kind,
+        "outcome": outcome,
+        "status": status,
+        "image_hashes": hashes,
+        "n_images": n_images,
+        "case": case,
+        "expected_status": expected,
+        "latency_ms": latency,
+        "request_id": request_id,
+    }
 
 
 def health(ts, ok=True):
@@ -151,26 +197,56 @@ def hand(tmp_path_factory) -> Path:
         req(103.5, "text", hashes=None),
         req(104, "valid_image", hashes="h1", request_id="mmc-r-0-0-5"),
     ]
-    write_trial(camp, "buggy", 0, manifest={}, health=health([50, 100]) + health([105], ok=False),
-                requests=seq + [req(105, "valid_image", S.CONNECTION_ERROR, None, "h1")] + [
-                    req(200 + i, "text", hashes=None) for i in range(494)],
-                log_events=[
-                    {"t": T0 + 104.1, "signature": "cache_drift", "fatal": False, "mm_hash": "9a9a" * 16,
-                     "request_id": "mmc-r-0-0-5", "line": "drift embd-mmc-r-0-0-5"},
-                    {"t": T0 + 300, "signature": "cache_drift", "fatal": False, "mm_hash": "ffff", "line": "drift ?"},
-                ],
-                crashes=[{"t_detected": T0 + 106, "t_last_healthy": T0 + 104.5, "reason": "process_exit",
-                          "signature": "detokenizer_assert", "exit_code": 1, "restart": 0}])
-    write_trial(camp, "buggy", 1, manifest={"t_start": T0 + 2000, "t_end": T0 + 3800},
-                requests=[req(2000 + i, "text", hashes=None) for i in range(500)], health=health([2010]))
+    write_trial(
+        camp,
+        "buggy",
+        0,
+        manifest={},
+        health=health([50, 100]) + health([105], ok=False),
+        requests=seq
+        + [req(105, "valid_image", S.CONNECTION_ERROR, None, "h1")]
+        + [req(200 + i, "text", hashes=None) for i in range(494)],
+        log_events=[
+            {
+                "t": T0 + 104.1,
+                "signature": "cache_drift",
+                "fatal": False,
+                "mm_hash": "9a9a" * 16,
+                "request_id": "mmc-r-0-0-5",
+                "line": "drift embd-mmc-r-0-0-5",
+            },
+            {"t": T0 + 300, "signature": "cache_drift", "fatal": False, "mm_hash": "ffff", "line": "drift ?"},
+        ],
+        crashes=[
+            {
+                "t_detected": T0 + 106,
+                "t_last_healthy": T0 + 104.5,
+                "reason": "process_exit",
+                "signature": "detokenizer_assert",
+                "exit_code": 1,
+                "restart": 0,
+            }
+        ],
+    )
+    write_trial(
+        camp,
+        "buggy",
+        1,
+        manifest={"t_start": T0 + 2000, "t_end": T0 + 3800},
+        requests=[req(2000 + i, "text", hashes=None) for i in range(500)],
+        health=health([2010]),
+    )
     for trial in (0, 1):
         start = T0 + 5000 * (trial + 1)
-        write_trial(camp, "fixed", trial, manifest={"t_start": start, "t_end": start + 1800,
-                                                    "flags": ["--mm-processor-cache-gb", "0"]},
-                    requests=[dict(r, t_start=r["t_start"] + 5000 * (trial + 1)) for r in seq] + [
-                        req(5000 * (trial + 1) + 200 + i, "text", hashes=None, latency=10.0 * (i % 5 + 1))
-                        for i in range(495)],
-                    health=health([5000 * (trial + 1) + 50, 5000 * (trial + 1) + 150]))
+        write_trial(
+            camp,
+            "fixed",
+            trial,
+            manifest={"t_start": start, "t_end": start + 1800, "flags": ["--mm-processor-cache-gb", "0"]},
+            requests=[dict(r, t_start=r["t_start"] + 5000 * (trial + 1)) for r in seq]
+            + [req(5000 * (trial + 1) + 200 + i, "text", hashes=None, latency=10.0 * (i % 5 + 1)) for i in range(495)],
+            health=health([5000 * (trial + 1) + 50, 5000 * (trial + 1) + 150]),
+        )
     return camp
 
 
@@ -195,7 +271,8 @@ def test_crash_rates_and_trials_crashed(hand):
     assert (b["per_1k_requests"], b["per_1k_requests_hi"]) == pytest.approx((1.0, 5.571643), abs=1e-5)
     # 1 of 2 trials crashed: Wilson (z=1.96): centre 0.5, half = 1.96*sqrt(.125+.9604/16)/(1+1.9208) = 0.4055
     assert (b["share_crashed"], b["share_crashed_lo"], b["share_crashed_hi"]) == pytest.approx(
-        (0.5, 0.0945, 0.9055), abs=1e-3)
+        (0.5, 0.0945, 0.9055), abs=1e-3
+    )
     assert cs.loc["fixed", "crashes"] == 0 and cs.loc["fixed", "per_hour_hi"] == pytest.approx(3.68888, abs=1e-4)
 
 
@@ -245,8 +322,10 @@ def test_verdicts(hand):
     # the valid request refused while the server was down (105 s) is the server's failure, with no retry (old rows)
     assert b["normal_ok"] == "failed" and b["first_try"] == "failed"
     assert any("1 crash(es), 1 of 4 /health polls failed" in e for e in b["evidence"])
-    assert any("998 of 999 valid requests succeeded; failures after the last retry: connection_error ×1" in e
-               for e in b["evidence"])
+    assert any(
+        "998 of 999 valid requests succeeded; failures after the last retry: connection_error ×1" in e
+        for e in b["evidence"]
+    )
     assert any("2 drift line(s) logged" in e and "cache_drift ×2" in e for e in b["evidence"])
 
 
@@ -304,8 +383,10 @@ EVIL = '<script>alert("x")</script> & <img src=http://evil.example/x.png>'
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     root = tmp_path_factory.mktemp("synthetic")
-    cfgs = (SyntheticConfig("default", crash_per_hour=40.0),
-            SyntheticConfig("no-mm-cache", ["--mm-processor-cache-gb", "0"], latency_factor=1.3))
+    cfgs = (
+        SyntheticConfig("default", crash_per_hour=40.0),
+        SyntheticConfig("no-mm-cache", ["--mm-processor-cache-gb", "0"], latency_factor=1.3),
+    )
     a = make_campaign(root, "before", cfgs, trials=2, requests_per_trial=400, duration_s=300, error_text=EVIL)
     b = make_campaign(root, "after", cfgs[:1], trials=2, requests_per_trial=400, duration_s=300, seed=1)
     res = report.write_report(a, compare_with=b)
@@ -319,8 +400,14 @@ def test_report_end_to_end(built):
     assert {"report.md", "report.html", "survival.png", "latency.png"} <= names
     assert not list(res.out_dir.glob(".*tmp*"))
     md = res.markdown.read_text()
-    for section in ("## Summary", "## Verdict per configuration", "## Crashes", "## Cost of the workaround",
-                    "## What caused each incident, and what was sent before it", "## Side by side: the two campaigns"):
+    for section in (
+        "## Summary",
+        "## Verdict per configuration",
+        "## Crashes",
+        "## Cost of the workaround",
+        "## What caused each incident, and what was sent before it",
+        "## Side by side: the two campaigns",
+    ):
         assert section in md
     assert "before/default" in md and "after/default" in md
     assert "(survival.png)" in md
@@ -375,27 +462,45 @@ def test_not_exercised_checks_are_no_failures(tmp_path):
     """An abort-only run on a server that answers everything: no malformed request was sent, so "the bad request
     fails alone" was not exercised, and that is no failure of the server."""
     camp = tmp_path / "aborts"
-    write_trial(camp, "a", 0, manifest={}, health=health([1, 2]),
-                requests=[req(1 + i / 10, "abort", S.ABORTED, None, "h1") for i in range(5)]
-                + [req(2 + i / 10, "valid_image", hashes="h1") for i in range(5)])
+    write_trial(
+        camp,
+        "a",
+        0,
+        manifest={},
+        health=health([1, 2]),
+        requests=[req(1 + i / 10, "abort", S.ABORTED, None, "h1") for i in range(5)]
+        + [req(2 + i / 10, "valid_image", hashes="h1") for i in range(5)],
+    )
     v = verdicts(load_results(camp)).set_index("config").loc["a"]
     assert v["verdict"] == "clean" and v["fails_alone"] == "not exercised"
     # rows written without the wrong-answer oracle: nothing compared, not exercised either
     assert v["not_exercised"] == ["the bad request fails alone", "repeated inputs get the same answer"]
-    assert any("the bad request fails alone: not exercised — no malformed request was sent" in e
-               for e in v["evidence"])
+    assert any("the bad request fails alone: not exercised — no malformed request was sent" in e for e in v["evidence"])
 
 
 def test_unanswered_or_wrong_answers_to_bad_requests_are_the_servers_failures(tmp_path):
     camp = tmp_path / "bad"
     bad = [req(1 + i, "malformed_post", S.HTTP_ERROR, 400, "h1", "dimensions", 400) for i in range(3)]
-    write_trial(camp, "a", 0, manifest={}, health=health([1, 2]),
-                requests=bad + [req(5, "malformed_post", S.TIMEOUT, None, "h2", "dimensions", 400),
-                                req(6, "malformed_post", S.HTTP_ERROR, 500, "h3", "dimensions", 400)])
+    write_trial(
+        camp,
+        "a",
+        0,
+        manifest={},
+        health=health([1, 2]),
+        requests=bad
+        + [
+            req(5, "malformed_post", S.TIMEOUT, None, "h2", "dimensions", 400),
+            req(6, "malformed_post", S.HTTP_ERROR, 500, "h3", "dimensions", 400),
+        ],
+    )
     v = verdicts(load_results(camp)).set_index("config").loc["a"]
     assert v["verdict"] == "fails" and v["fails_alone"] == "failed"
-    assert any("3 of 5 malformed requests got their expected status; the others got" in e and "500 ×1" in e
-               and "timeout ×1" in e for e in v["evidence"])
+    assert any(
+        "3 of 5 malformed requests got their expected status; the others got" in e
+        and "500 ×1" in e
+        and "timeout ×1" in e
+        for e in v["evidence"]
+    )
 
 
 def test_default_baseline_is_the_shipped_server_that_kept_serving(hand):
@@ -409,12 +514,28 @@ def test_default_baseline_is_the_shipped_server_that_kept_serving(hand):
 def test_a_drift_line_matches_every_image_of_the_request_it_names(tmp_path):
     """The poisoned image is the second of a multi-image request: the poisoner is still found by that image."""
     camp = tmp_path / "multi"
-    write_trial(camp, "a", 0, manifest={}, health=health([1, 2]), requests=[
-        req(1, "malformed_post", S.HTTP_ERROR, 400, "h1", "dimensions", 400),
-        req(2, "valid_image", hashes="h7"),
-        req(3, "multi_image", hashes="h9,h1", request_id="mmc-r-0-0-3"),
-    ], log_events=[{"t": T0 + 3.1, "signature": "cache_drift", "fatal": False, "mm_hash": "ab" * 8,
-                    "request_id": "mmc-r-0-0-3", "line": "drift embd-mmc-r-0-0-3"}])
+    write_trial(
+        camp,
+        "a",
+        0,
+        manifest={},
+        health=health([1, 2]),
+        requests=[
+            req(1, "malformed_post", S.HTTP_ERROR, 400, "h1", "dimensions", 400),
+            req(2, "valid_image", hashes="h7"),
+            req(3, "multi_image", hashes="h9,h1", request_id="mmc-r-0-0-3"),
+        ],
+        log_events=[
+            {
+                "t": T0 + 3.1,
+                "signature": "cache_drift",
+                "fatal": False,
+                "mm_hash": "ab" * 8,
+                "request_id": "mmc-r-0-0-3",
+                "line": "drift embd-mmc-r-0-0-3",
+            }
+        ],
+    )
     events, _ = attribute(load_results(camp))
     [ev] = events.to_dict("records")
     assert ev["match"] == SAME_IMAGE and ev["requests"] == 2  # the poisoner (h1) and the request itself
@@ -444,9 +565,26 @@ def test_the_cause_is_the_first_post_render_failure_of_the_image_the_server_name
 
 
 def _trial_with(camp, requests, drift_lines, crashes=()):
-    write_trial(camp, "a", 0, manifest={}, health=health([1, 2]), requests=requests, crashes=list(crashes),
-                log_events=[{"t": T0 + t, "signature": "cache_drift", "fatal": False, "mm_hash": mm,
-                             "request_id": rid, "line": f"drift embd-{rid}"} for t, mm, rid in drift_lines])
+    write_trial(
+        camp,
+        "a",
+        0,
+        manifest={},
+        health=health([1, 2]),
+        requests=requests,
+        crashes=list(crashes),
+        log_events=[
+            {
+                "t": T0 + t,
+                "signature": "cache_drift",
+                "fatal": False,
+                "mm_hash": mm,
+                "request_id": rid,
+                "line": f"drift embd-{rid}",
+            }
+            for t, mm, rid in drift_lines
+        ],
+    )
     events, summary = attribute(load_results(camp), window_s=10)
     return events.set_index(events["t_rel"].round(3)).sort_index(), summary
 
@@ -454,13 +592,17 @@ def _trial_with(camp, requests, drift_lines, crashes=()):
 def test_a_cause_is_the_named_image_s_not_another_image_s_of_the_request(tmp_path):
     """A line naming a one-image request tells which image an mm_hash is; a later line with that mm_hash naming
     a two-image request is the image's, not the other image's (poisoned too, but never missed)."""
-    events, _ = _trial_with(tmp_path / "c", [
-        req(1, "malformed_post", S.HTTP_ERROR, 400, "h1", "dimensions", 400),
-        req(2, "valid_image", S.HTTP_ERROR, 503, "h1", request_id="mmc-r-0-0-2"),
-        req(3, "abort", S.ABORTED, None, "h2"),
-        req(4, "malformed_post", S.HTTP_ERROR, 400, "h1", "dimensions", 400),
-        req(5, "multi_image", S.HTTP_ERROR, 503, "h2,h1", request_id="mmc-r-0-0-5"),
-    ], [(2.1, "aa" * 8, "mmc-r-0-0-2"), (5.1, "aa" * 8, "mmc-r-0-0-5")])
+    events, _ = _trial_with(
+        tmp_path / "c",
+        [
+            req(1, "malformed_post", S.HTTP_ERROR, 400, "h1", "dimensions", 400),
+            req(2, "valid_image", S.HTTP_ERROR, 503, "h1", request_id="mmc-r-0-0-2"),
+            req(3, "abort", S.ABORTED, None, "h2"),
+            req(4, "malformed_post", S.HTTP_ERROR, 400, "h1", "dimensions", 400),
+            req(5, "multi_image", S.HTTP_ERROR, 503, "h2,h1", request_id="mmc-r-0-0-5"),
+        ],
+        [(2.1, "aa" * 8, "mmc-r-0-0-2"), (5.1, "aa" * 8, "mmc-r-0-0-5")],
+    )
     first, second = events.loc[2.1], events.loc[5.1]
     assert first["cause_before_s"] == pytest.approx(1.1) and first["named_image"] == "h1"
     # h1's 503 at 2 s was no answer: the poison at 1 s still stands, first
@@ -471,16 +613,28 @@ def test_a_cause_is_the_named_image_s_not_another_image_s_of_the_request(tmp_pat
 def test_no_cause_without_a_post_render_failure_since_the_images_last_answer(tmp_path):
     """The image was answered after its poison (the engine held it then); a pre-render case does not poison; the
     request the line names is not its own cause (it timed out); a poison of an earlier server life is gone."""
-    events, _ = _trial_with(tmp_path / "c", [
-        req(1, "malformed_post", S.HTTP_ERROR, 400, "h1", "dimensions", 400),
-        req(2, "valid_image", hashes="h1"),
-        req(3, "malformed_pre", S.HTTP_ERROR, 400, "h1", "content_unknown_type", 400),
-        req(4, "valid_image", S.TIMEOUT, None, "h1", request_id="mmc-r-0-0-4"),
-        req(10, "abort", S.ABORTED, None, "h3"),
-        req(30, "valid_image", S.HTTP_ERROR, 503, "h3", request_id="mmc-r-0-0-30"),
-    ], [(4.5, "bb" * 8, "mmc-r-0-0-4"), (30.1, "cc" * 8, "mmc-r-0-0-30")],
-        crashes=[{"t_detected": T0 + 20, "t_last_healthy": T0 + 19, "reason": "process_exit",
-                  "signature": "detokenizer_assert", "exit_code": 1, "restart": 0}])
+    events, _ = _trial_with(
+        tmp_path / "c",
+        [
+            req(1, "malformed_post", S.HTTP_ERROR, 400, "h1", "dimensions", 400),
+            req(2, "valid_image", hashes="h1"),
+            req(3, "malformed_pre", S.HTTP_ERROR, 400, "h1", "content_unknown_type", 400),
+            req(4, "valid_image", S.TIMEOUT, None, "h1", request_id="mmc-r-0-0-4"),
+            req(10, "abort", S.ABORTED, None, "h3"),
+            req(30, "valid_image", S.HTTP_ERROR, 503, "h3", request_id="mmc-r-0-0-30"),
+        ],
+        [(4.5, "bb" * 8, "mmc-r-0-0-4"), (30.1, "cc" * 8, "mmc-r-0-0-30")],
+        crashes=[
+            {
+                "t_detected": T0 + 20,
+                "t_last_healthy": T0 + 19,
+                "reason": "process_exit",
+                "signature": "detokenizer_assert",
+                "exit_code": 1,
+                "restart": 0,
+            }
+        ],
+    )
     assert pd.isna(events.loc[4.5, "cause"])
     assert pd.isna(events.loc[30.1, "cause"])  # the abort at 10 s was the server's before the crash at 20 s
 
@@ -490,15 +644,39 @@ def test_plain_words_name_the_cause_and_never_a_pre_render_case_from_two_inciden
     post-render 400 came 30 s earlier, outside every window."""
     camp = tmp_path / "words"
     for trial in (0, 1):
-        write_trial(camp, "v", trial, manifest={"t_start": T0, "t_end": T0 + 600}, health=health([1, 50]), requests=[
-            req(10, "malformed_post", S.HTTP_ERROR, 400, "h1", "dimensions", 400),
-            *[req(11 + i, "valid_image", hashes=f"k{i}") for i in range(20)],
-            req(39, "malformed_pre", S.HTTP_ERROR, 400, "h5", "content_unknown_type", 400),
-            req(40, "valid_image", S.CONNECTION_ERROR, None, "h1", request_id=f"mmc-r-0-{trial}-40"),
-        ], log_events=[{"t": T0 + 40.1, "signature": "cache_drift", "fatal": False, "mm_hash": "dd" * 8,
-                        "request_id": f"mmc-r-0-{trial}-40", "line": "drift"}],
-            crashes=[{"t_detected": T0 + 41, "t_last_healthy": T0 + 40.5, "reason": "process_exit",
-                      "signature": "detokenizer_assert", "exit_code": 1, "restart": 0}])
+        write_trial(
+            camp,
+            "v",
+            trial,
+            manifest={"t_start": T0, "t_end": T0 + 600},
+            health=health([1, 50]),
+            requests=[
+                req(10, "malformed_post", S.HTTP_ERROR, 400, "h1", "dimensions", 400),
+                *[req(11 + i, "valid_image", hashes=f"k{i}") for i in range(20)],
+                req(39, "malformed_pre", S.HTTP_ERROR, 400, "h5", "content_unknown_type", 400),
+                req(40, "valid_image", S.CONNECTION_ERROR, None, "h1", request_id=f"mmc-r-0-{trial}-40"),
+            ],
+            log_events=[
+                {
+                    "t": T0 + 40.1,
+                    "signature": "cache_drift",
+                    "fatal": False,
+                    "mm_hash": "dd" * 8,
+                    "request_id": f"mmc-r-0-{trial}-40",
+                    "line": "drift",
+                }
+            ],
+            crashes=[
+                {
+                    "t_detected": T0 + 41,
+                    "t_last_healthy": T0 + 40.5,
+                    "reason": "process_exit",
+                    "signature": "detokenizer_assert",
+                    "exit_code": 1,
+                    "restart": 0,
+                }
+            ],
+        )
     md = report.write_report(camp).markdown.read_text()
     words = md.split("In plain words:")[1].split("\n\n")[1]
     assert "2 of 2 crashes caused by malformed_post/dimensions" in words, words
@@ -509,15 +687,47 @@ def test_plain_words_name_the_cause_and_never_a_pre_render_case_from_two_inciden
     assert "malformed_post/dimensions (HTTP 400), 30.1 s before" in md  # the incidents table's cause column
 
 
+def test_a_wrong_answer_fails_its_configuration_in_plain_words(tmp_path):
+    """Every check a configuration can fail has its plain words (a wrong answer had none: the report died on it)."""
+    camp = tmp_path / "wrong"
+    wrong = {**req(3), "consistent": False, "error": "wrong answer: cosine 0.94 with this input's first answer"}
+    write_trial(
+        camp,
+        "v",
+        0,
+        manifest={"t_start": T0, "t_end": T0 + 60},
+        health=health([1, 50]),
+        requests=[req(1), {**req(2), "consistent": True}, wrong],
+    )
+    words = report.write_report(camp).markdown.read_text().split("In plain words:")[1].split("\n\n")[1]
+    assert words.startswith("- v: fails — a repeated input got a different answer"), words
+
+
 def test_a_pre_render_case_is_never_named_by_lift_and_lift_needs_five_incidents(tmp_path):
     """Crashes without a drift line (no evidence): a valid kind seen before both is not named from two; a
     malformed_pre seen before all six is never named."""
     camp = tmp_path / "lift"
     for trial in range(6):
-        write_trial(camp, "v", trial, manifest={"t_start": T0, "t_end": T0 + 600}, health=health([1, 50]), requests=[
-            *[req(1 + i, "text", hashes=None) for i in range(30)],
-            req(39, "malformed_pre", S.HTTP_ERROR, 400, "h5", "content_unknown_type", 400),
-        ], crashes=[{"t_detected": T0 + 41, "t_last_healthy": T0 + 40.5, "reason": "process_exit",
-                     "signature": "detokenizer_assert", "exit_code": 1, "restart": 0}])
+        write_trial(
+            camp,
+            "v",
+            trial,
+            manifest={"t_start": T0, "t_end": T0 + 600},
+            health=health([1, 50]),
+            requests=[
+                *[req(1 + i, "text", hashes=None) for i in range(30)],
+                req(39, "malformed_pre", S.HTTP_ERROR, 400, "h5", "content_unknown_type", 400),
+            ],
+            crashes=[
+                {
+                    "t_detected": T0 + 41,
+                    "t_last_healthy": T0 + 40.5,
+                    "reason": "process_exit",
+                    "signature": "detokenizer_assert",
+                    "exit_code": 1,
+                    "restart": 0,
+                }
+            ],
+        )
     words = report.write_report(camp).markdown.read_text().split("In plain words:")[1].split("\n\n")[1]
     assert "preceded" not in words and "caused" not in words, words

@@ -37,7 +37,7 @@ def test_gamma_gaps_have_the_rate_and_the_burstiness_as_shape(burstiness):
     gaps = np.diff(times(20.0, "gamma", burstiness), prepend=0.0)
     assert gaps.mean() == pytest.approx(1 / 20, rel=0.05)
     # the coefficient of variation of gamma gaps is 1 / sqrt(shape): burstier below 1, smoother above
-    assert gaps.std() / gaps.mean() == pytest.approx(burstiness ** -0.5, rel=0.06)
+    assert gaps.std() / gaps.mean() == pytest.approx(burstiness**-0.5, rel=0.06)
     assert stats.kstest(gaps, "gamma", args=(burstiness, 0, 1 / (20 * burstiness))).pvalue > 0.01
 
 
@@ -53,17 +53,20 @@ def test_the_seed_decides_the_schedule():
     assert not np.array_equal(times(10.0, "poisson", seed=3, n=50), times(10.0, "poisson", seed=4, n=50))
 
 
-@pytest.mark.parametrize("args, at_fault, phrase", [
-    ((-1.0, "poisson", 1.0, 0, "steady"), "rate", "--rate must be more than 0"),
-    ((float("inf"), "poisson", 1.0, 0, "steady"), "rate", "--rate must be more than 0"),
-    ((5.0, "zipf", 1.0, 0, "steady"), "arrival", "--arrival must be one of poisson, constant, gamma"),
-    ((5.0, "gamma", 0.0, 0, "steady"), "burstiness", "--burstiness must be more than 0"),
-    ((5.0, "poisson", 0.5, 0, "steady"), "burstiness", "--burstiness is the shape of --arrival gamma"),
-    ((5.0, "poisson", 1.0, -1, "steady"), "max_concurrency", "--max-concurrency must be 0"),
-    ((5.0, "poisson", 1.0, 0, "ramp"), "shape", "--shape ramp varies the number of users"),
-    ((0.0, "poisson", 1.0, 4, "steady"), "max_concurrency", "--max-concurrency caps an open-loop run"),
-    ((0.0, "constant", 1.0, 0, "steady"), "arrival", "give --rate too"),
-])
+@pytest.mark.parametrize(
+    "args, at_fault, phrase",
+    [
+        ((-1.0, "poisson", 1.0, 0, "steady"), "rate", "--rate must be more than 0"),
+        ((float("inf"), "poisson", 1.0, 0, "steady"), "rate", "--rate must be more than 0"),
+        ((5.0, "zipf", 1.0, 0, "steady"), "arrival", "--arrival must be one of poisson, constant, gamma"),
+        ((5.0, "gamma", 0.0, 0, "steady"), "burstiness", "--burstiness must be more than 0"),
+        ((5.0, "poisson", 0.5, 0, "steady"), "burstiness", "--burstiness is the shape of --arrival gamma"),
+        ((5.0, "poisson", 1.0, -1, "steady"), "max_concurrency", "--max-concurrency must be 0"),
+        ((5.0, "poisson", 1.0, 0, "ramp"), "shape", "--shape ramp varies the number of users"),
+        ((0.0, "poisson", 1.0, 4, "steady"), "max_concurrency", "--max-concurrency caps an open-loop run"),
+        ((0.0, "constant", 1.0, 0, "steady"), "arrival", "give --rate too"),
+    ],
+)
 def test_what_contradicts_a_rate(args, at_fault, phrase):
     key, why = arrivals.problem(*args)
     assert key == at_fault and phrase in why and "\n" not in why
@@ -100,8 +103,9 @@ def test_the_pool_is_sized_by_littles_law_and_never_shrinks():
 def test_the_rate_gate_fails_when_too_few_of_the_requests_due_were_sent():
     o = SimpleNamespace(max_crashes=0, max_server_error_ratio=1, max_p95_ms=0, rate=50.0, min_rate_ratio=0.95)
     [_, held] = gates.evaluate(o, Counts(), 0, None, rate_held=0.62)
-    assert held.state == gates.FAILED and held.text == ("requests sent of those due at --rate 50 62.0% < "
-                                                        "--min-rate-ratio 95.0%")
+    assert held.state == gates.FAILED and held.text == (
+        "requests sent of those due at --rate 50 62.0% < --min-rate-ratio 95.0%"
+    )
     assert gates.evaluate(o, Counts(), 0, None, rate_held=0.99)[1].state == gates.PASSED
     assert gates.evaluate(o, Counts(), 0, None, rate_held=None)[1].state == gates.NOT_CHECKED
     closed = SimpleNamespace(**{**vars(o), "rate": 0.0})

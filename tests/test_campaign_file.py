@@ -11,9 +11,9 @@ import jsonschema
 import pytest
 
 from mmchaos import campaign_file
-from mmchaos.options import did_you_mean
 from mmchaos.harness import campaign_plan, cli
 from mmchaos.harness.campaign_plan import CampaignError
+from mmchaos.options import did_you_mean
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = sorted((ROOT / "campaigns").glob("*.toml"))
@@ -27,20 +27,23 @@ def _load(tmp_path: Path, text: str):
     return f, campaign_plan.load(f, check_flags=False)
 
 
-@pytest.mark.parametrize("body, line, says", [
-    ('[workload]\nusers = 2\nuserz = 3\n', 7, "unknown key 'userz' in [workload]; did you mean 'users'?"),
-    ('[workload]\nduration = 0\n', 6, "duration must be at least 1 s, not 0"),
-    ('[workload]\nduration = true\n', 6, "'duration' must be int or float, not bool"),
-    ('[workload]\nshape = "stedy"\n', 6, "shape 'stedy' unknown; did you mean 'steady'?"),
-    ('[workload]\nprocesses = 2000\n', 6, "processes must be 0 to 1024, not 2000"),
-    ('[workload.mix]\nabrt = 1\n', 6, "unknown kind 'abrt' in [workload.mix]; did you mean 'abort'?"),
-    ('[workload.mix]\nabort = -1\n', 6, "[workload.mix] abort must be at least 0, not -1"),
-    ('[workload.options]\nzipf = "x"\n', 6, "[workload.options] zipf must be a number, not 'x'"),
-    ('[workload.options]\nzip = 1\n', 6, "unknown option 'zip' in [workload.options]; did you mean 'zipf'?"),
-    ('[crash]\npolicy = "restrat"\n', 6, "policy 'restrat' unknown; did you mean 'restart'?"),
-    ('[crash]\nhang_after = 0\n', 6, "hang_after must be positive (seconds), not 0"),
-    ('[swep]\nusers = [1]\n', 5, "unknown section [swep]; did you mean 'sweep'?"),
-])
+@pytest.mark.parametrize(
+    "body, line, says",
+    [
+        ("[workload]\nusers = 2\nuserz = 3\n", 7, "unknown key 'userz' in [workload]; did you mean 'users'?"),
+        ("[workload]\nduration = 0\n", 6, "duration must be at least 1 s, not 0"),
+        ("[workload]\nduration = true\n", 6, "'duration' must be int or float, not bool"),
+        ('[workload]\nshape = "stedy"\n', 6, "shape 'stedy' unknown; did you mean 'steady'?"),
+        ("[workload]\nprocesses = 2000\n", 6, "processes must be 0 to 1024, not 2000"),
+        ("[workload.mix]\nabrt = 1\n", 6, "unknown kind 'abrt' in [workload.mix]; did you mean 'abort'?"),
+        ("[workload.mix]\nabort = -1\n", 6, "[workload.mix] abort must be at least 0, not -1"),
+        ('[workload.options]\nzipf = "x"\n', 6, "[workload.options] zipf must be a number, not 'x'"),
+        ("[workload.options]\nzip = 1\n", 6, "unknown option 'zip' in [workload.options]; did you mean 'zipf'?"),
+        ('[crash]\npolicy = "restrat"\n', 6, "policy 'restrat' unknown; did you mean 'restart'?"),
+        ("[crash]\nhang_after = 0\n", 6, "hang_after must be positive (seconds), not 0"),
+        ("[swep]\nusers = [1]\n", 5, "unknown section [swep]; did you mean 'sweep'?"),
+    ],
+)
 def test_a_bad_key_is_one_line_with_its_line_and_a_hint(tmp_path, body, line, says):
     f = tmp_path / "c.toml"
     f.write_text(HEAD + body + CONFIG)
@@ -54,15 +57,14 @@ def test_the_nth_config_table_is_named_by_its_line(tmp_path):
     f.write_text(HEAD + CONFIG + '\n[[config]]\nname = "b"\nflags = ["--x", 1]\n')
     with pytest.raises(CampaignError) as e:
         campaign_plan.load(f, check_flags=False)
-    assert str(e.value) == f"{f}:11: flags must be strings, e.g. [\"--mm-processor-cache-gb\", \"0\"]"
+    assert str(e.value) == f'{f}:11: flags must be strings, e.g. ["--mm-processor-cache-gb", "0"]'
     f.write_text(HEAD + '\n[[config]]\nname = "a b"\n')
     with pytest.raises(CampaignError, match=r":7: name 'a b' must be letters, digits, \. _ - @$"):
         campaign_plan.load(f, check_flags=False)
 
 
 def test_values_keep_the_type_they_were_written_in(tmp_path):
-    _, plan = _load(tmp_path, HEAD + '[workload]\nspawn_rate = 2\nduration = 2.5\n[workload.mix]\nabort = 0\n'
-                    + CONFIG)
+    _, plan = _load(tmp_path, HEAD + "[workload]\nspawn_rate = 2\nduration = 2.5\n[workload.mix]\nabort = 0\n" + CONFIG)
     assert plan.workload["spawn_rate"] == 2 and isinstance(plan.workload["spawn_rate"], int)
     assert plan.workload["duration"] == 2.5
     assert plan.workload["mix"] == {"abort": 0} and plan.workload["options"] == {}  # only what the file set
@@ -85,9 +87,14 @@ def test_the_schema_rejects_what_the_loader_rejects():
     schema = campaign_file.json_schema()
     good = {"campaign": {"name": "c"}, "config": [{"name": "a"}]}
     jsonschema.validate(good, schema)
-    for bad in ({**good, "workload": {"userz": 1}}, {**good, "workload": {"duration": 0}},
-                {**good, "workload": {"mix": {"abort": -1}}}, {**good, "crash": {"policy": "x"}},
-                {"campaign": {"name": "c"}, "config": []}, {**good, "workload": {"options": {"zip": 1}}}):
+    for bad in (
+        {**good, "workload": {"userz": 1}},
+        {**good, "workload": {"duration": 0}},
+        {**good, "workload": {"mix": {"abort": -1}}},
+        {**good, "crash": {"policy": "x"}},
+        {"campaign": {"name": "c"}, "config": []},
+        {**good, "workload": {"options": {"zip": 1}}},
+    ):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(bad, schema)
         with pytest.raises(campaign_file.FileProblem):
@@ -95,8 +102,9 @@ def test_the_schema_rejects_what_the_loader_rejects():
 
 
 def test_an_unknown_name_among_hundreds_gets_the_closest_few_not_all_of_them():
-    flags = ["--max-model-len", "--mm-processor-cache-gb", "--mm-processor-cache-type"] + \
-        [f"--other-flag-{i}" for i in range(400)]
+    flags = ["--max-model-len", "--mm-processor-cache-gb", "--mm-processor-cache-type"] + [
+        f"--other-flag-{i}" for i in range(400)
+    ]
     assert did_you_mean("--mm-processor-cache", flags) == "did you mean '--mm-processor-cache-gb'?"
     hint = did_you_mean("--cache-mm-gb", flags)
     assert hint.startswith(f"closest of {len(flags)} known: --mm-processor-cache-gb") and hint.count(",") <= 2, hint

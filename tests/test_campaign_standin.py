@@ -9,28 +9,38 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from cli_inprocess import mmchaos
 from conftest import TESTS
 from locust_run import locust_rows
+
+from mmchaos import schema
 from mmchaos.analysis.results import load_results
 from mmchaos.harness import campaign_plan, campaign_runner
-from mmchaos import schema
 from mmchaos.tables import read_table
 
 STANDIN = f"{sys.executable} {TESTS / 'standin_server.py'} --port {{port}}"
 
 
-def write_campaign(tmp_path: Path, *, policy: str = "stop", duration: int = 4, trials: int = 1,
-                   configs: str | None = None, extra: str = "") -> Path:
-    configs = configs or '''
+def write_campaign(
+    tmp_path: Path,
+    *,
+    policy: str = "stop",
+    duration: int = 4,
+    trials: int = 1,
+    configs: str | None = None,
+    extra: str = "",
+) -> Path:
+    configs = (
+        configs
+        or """
 [[config]]
 name = "healthy"
 
 [[config]]
 name = "dies"
 flags = ["--die-after", "40"]
-'''
+"""
+    )
     f = tmp_path / "c.toml"
     f.write_text(f'''
 [campaign]
@@ -40,7 +50,7 @@ target = "command"
 command = "{STANDIN}"
 {extra}
 [workload]
-locustfile = "{TESTS.parent / 'locustfiles/embeddings.py'}"
+locustfile = "{TESTS.parent / "locustfiles/embeddings.py"}"
 users = 3
 spawn_rate = 3
 duration = {duration}
@@ -102,11 +112,16 @@ def test_campaign_layout_crash_detection_and_classification(tmp_path):
 
 @pytest.mark.integration
 def test_restart_policy_keeps_loading_and_counts_every_crash(tmp_path):
-    f = write_campaign(tmp_path, policy="restart", duration=6, configs='''
+    f = write_campaign(
+        tmp_path,
+        policy="restart",
+        duration=6,
+        configs="""
 [[config]]
 name = "dies"
 flags = ["--die-after-s", "1"]
-''')
+""",
+    )
     [result] = run(f, tmp_path / "results")
     assert result.status == "completed"
     assert len(result.crashes) >= 2
@@ -122,10 +137,14 @@ flags = ["--die-after-s", "1"]
 
 @pytest.mark.integration
 def test_rerun_resumes_and_force_reruns(tmp_path):
-    f = write_campaign(tmp_path, duration=2, configs='''
+    f = write_campaign(
+        tmp_path,
+        duration=2,
+        configs="""
 [[config]]
 name = "healthy"
-''')
+""",
+    )
     run(f, tmp_path / "results")
     manifest = tmp_path / "results" / "standin" / "healthy" / "t000" / schema.MANIFEST
     before = json.loads(manifest.read_text())
@@ -148,13 +167,21 @@ def test_unfinished_trial_is_run_again(tmp_path):
 @pytest.mark.parametrize(
     "body,needle",
     [
-        ('[campaign]\nname = "x"\ntrails = 2\n[[config]]\nname = "a"\n', ":3: unknown key 'trails' in [campaign]; "
-                                                                        "did you mean 'trials'?"),
+        (
+            '[campaign]\nname = "x"\ntrails = 2\n[[config]]\nname = "a"\n',
+            ":3: unknown key 'trails' in [campaign]; did you mean 'trials'?",
+        ),
         ('[campaign]\nname = "x"\ntrials = "two"\n[[config]]\nname = "a"\n', ":3: 'trials' must be int, not str"),
-        ('[campaign]\nname = "x"\n[workload]\nusers = 2\nshape = "steady"\n[crash]\npolicy = "retry"\n'
-         '[[config]]\nname = "a"\nengine = "0.30.0"\n', ":7: policy 'retry' unknown; did you mean 'restart'?"),
-        ('[campaign]\nname = "x"\n[[config]]\nname = "a"\nengine = "0.30.0"\n[[config]]\nname = "b"\n'
-         'engin = "0.32.0"\n', ":8: unknown key 'engin' in [config]; did you mean 'engine'?"),
+        (
+            '[campaign]\nname = "x"\n[workload]\nusers = 2\nshape = "steady"\n[crash]\npolicy = "retry"\n'
+            '[[config]]\nname = "a"\nengine = "0.30.0"\n',
+            ":7: policy 'retry' unknown; did you mean 'restart'?",
+        ),
+        (
+            '[campaign]\nname = "x"\n[[config]]\nname = "a"\nengine = "0.30.0"\n[[config]]\nname = "b"\n'
+            'engin = "0.32.0"\n',
+            ":8: unknown key 'engin' in [config]; did you mean 'engine'?",
+        ),
         ('[campaign]\nname = "x"\n', "no [[config]] tables"),
         ('[campain]\nname = "x"\n', "unknown section [campain]; did you mean 'campaign'?"),
         ('[campaign\nname = "x"\n', "not valid TOML"),
@@ -182,8 +209,21 @@ def test_unknown_mix_kind_is_rejected_before_anything_runs(tmp_path):
 def test_progress_in_a_ci_log_is_one_line_per_phase_and_per_trial(tmp_path):
     """No terminal: plain lines with elapsed, done/total and ETA, the counts right, the summary on its own line."""
     f = write_campaign(tmp_path, duration=2)
-    r = subprocess.run([sys.executable, "-m", "mmchaos.harness.cli", "campaign", "run", str(f), "--results",
-                        str(tmp_path / "results")], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mmchaos.harness.cli",
+            "campaign",
+            "run",
+            str(f),
+            "--results",
+            str(tmp_path / "results"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     lines = r.stderr.splitlines()
     phases = [ln for ln in lines if ln.startswith("[") and " done, ETA " in ln]
@@ -197,7 +237,10 @@ def test_progress_in_a_ci_log_is_one_line_per_phase_and_per_trial(tmp_path):
 
 @pytest.mark.integration
 def test_the_report_verdicts_and_expect_gate_on_the_standin(tmp_path):
-    f = write_campaign(tmp_path, duration=4, configs='''
+    f = write_campaign(
+        tmp_path,
+        duration=4,
+        configs="""
 [[config]]
 name = "healthy"
 
@@ -208,24 +251,60 @@ flags = ["--die-after", "40"]
 [[config]]
 name = "misses"
 flags = ["--miss-after-poison"]
-''', extra="")
+""",
+        extra="",
+    )
     # one user: a retry is never overtaken by a second poisoning of its image (with more users it can be, and three
     # misses in a row are a fair "fails")
-    f.write_text(f.read_text().replace("pool_size = 16", 'pool_size = 2\nfresh_fraction = 0.0\n'
-                                        'malformed_cases = "dimensions_unsupported"').replace("users = 3", "users = 1"))
+    f.write_text(
+        f.read_text()
+        .replace("pool_size = 16", 'pool_size = 2\nfresh_fraction = 0.0\nmalformed_cases = "dimensions_unsupported"')
+        .replace("users = 3", "users = 1")
+    )
     f.write_text(f.read_text().replace("[workload.options]", "[workload.mix]\nmalformed_pre = 0\n\n[workload.options]"))
     results = run(f, tmp_path / "results")
     assert [r.status for r in results] == ["completed"] * 3
     expect = ["--expect", "healthy=clean", "--expect", "dies=fails", "--expect", "misses=retryable"]
-    r = subprocess.run([sys.executable, "-m", "mmchaos.harness.cli", "report", str(tmp_path / "results" / "standin"),
-                        "-q", *expect], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "mmchaos.harness.cli", "report", str(tmp_path / "results" / "standin"), "-q", *expect],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
-    r = subprocess.run([sys.executable, "-m", "mmchaos.harness.cli", "report", str(tmp_path / "results" / "standin"),
-                        "-q", "--expect", "misses=clean", "--expect", "nope=clean"], capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mmchaos.harness.cli",
+            "report",
+            str(tmp_path / "results" / "standin"),
+            "-q",
+            "--expect",
+            "misses=clean",
+            "--expect",
+            "nope=clean",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2 and "--expect nope: no such configuration" in r.stderr
-    r = subprocess.run([sys.executable, "-m", "mmchaos.harness.cli", "report", str(tmp_path / "results" / "standin"),
-                        "-q", "--expect", "misses=clean"], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mmchaos.harness.cli",
+            "report",
+            str(tmp_path / "results" / "standin"),
+            "-q",
+            "--expect",
+            "misses=clean",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 1 and "misses is retryable, expected clean" in r.stderr
     md = (tmp_path / "results" / "standin" / "report" / "report.md").read_text()
     assert "| clean |" in md and "| fails |" in md and "| survives with retryable errors |" in md

@@ -7,16 +7,17 @@ from __future__ import annotations
 import pytest
 import requests
 
-from mmchaos.payloads import catalogue, fresh, generated, malformed
 from mmchaos.payloads import bodies as build
+from mmchaos.payloads import catalogue, fresh, generated, malformed
 
 pytestmark = pytest.mark.engine
 MAX_MODEL_LEN = 4096  # the embedded engine's default
 
 
 def _post(server, req) -> requests.Response:
-    return requests.post(server.base_url + req.path, data=req.payload(),
-                         headers={"Content-Type": "application/json"}, timeout=60)
+    return requests.post(
+        server.base_url + req.path, data=req.payload(), headers={"Content-Type": "application/json"}, timeout=60
+    )
 
 
 def _check_catalogue(server, reuse_expectation) -> list[str]:

@@ -13,11 +13,11 @@ from types import SimpleNamespace
 
 import pytest
 import requests as http
+from conftest import standin_server
 from geventhttpclient.client import HTTPClient
 from geventhttpclient.response import HTTPConnectionClosed
-
-from conftest import standin_server
 from locust_run import locust, only
+
 from mmchaos import retry_policy, schema
 from mmchaos.locustfiles import gates
 from mmchaos.locustfiles.connections import ReconnectingClient
@@ -34,8 +34,14 @@ POISON_CASE = ["--malformed-cases", "dimensions_unsupported"]  # the stand-in an
 def _bodies():
     image = generate_pool(1, seed=3, preset="small")[0]
     ok = bodies.image_request("m", image, "x").payload()
-    file_url = json.dumps({"model": "m", "messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "file:///etc/hostname"}}]}]}).encode()
+    file_url = json.dumps(
+        {
+            "model": "m",
+            "messages": [
+                {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "file:///etc/hostname"}}]}
+            ],
+        }
+    ).encode()
     return ok, file_url
 
 
@@ -103,8 +109,12 @@ def test_gates_evaluate():
     g = gates.evaluate(o, Counts(valid_groups=100, valid_uncured=2), crashes=1, p95_ms=None)
     assert [x.state for x in g] == [gates.FAILED, gates.FAILED] and gates.exit_code(g) == 1
     assert g[1].text == "valid requests failed by the server after retries 2.00% > --max-server-error-ratio 1.00%"
-    g = gates.evaluate(SimpleNamespace(max_crashes=0, max_server_error_ratio=1.0, max_p95_ms=500.0), Counts(),
-                       crashes=None, p95_ms=None)
+    g = gates.evaluate(
+        SimpleNamespace(max_crashes=0, max_server_error_ratio=1.0, max_p95_ms=500.0),
+        Counts(),
+        crashes=None,
+        p95_ms=None,
+    )
     assert [x.state for x in g] == [gates.NOT_CHECKED, gates.NOT_CHECKED] and gates.exit_code(g) == 0
 
 
@@ -130,21 +140,48 @@ def test_the_three_levels():
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("args,level", [
-    ([], CLEAN),
-    (["--miss-after-poison"], RETRYABLE),
-    (["--die-after", "30"], FAILS),
-])
+@pytest.mark.parametrize(
+    "args,level",
+    [
+        ([], CLEAN),
+        (["--miss-after-poison"], RETRYABLE),
+        (["--die-after", "30"], FAILS),
+    ],
+)
 def test_the_live_verdict_on_the_web_ui_state(tmp_path, args, level):
     from test_webui import LocustUI, run_finished_and_flushed, wait_for
 
     with standin_server(tmp_path / "s.log", *args) as s:
         # one user: no second poisoning of an image overtakes a retry (see test_a_cache_miss_is_retried_...)
         # ends at its request budget (after a crash: refusals without a pause), however busy the machine
-        ui = LocustUI(tmp_path, "--host", s.base_url, "--autostart", "-u", "1", "-r", "1", "-t", "120s",
-                      "--max-requests", "45", "--refused-backoff-ms", "0", "--autoquit",
-                      "60", "--results-dir", str(tmp_path), "--image-preset", "small", "--pool-size", "2",
-                      "--fresh-fraction", "0", *only(valid_image=3, malformed_post=1), *POISON_CASE).wait_up()
+        ui = LocustUI(
+            tmp_path,
+            "--host",
+            s.base_url,
+            "--autostart",
+            "-u",
+            "1",
+            "-r",
+            "1",
+            "-t",
+            "120s",
+            "--max-requests",
+            "45",
+            "--refused-backoff-ms",
+            "0",
+            "--autoquit",
+            "60",
+            "--results-dir",
+            str(tmp_path),
+            "--image-preset",
+            "small",
+            "--pool-size",
+            "2",
+            "--fresh-fraction",
+            "0",
+            *only(valid_image=3, malformed_post=1),
+            *POISON_CASE,
+        ).wait_up()
         try:
             st, _ = wait_for(lambda: run_finished_and_flushed(ui, tmp_path), 150, "the run to end")
             page = http.get(ui.url + "/mmchaos/timeline", timeout=5)
@@ -153,8 +190,6 @@ def test_the_live_verdict_on_the_web_ui_state(tmp_path, args, level):
     assert st["verdict"]["level"] == level, st["verdict"]
     assert {g["option"] for g in st["gates"]} == {"max_crashes", "max_server_error_ratio", "max_wrong_answers"}
     assert page.status_code == 200 and "<svg" in page.text
-
-
 
 
 def test_retry_after_as_an_http_date_is_honoured_as_the_sdk_does():

@@ -8,17 +8,24 @@ import json
 
 import numpy as np
 import pytest
-
 from conftest import standin_server
 from locust_run import locust, only, rows
+from test_campaign_standin import run, write_campaign
+
 from mmchaos import sameness
 from mmchaos.analysis.results import load_results
 from mmchaos.analysis.verdict import verdicts
 from mmchaos.locustfiles.consistency import Oracle
-from test_campaign_standin import run, write_campaign
 
-MIX = [*only(valid_image=4, multi_image=1, text=1), "--fresh-fraction", "0", "--consistency-sample", "1",
-       "--max-requests", "150"]
+MIX = [
+    *only(valid_image=4, multi_image=1, text=1),
+    "--fresh-fraction",
+    "0",
+    "--consistency-sample",
+    "1",
+    "--max-requests",
+    "150",
+]
 
 
 @pytest.mark.integration
@@ -47,14 +54,24 @@ def test_a_server_that_answers_the_same_passes(tmp_path):
 
 @pytest.mark.integration
 def test_a_wrong_answer_makes_the_configuration_fail(tmp_path):
-    f = write_campaign(tmp_path, duration=4, configs='[[config]]\nname = "same"\n\n'
-                       '[[config]]\nname = "wrong"\nflags = ["--wrong-on-repeat"]\n')
-    f.write_text(f.read_text().replace("pool_size = 16", "pool_size = 4\nfresh_fraction = 0.0\nconsistency_sample = 1.0")
-                 .replace("[workload.options]", "[workload.mix]\nmalformed_pre = 0\nmalformed_post = 0\nabort = 0\n\n"
-                          "[workload.options]"))
+    f = write_campaign(
+        tmp_path,
+        duration=4,
+        configs='[[config]]\nname = "same"\n\n[[config]]\nname = "wrong"\nflags = ["--wrong-on-repeat"]\n',
+    )
+    f.write_text(
+        f.read_text()
+        .replace("pool_size = 16", "pool_size = 4\nfresh_fraction = 0.0\nconsistency_sample = 1.0")
+        .replace(
+            "[workload.options]",
+            "[workload.mix]\nmalformed_pre = 0\nmalformed_post = 0\nabort = 0\n\n[workload.options]",
+        )
+    )
     run(f, tmp_path / "results")
     v = verdicts(load_results(tmp_path / "results" / "standin")).set_index("config")
-    assert v.loc["wrong", "verdict"] == "fails" and v.loc["wrong", "same_answer"] == "failed", v.loc["wrong", "evidence"]
+    assert v.loc["wrong", "verdict"] == "fails" and v.loc["wrong", "same_answer"] == "failed", v.loc[
+        "wrong", "evidence"
+    ]
     assert v.loc["same", "same_answer"] == "ok" and v.loc["same", "verdict"] != "fails", v.loc["same", "evidence"]
 
 

@@ -48,32 +48,45 @@ def test_an_engine_asserting_on_the_miss_is_another_chain():
     assert SIGS.chain(both) == "expected_cached_item → cache_drift → detokenizer_assert"
 
 
-@pytest.mark.parametrize("names,crash,want", [
-    ([], None, "unknown"),  # a death that said nothing
-    (["cache_drift"], None, "cache_drift → unknown"),  # drift, then a silent death (SIGKILL, say)
-    (["cache_drift", "cache_miss_503"], "hang", "cache_drift → cache_miss_503 → hang"),
-    (["cache_drift", "cache_drift", "detokenizer_assert"], None, "cache_drift → detokenizer_assert"),
-    (["oom", "engine_dead"], None, "oom"),
-    (["cache_drift", "detokenizer_assert", "cache_miss_503"], None, "cache_drift → detokenizer_assert"),  # after: no cause
-    (["no_such_signature", "engine_dead"], None, "engine_dead"),
-])
+@pytest.mark.parametrize(
+    "names,crash,want",
+    [
+        ([], None, "unknown"),  # a death that said nothing
+        (["cache_drift"], None, "cache_drift → unknown"),  # drift, then a silent death (SIGKILL, say)
+        (["cache_drift", "cache_miss_503"], "hang", "cache_drift → cache_miss_503 → hang"),
+        (["cache_drift", "cache_drift", "detokenizer_assert"], None, "cache_drift → detokenizer_assert"),
+        (["oom", "engine_dead"], None, "oom"),
+        (
+            ["cache_drift", "detokenizer_assert", "cache_miss_503"],
+            None,
+            "cache_drift → detokenizer_assert",
+        ),  # after: no cause
+        (["no_such_signature", "engine_dead"], None, "engine_dead"),
+    ],
+)
 def test_chain_rules(names, crash, want):
     assert SIGS.chain(names, crash) == want
     assert SIGS.chain(names, crash).split(CHAIN_SEP)[-1] == (crash or SIGS.chain(names).split(CHAIN_SEP)[-1])
 
 
 def test_the_crash_table_groups_crashes_by_chain():
-    crashes = pd.DataFrame({
-        "config": pd.Categorical(["a", "a", "a", "b"]), "trial": [0, 0, 1, 0],
-        "signature": pd.Categorical(["detokenizer_assert", "detokenizer_assert", "detokenizer_assert", None]),
-        "chain": ["cache_drift → detokenizer_assert", "expected_cached_item → detokenizer_assert", None, None],
-        "reason": pd.Categorical(["process_exit"] * 3 + ["hang"]),
-    })
-    c = CampaignResults("x", None, ["a", "b"], pd.DataFrame(), pd.DataFrame(), pd.DataFrame(), pd.DataFrame(),
-                        pd.DataFrame(), crashes)
+    crashes = pd.DataFrame(
+        {
+            "config": pd.Categorical(["a", "a", "a", "b"]),
+            "trial": [0, 0, 1, 0],
+            "signature": pd.Categorical(["detokenizer_assert", "detokenizer_assert", "detokenizer_assert", None]),
+            "chain": ["cache_drift → detokenizer_assert", "expected_cached_item → detokenizer_assert", None, None],
+            "reason": pd.Categorical(["process_exit"] * 3 + ["hang"]),
+        }
+    )
+    c = CampaignResults(
+        "x", None, ["a", "b"], pd.DataFrame(), pd.DataFrame(), pd.DataFrame(), pd.DataFrame(), pd.DataFrame(), crashes
+    )
     t = stats.crash_signatures(c)
     got = {(r.config, r.chain, r.reason): r.crashes for r in t.itertuples()}
-    assert got == {("a", "cache_drift → detokenizer_assert", "process_exit"): 1,
-                   ("a", "expected_cached_item → detokenizer_assert", "process_exit"): 1,
-                   ("a", "detokenizer_assert", "process_exit"): 1,  # recorded before chains: its signature
-                   ("b", "(unclassified)", "hang"): 1}
+    assert got == {
+        ("a", "cache_drift → detokenizer_assert", "process_exit"): 1,
+        ("a", "expected_cached_item → detokenizer_assert", "process_exit"): 1,
+        ("a", "detokenizer_assert", "process_exit"): 1,  # recorded before chains: its signature
+        ("b", "(unclassified)", "hang"): 1,
+    }

@@ -18,9 +18,12 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from conftest import TESTS, standin_server
 from locust_run import ROOT
+
+# the suite's process bookkeeping, one definition (reaper is a fixture: pytest finds it in this module)
+from test_reliability import CAMP, Fault, assert_no_orphans, killpg, live_in_groups, manifest, reaper  # noqa: F401
+
 from mmchaos import schema
 from mmchaos.analysis.results import load_results
 from mmchaos.harness import campaign_plan, campaign_runner
@@ -28,21 +31,27 @@ from mmchaos.harness.campaign_plan import CampaignError
 from mmchaos.harness.distributed import Distribution
 from mmchaos.harness.processes import free_port
 from mmchaos.tables import compact, encode_part, part_problem, put_part, read_table
-# the suite's process bookkeeping, one definition (reaper is a fixture: pytest finds it in this module)
-from test_reliability import CAMP, Fault, assert_no_orphans, killpg, live_in_groups, manifest, reaper  # noqa: F401
 
 PY = sys.executable
 COUNTING = TESTS / "locustfile_worker_counts.py"  # the mix, plus each worker's own counts (see its docstring)
 
 
-def write_campaign(tmp_path: Path, *, processes: int, expect_workers: int = 0, port: int = 5557,
-                   duration: int = 30, server_flags: str = "", policy: str = "stop") -> Path:
+def write_campaign(
+    tmp_path: Path,
+    *,
+    processes: int,
+    expect_workers: int = 0,
+    port: int = 5557,
+    duration: int = 30,
+    server_flags: str = "",
+    policy: str = "stop",
+) -> Path:
     f = tmp_path / "campaign.toml"
     f.write_text(f'''
 [campaign]
 name = "{CAMP}"
 target = "command"
-command = "{PY} {TESTS / 'standin_server.py'} --port {{port}} {server_flags}"
+command = "{PY} {TESTS / "standin_server.py"} --port {{port}} {server_flags}"
 
 [workload]
 locustfile = "{COUNTING}"
@@ -144,12 +153,12 @@ print(json.dumps([vars(r) for r in inbox.ledgers["R"].values()]))
 @pytest.mark.integration
 def test_the_master_writes_each_part_once_and_nothing_that_is_not_a_part_of_its_run(tmp_path):
     folder = tmp_path / "run"
-    p = subprocess.run([PY, "-c", MASTER_END, str(folder), str(free_port())], capture_output=True, text=True,
-                       timeout=120, cwd=tmp_path)
+    p = subprocess.run(
+        [PY, "-c", MASTER_END, str(folder), str(free_port())], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     written = sorted(str(f.relative_to(tmp_path)) for f in tmp_path.rglob("*") if f.is_file())
-    assert written == ["run/requests/part-w-000000.parquet", "run/requests/part-w-000001.parquet",
-                       "run/workers.json"]
+    assert written == ["run/requests/part-w-000000.parquet", "run/requests/part-w-000001.parquet", "run/workers.json"]
     [rec] = json.loads(p.stdout.splitlines()[-1])
     assert (rec["parts"], rec["rows"], rec["done"], rec["worker"]) == (2, 2, True, "h-1")  # the resend counted once
     assert json.loads((folder / schema.WORKERS).read_text())["lost"] == []
@@ -170,13 +179,16 @@ def test_the_master_and_its_workers_are_decided_by_the_workload(tmp_path):
     assert both.master_args()[:3] == ["--master", "--expect-workers", "4"] and both.port == 6000
 
 
-@pytest.mark.parametrize("key, value, says", [
-    ("processes", "-1", "processes must be 0 to 1024"),
-    ("expect_workers", "2000", "expect_workers must be 0 to 1024"),
-    ("master_bind_port", "70000", "master_bind_port must be a port"),
-    ("master_bind_host", '"a b"', "master_bind_host 'a b' must be an address"),
-    ("expect_workers_max_wait", "0", "expect_workers_max_wait must be at least 1 s"),
-])
+@pytest.mark.parametrize(
+    "key, value, says",
+    [
+        ("processes", "-1", "processes must be 0 to 1024"),
+        ("expect_workers", "2000", "expect_workers must be 0 to 1024"),
+        ("master_bind_port", "70000", "master_bind_port must be a port"),
+        ("master_bind_host", '"a b"', "master_bind_host 'a b' must be an address"),
+        ("expect_workers_max_wait", "0", "expect_workers_max_wait must be at least 1 s"),
+    ],
+)
 def test_bad_worker_keys_are_one_line_naming_the_key(tmp_path, key, value, says):
     f = write_campaign(tmp_path, processes=1)
     f.write_text(_set_key(f.read_text(), key, value))
@@ -196,7 +208,8 @@ def _set_key(text: str, key: str, value: str) -> str:
 
 @pytest.mark.integration
 def test_campaign_on_local_and_remote_workers_a_killed_worker_is_recorded_and_a_crash_stops_them_all(
-        tmp_path, reaper, monkeypatch):  # noqa: F811  (the fixture imported above)
+    tmp_path, reaper, monkeypatch
+):
     """A campaign master with 2 local worker processes and one `mmchaos worker` (as on another machine); one local
     worker is SIGKILLed mid-trial; the server then dies and the crash policy `stop` ends the trial."""
     counts = tmp_path / "counts.json"
@@ -204,10 +217,25 @@ def test_campaign_on_local_and_remote_workers_a_killed_worker_is_recorded_and_a_
     port = free_port()
     root = tmp_path / "results"
     f = write_campaign(tmp_path, processes=2, expect_workers=1, port=port, server_flags="--die-after-s 8")
-    remote = subprocess.Popen([PY, "-m", "mmchaos.harness.cli", "worker", "--master-host", "127.0.0.1",
-                               "--master-port", str(port), "--locustfile", str(COUNTING)],
-                              cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              start_new_session=True)
+    remote = subprocess.Popen(
+        [
+            PY,
+            "-m",
+            "mmchaos.harness.cli",
+            "worker",
+            "--master-host",
+            "127.0.0.1",
+            "--master-port",
+            str(port),
+            "--locustfile",
+            str(COUNTING),
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     reaper.add(remote.pid)
     killed = []
 
@@ -217,14 +245,28 @@ def test_campaign_on_local_and_remote_workers_a_killed_worker_is_recorded_and_a_
         local_group = pgids[1]  # [master, this machine's workers]
         children = [p for p in live_in_groups({local_group}) if p != local_group]  # Locust forked them
         # a worker that has handed rows over already (one killed before its first flush is known by Locust's id)
-        victim = wait_for(lambda: next((p for p in children if p in per_worker(  # parts come each second
-            read_table(trial, "requests").to_pandas())), None), 6, "a local worker's first rows")
+        victim = wait_for(
+            lambda: next(
+                (
+                    p
+                    for p in children
+                    if p
+                    in per_worker(  # parts come each second
+                        read_table(trial, "requests").to_pandas()
+                    )
+                ),
+                None,
+            ),
+            6,
+            "a local worker's first rows",
+        )
         killed.append(victim)
         os.kill(victim, signal.SIGKILL)
 
     try:
-        [res] = campaign_runner.CampaignRunner(campaign_plan.load(f), root,
-                                               progress=Fault(root, kill_a_local_worker, after_rows=150)).run()
+        [res] = campaign_runner.CampaignRunner(
+            campaign_plan.load(f), root, progress=Fault(root, kill_a_local_worker, after_rows=150)
+        ).run()
         trial = root / CAMP / "a" / "t000"
         m = manifest(trial)
         # the remote worker's Locust quit with the master; `mmchaos worker` waits for the next master's run
@@ -258,16 +300,24 @@ def test_campaign_on_local_and_remote_workers_a_killed_worker_is_recorded_and_a_
 
 
 @pytest.mark.integration
-def test_ctrl_c_of_a_campaign_with_workers_stops_them_and_keeps_every_row(tmp_path, reaper):  # noqa: F811
+def test_ctrl_c_of_a_campaign_with_workers_stops_them_and_keeps_every_row(tmp_path, reaper):
     root = tmp_path / "results"
     f = write_campaign(tmp_path, processes=2, duration=40)
-    cli = subprocess.Popen([PY, "-m", "mmchaos.harness.cli", "campaign", "run", str(f), "--results", str(root)],
-                           cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    cli = subprocess.Popen(
+        [PY, "-m", "mmchaos.harness.cli", "campaign", "run", str(f), "--results", str(root)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     reaper.add(cli.pid)
     trial = root / CAMP / "a" / "t000"
     try:
-        wait_for(lambda: len({p.name.split("-")[2] for p in (trial / "requests").glob("part-*.parquet")}) >= 2,
-                 60, "rows of both local workers")
+        wait_for(
+            lambda: len({p.name.split("-")[2] for p in (trial / "requests").glob("part-*.parquet")}) >= 2,
+            60,
+            "rows of both local workers",
+        )
         reaper.update(manifest(trial)["locust_pgids"] + manifest(trial)["server_pgids"])
         cli.send_signal(signal.SIGINT)
         out, _ = cli.communicate(timeout=90)
@@ -288,7 +338,7 @@ def test_ctrl_c_of_a_campaign_with_workers_stops_them_and_keeps_every_row(tmp_pa
 
 
 @pytest.mark.integration
-def test_a_master_started_again_takes_the_rows_its_workers_send_again(tmp_path, reaper):  # noqa: F811
+def test_a_master_started_again_takes_the_rows_its_workers_send_again(tmp_path, reaper):
     """The master is SIGKILLed mid-run; its workers go on loading and keep the parts no master acknowledged; a
     master started again on the same port for the same run (--results-dir, --run-id) takes them. Every request of
     each worker (its own count of Locust's request events) is then exactly one row."""
@@ -298,24 +348,78 @@ def test_a_master_started_again_takes_the_rows_its_workers_send_again(tmp_path, 
     port = free_port()
     seen = tmp_path / "seen.log"  # the stand-in's "request-id sha256" line per request, in the order it read them
     with standin_server(tmp_path / "standin.log", "--body-log", str(seen)) as s:
+
         def master():
-            p = subprocess.Popen([PY, "-m", "locust", "-f", str(COUNTING), "--master", "--master-bind-host",
-                                  "127.0.0.1", "--master-bind-port", str(port), "--expect-workers", "2", "--headless",
-                                  "-u", "4", "-r", "4", "-t", "90s", "--host", s.base_url, "--results-dir", str(out),
-                                  "--run-id", "R", "--config-name", "a", "--image-preset", "small", "--pool-size", "8"],
-                                 cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-                                 start_new_session=True)
+            p = subprocess.Popen(
+                [
+                    PY,
+                    "-m",
+                    "locust",
+                    "-f",
+                    str(COUNTING),
+                    "--master",
+                    "--master-bind-host",
+                    "127.0.0.1",
+                    "--master-bind-port",
+                    str(port),
+                    "--expect-workers",
+                    "2",
+                    "--headless",
+                    "-u",
+                    "4",
+                    "-r",
+                    "4",
+                    "-t",
+                    "90s",
+                    "--host",
+                    s.base_url,
+                    "--results-dir",
+                    str(out),
+                    "--run-id",
+                    "R",
+                    "--config-name",
+                    "a",
+                    "--image-preset",
+                    "small",
+                    "--pool-size",
+                    "8",
+                ],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
             reaper.add(p.pid)
             return p
 
         first = master()
-        workers = [subprocess.Popen([PY, "-m", "locust", "-f", str(COUNTING), "--worker", "--master-host",
-                                     "127.0.0.1", "--master-port", str(port)], cwd=ROOT, env=env,
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
-                   for _ in range(2)]
+        workers = [
+            subprocess.Popen(
+                [
+                    PY,
+                    "-m",
+                    "locust",
+                    "-f",
+                    str(COUNTING),
+                    "--worker",
+                    "--master-host",
+                    "127.0.0.1",
+                    "--master-port",
+                    str(port),
+                ],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            for _ in range(2)
+        ]
         reaper.update(w.pid for w in workers)
         second = None
         try:
+
             def parts_of(pid):
                 return list((out / "requests").glob(f"part-*-{pid}-*.parquet"))
 
@@ -361,8 +465,9 @@ def test_a_master_started_again_takes_the_rows_its_workers_send_again(tmp_path, 
         g = by_pid[w.pid]
         assert len(g[g["outcome"] != schema.CUT]) == own > 0 and contiguous(g)
     ledger = json.loads((out / schema.WORKERS).read_text())
-    assert ledger["lost"] == [] and sorted(pid_of(r["worker"]) for r in ledger["workers"]) == \
-        sorted(w.pid for w in workers)
+    assert ledger["lost"] == [] and sorted(pid_of(r["worker"]) for r in ledger["workers"]) == sorted(
+        w.pid for w in workers
+    )
     assert_no_orphans({first.pid, second.pid, *(w.pid for w in workers)}, reaper)
 
 

@@ -40,7 +40,7 @@ def test_readme_is_short():
 
 def test_readme_command_table_names_every_command():
     text = README.read_text(encoding="utf-8")
-    table = text[text.index("## Which command do I want?"):]
+    table = text[text.index("## Which command do I want?") :]
     top = [name.split()[1] for name, _ in _commands(build_parser()) if name.count(" ") == 1]
     missing = [cmd for cmd in top if not re.search(rf"`(mmchaos )?{cmd}\b", table)]
     assert not missing, f"the README's command table does not name: {', '.join(missing)}"
@@ -84,8 +84,16 @@ def test_strict_build_fails_on_a_broken_link(tmp_path):
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "index.md").write_text("# x\n\n[gone](nowhere.md)\n")
     yml = tmp_path / "mkdocs.yml"
-    yml.write_text(yaml.safe_dump({"site_name": "x", "strict": ours["strict"], "validation": ours["validation"],
-                                   "nav": [{"Home": "index.md"}]}))
+    yml.write_text(
+        yaml.safe_dump(
+            {
+                "site_name": "x",
+                "strict": ours["strict"],
+                "validation": ours["validation"],
+                "nav": [{"Home": "index.md"}],
+            }
+        )
+    )
     with pytest.raises(Abort):
         build.build(load_config(str(yml), site_dir=str(tmp_path / "site")))
 

@@ -8,8 +8,8 @@ import time
 
 import pytest
 import requests
-
 from conftest import REPORT_VERSION, require_engine_and_model, vllm_server
+
 from mmchaos.harness import engines, repro
 from mmchaos.signatures import Signatures
 
@@ -31,8 +31,9 @@ def _log_signatures(server) -> set[str]:
 
 
 def _repro_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mmchaos.harness.cli", "repro", *args], capture_output=True,
-                          text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "mmchaos.harness.cli", "repro", *args], capture_output=True, text=True, timeout=600
+    )
 
 
 class TestFixedVersion:
@@ -55,7 +56,6 @@ class TestFixedVersion:
         assert fixed_server.health()[0]
         assert fixed_server.exit_code() is None
         assert "cache_drift" in _log_signatures(fixed_server)
-
 
     def test_repro_exits_0_when_the_server_survives(self, fixed_server):
         r = _repro_cli("--url", fixed_server.base_url)
@@ -93,8 +93,12 @@ def test_repro_cannot_run_without_a_server():
 def test_provisioning_again_is_a_fast_noop():
     before = engines.require(REPORT_VERSION).manifest()
     t0 = time.time()
-    r = subprocess.run([sys.executable, "-m", "mmchaos.harness.cli", "engine", "install", REPORT_VERSION],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "mmchaos.harness.cli", "engine", "install", REPORT_VERSION],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     assert "already installed" in r.stderr
     assert time.time() - t0 < 30
@@ -105,8 +109,11 @@ def test_tensor_parallel_2_serves_and_reproduces(tmp_path):
     flags = ["--tensor-parallel-size", "2"]
     with vllm_server(REPORT_VERSION, flags, tmp_path / "server.log") as server:
         model = server.model_name()
-        ok = requests.post(server.base_url + "/v1/embeddings",
-                           json=repro.image_request(model, repro.probe_image(nonce=105)), timeout=60)
+        ok = requests.post(
+            server.base_url + "/v1/embeddings",
+            json=repro.image_request(model, repro.probe_image(nonce=105)),
+            timeout=60,
+        )
         assert ok.status_code == 200 and len(ok.json()["data"][0]["embedding"]) == MODEL_DIM
         res = repro.poison_then_reuse(server.base_url, model, nonce=106)
         assert res.statuses()[0] == 400

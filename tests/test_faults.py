@@ -13,22 +13,30 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from conftest import TESTS, standin_server
+
 from mmchaos import faults, schema
-from mmchaos.harness import campaign_plan, campaign_runner
-from mmchaos.harness.fault_proxy import FaultProxy
-from mmchaos.harness.server_processes import alive, identify
 from mmchaos.analysis.fault_effects import fault_effects
 from mmchaos.analysis.results import load_results
 from mmchaos.analysis.verdict import verdicts
+from mmchaos.harness import campaign_plan, campaign_runner
+from mmchaos.harness.fault_proxy import FaultProxy
+from mmchaos.harness.server_processes import alive, identify
 from mmchaos.tables import read_table
 
 STANDIN = f"{sys.executable} {TESTS / 'standin_server.py'} --port {{port}}"
 
 
-def _campaign(tmp_path: Path, fault: str, *, flags: str = '["--tensor-parallel-size", "2"]', target: str = "command",
-              duration: int = 30, policy: str = "restart", extra: str = "") -> Path:
+def _campaign(
+    tmp_path: Path,
+    fault: str,
+    *,
+    flags: str = '["--tensor-parallel-size", "2"]',
+    target: str = "command",
+    duration: int = 30,
+    policy: str = "restart",
+    extra: str = "",
+) -> Path:
     where = f'command = "{STANDIN}"' if target == "command" else 'url = "http://127.0.0.1:9"'
     f = tmp_path / "f.toml"
     f.write_text(f'''
@@ -39,7 +47,7 @@ target = "{target}"
 {where}
 
 [workload]
-locustfile = "{TESTS.parent / 'locustfiles/embeddings.py'}"
+locustfile = "{TESTS.parent / "locustfiles/embeddings.py"}"
 users = 2
 spawn_rate = 2
 duration = {duration}
@@ -79,8 +87,12 @@ flags = {flags}
 )
 def test_fault_tables_are_checked_in_one_line(tmp_path, fault, needle):
     f = _campaign(tmp_path, fault)
-    r = subprocess.run([sys.executable, "-m", "mmchaos.harness.cli", "campaign", "check", str(f)], capture_output=True,
-                       text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "mmchaos.harness.cli", "campaign", "check", str(f)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     if needle is None:
         assert r.returncode == 0, r.stderr
         return
@@ -97,16 +109,22 @@ def test_fault_tables_are_checked_in_one_line(tmp_path, fault, needle):
     ],
 )
 def test_a_fault_on_a_process_the_server_does_not_have_is_refused(tmp_path, flags, target, needle):
-    f = _campaign(tmp_path, '[[fault]]\nkind = "kill"\ntarget = "tp_worker"\nrank = 1\nat = 5\n', flags=flags,
-                  target=target)
-    r = subprocess.run([sys.executable, "-m", "mmchaos.harness.cli", "campaign", "check", str(f)], capture_output=True,
-                       text=True, timeout=60)
+    f = _campaign(
+        tmp_path, '[[fault]]\nkind = "kill"\ntarget = "tp_worker"\nrank = 1\nat = 5\n', flags=flags, target=target
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "mmchaos.harness.cli", "campaign", "check", str(f)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
 def test_a_fault_table_defaults_the_crash_policy_to_restart(tmp_path):
-    plan = campaign_plan.load(_campaign(tmp_path, '[[fault]]\nkind = "kill"\ntarget = "engine_core"\nat = 5\n',
-                                        policy="restart"))
+    plan = campaign_plan.load(
+        _campaign(tmp_path, '[[fault]]\nkind = "kill"\ntarget = "engine_core"\nat = 5\n', policy="restart")
+    )
     assert plan.faults[0].role() == "engine_core" and plan.faults[0].name == "kill engine_core at 5 s"
     f = tmp_path / "f.toml"
     f.write_text(f.read_text().replace('policy = "restart"\n', ""))
@@ -252,11 +270,18 @@ def test_a_slow_reader_holds_the_servers_writes_back(proxied):
 # -- faults injected into the stand-in's process tree ------------------------------------------------------------
 @pytest.mark.integration
 def test_kill_of_a_tp_worker_is_a_row_a_crash_and_a_restart(tmp_path):
-    fault = ('[[fault]]\nkind = "kill"\ntarget = "tp_worker"\nrank = 1\nafter_requests = 20\n\n'
-             '[[fault]]\nkind = "kill"\ntarget = "engine_core"\nafter_requests = 100000\n')
+    fault = (
+        '[[fault]]\nkind = "kill"\ntarget = "tp_worker"\nrank = 1\nafter_requests = 20\n\n'
+        '[[fault]]\nkind = "kill"\ntarget = "engine_core"\nafter_requests = 100000\n'
+    )
     # the stand-in answers in 20 ms: the run ends at its 400th request (a minute bounds it), well after the restart
-    f = _campaign(tmp_path, fault, duration=60, extra="max_requests = 400\n",
-                  flags='["--tensor-parallel-size", "2", "--delay-ms", "20"]')
+    f = _campaign(
+        tmp_path,
+        fault,
+        duration=60,
+        extra="max_requests = 400\n",
+        flags='["--tensor-parallel-size", "2", "--delay-ms", "20"]',
+    )
     [result] = campaign_runner.CampaignRunner(campaign_plan.load(f), tmp_path / "results").run()
     trial = tmp_path / "results" / "faults" / "tp2" / "t000"
     rows = read_table(trial, "faults").to_pandas().set_index("fault")

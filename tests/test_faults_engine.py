@@ -9,13 +9,12 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import FIXED_VERSION, REPORT_VERSION, TESTS, require_engine_and_model
+
 from mmchaos import schema
 from mmchaos.analysis.fault_effects import WEDGE_S, fault_effects
 from mmchaos.analysis.results import load_results
 from mmchaos.harness import campaign_plan, campaign_runner
-from mmchaos.harness.server_processes import Identity, alive
 from mmchaos.harness.server_processes import Identity, alive
 from mmchaos.tables import read_table
 
@@ -34,7 +33,7 @@ target = "engine"
 seed = 5
 
 [workload]
-locustfile = "{TESTS.parent / 'locustfiles/embeddings.py'}"
+locustfile = "{TESTS.parent / "locustfiles/embeddings.py"}"
 users = 2
 spawn_rate = 2
 duration = {BOUND_S}
@@ -72,8 +71,11 @@ flags = {json.dumps(flags)}
     log = (trial / schema.SERVER_LOG).read_text(errors="replace")
     pids = {p["role"]: p["pid"] for p in manifest["processes"]}
     # by pid and start time: a busy machine reuses pids
-    left = [p["role"] for p in manifest["processes"] if alive(Identity(**{k: p[k] for k in
-                                                                        ("role", "pid", "create_time", "title", "ppid")}))]
+    left = [
+        p["role"]
+        for p in manifest["processes"]
+        if alive(Identity(**{k: p[k] for k in ("role", "pid", "create_time", "title", "ppid")}))
+    ]
     assert not left, f"processes of the server outlived its trial: {left}"
     return result, rows, effects, log, pids
 
@@ -81,7 +83,11 @@ flags = {json.dumps(flags)}
 @pytest.mark.parametrize("version", [REPORT_VERSION, FIXED_VERSION])
 def test_tp_worker_stall_then_kill(tmp_path, version):
     stall, kill = "stop tp_worker:1 for 15 s after 6 requests", "kill tp_worker:1 after 300 requests"
-    result, rows, effects, log, pids = _run(tmp_path, version, ["--tensor-parallel-size", "2"], f'''
+    result, rows, effects, log, pids = _run(
+        tmp_path,
+        version,
+        ["--tensor-parallel-size", "2"],
+        f'''
 [[fault]]
 name = "{stall}"
 kind = "stop"
@@ -96,7 +102,8 @@ kind = "kill"
 target = "tp_worker"
 rank = 1
 after_requests = 300
-''')
+''',
+    )
     assert rows.loc[stall, "target_pid"] == rows.loc[kill, "target_pid"] == pids["tp_worker:1"]
     # a stall of one rank stalls the server: nothing is served while /health answers 200 (no restart would come),
     # and it serves again once the rank is continued
@@ -117,7 +124,11 @@ def pd_isna(x) -> bool:
 
 def test_network_faults_then_one_of_two_api_servers_killed(tmp_path):
     latency, reset, kill = "latency 300 ms", "reset after 200 B", "kill api_server:1"
-    result, rows, effects, log, pids = _run(tmp_path, FIXED_VERSION, ["--api-server-count", "2"], f'''
+    result, rows, effects, log, pids = _run(
+        tmp_path,
+        FIXED_VERSION,
+        ["--api-server-count", "2"],
+        f'''
 [[fault]]
 name = "{latency}"
 kind = "latency"
@@ -138,7 +149,8 @@ kind = "kill"
 target = "api_server"
 rank = 1
 after_requests = 200
-''')
+''',
+    )
     assert {"api_server:0", "api_server:1", "engine_core"} <= set(pids)
     lat = effects.loc[latency]
     assert lat["verdict"] == "recovers" and pd_isna(lat["exited_after_s"])  # slower, never down
@@ -152,13 +164,18 @@ after_requests = 200
 
 def test_engine_core_kill_ends_the_server_at_once(tmp_path):
     kill = "kill engine_core"
-    result, rows, effects, log, pids = _run(tmp_path, FIXED_VERSION, [], f'''
+    result, rows, effects, _log, pids = _run(
+        tmp_path,
+        FIXED_VERSION,
+        [],
+        f'''
 [[fault]]
 name = "{kill}"
 kind = "kill"
 target = "engine_core"
 after_requests = 6
-''')
+''',
+    )
     assert rows.loc[kill, "target_pid"] == pids["engine_core"] and result.crashes
     k = effects.loc[kill]
     # in-flight requests get 500 and the API server exits within seconds; /health does not outlive the core long

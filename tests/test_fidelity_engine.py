@@ -17,9 +17,9 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import FIXED_VERSION, REPORT_VERSION, require_engine_and_model
 from PIL import Image
 
-from conftest import FIXED_VERSION, REPORT_VERSION, require_engine_and_model
 from mmchaos import paths
 from mmchaos.analysis import report
 from mmchaos.analysis.attribution import attribute
@@ -38,14 +38,25 @@ def _log(folder: Path) -> None:
     model = str(paths.default_model_dir())
 
     def body(url, **extra):
-        return {"model": model, "messages": [{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "a photo"}]}], **extra}
+        return {
+            "model": model,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "a photo"}],
+                }
+            ],
+            **extra,
+        }
 
     lines = [
         {"t": 0, "session": "web-1", "body": {"model": model, "input": "hello"}},
         {"t": 1.0, "session": "web-1", "body": body("photo.jpg", dimensions=5), "status": 400},
-        {"t": 2.0, "session": "web-2",
-         "body": body("data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode())},
+        {
+            "t": 2.0,
+            "session": "web-2",
+            "body": body("data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode()),
+        },
     ]
     (folder / "production.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
 
@@ -112,9 +123,10 @@ def test_a_hand_written_log_replayed_is_judged_as_each_server_behaved(tmp_path):
     # the server named the image; the 400 that poisoned it is the cause of the drift and of the crash
     events, _ = attribute(c)
     caused = events[(events["cause_kind"] == "malformed_post") & (events["cause_status"] == 400)]
-    assert set(zip(caused["config"].astype(str), caused["event"])) >= {("v0.30-default", "crash"),
-                                                                       ("v0.32-default", "drift")}, \
-        events[["config", "event", "signature", "cause", "named_image"]]
+    assert set(zip(caused["config"].astype(str), caused["event"])) >= {
+        ("v0.30-default", "crash"),
+        ("v0.32-default", "drift"),
+    }, events[["config", "event", "signature", "cause", "named_image"]]
     assert events.loc[events["config"].astype(str) == "v0.30-cache-off"].empty, events
     words = report.write_report(camp).markdown.read_text().split("In plain words:")[1].split("\n\n")[1]
     assert "1 of 1 crashes caused by malformed_post" in words and "malformed_pre" not in words, words

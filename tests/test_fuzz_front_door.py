@@ -35,13 +35,40 @@ def _closed_port() -> int:
 
 CLOSED = _closed_port()
 URLS = [f"http://127.0.0.1:{CLOSED}", "http://127.0.0.1:99999", "ftp://127.0.0.1/", "not a url", "", "http://:80"]
-WORDS = ["", "a", "x y", "0.30.0", "0.32.0", "9.9.9", "latest", "../x", "{port}", "{host}", '{"image": 4}', "é",
-         "steady", "sawtooth", "realistic", "huge", "stop", "restart", "engine", "command", "attach", "\x00", "-1"]
+WORDS = [
+    "",
+    "a",
+    "x y",
+    "0.30.0",
+    "0.32.0",
+    "9.9.9",
+    "latest",
+    "../x",
+    "{port}",
+    "{host}",
+    '{"image": 4}',
+    "é",
+    "steady",
+    "sawtooth",
+    "realistic",
+    "huge",
+    "stop",
+    "restart",
+    "engine",
+    "command",
+    "attach",
+    "\x00",
+    "-1",
+]
 COMMANDS = ["no-such-binary-mmchaos {port}", "", "x '{unbalanced", "no-such-binary-mmchaos --port {port} '{\"a\": 1}'"]
-scalars = st.one_of(st.integers(-5, 10**6), st.floats(allow_nan=True, allow_infinity=True), st.booleans(),
-                    st.sampled_from(WORDS), st.text(max_size=12))
-values = st.one_of(scalars, st.lists(scalars, max_size=4), st.dictionaries(st.sampled_from(WORDS), scalars,
-                                                                            max_size=3))
+scalars = st.one_of(
+    st.integers(-5, 10**6),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.booleans(),
+    st.sampled_from(WORDS),
+    st.text(max_size=12),
+)
+values = st.one_of(scalars, st.lists(scalars, max_size=4), st.dictionaries(st.sampled_from(WORDS), scalars, max_size=3))
 KEYS = {
     "campaign": ["name", "description", "engines", "trials", "target", "command", "url", "model", "seed", "nmae"],
     "workload": ["locustfile", "users", "spawn_rate", "duration", "max_requests", "shape", "userz"],
@@ -137,15 +164,66 @@ def test_campaign_files(sandbox, text):
         tomllib.loads(text)  # only a valid file is accepted
 
 
-SUBCOMMANDS = st.sampled_from([
-    ["campaign", "check"], ["campaign", "run"], ["campaign"], ["report"], ["serve"], ["repro"], ["engine", "list"],
-    ["engine", "install"], ["model", "build"], ["predict"], ["nope"], [],
-])
-FLAGS = st.sampled_from(["--engine", "--port", "--url", "--command", "--timeout", "--results", "--baseline",
-                         "--expect", "--out", "--window", "--force", "-q", "--help", "--", "--settle", "--log"])
-ARG_VALUES = st.one_of(st.sampled_from(["0.30.0", "0.32.0", "9.9.9", "latest", "99999", "-1", "0", "8000", "nan",
-                                        "a=b", "v0.30-default=fails", "x=maybe", "no-such-dir", "", "--",
-                                        *URLS, *COMMANDS]), st.text(max_size=8))
+SUBCOMMANDS = st.sampled_from(
+    [
+        ["campaign", "check"],
+        ["campaign", "run"],
+        ["campaign"],
+        ["report"],
+        ["serve"],
+        ["repro"],
+        ["engine", "list"],
+        ["engine", "install"],
+        ["model", "build"],
+        ["predict"],
+        ["nope"],
+        [],
+    ]
+)
+FLAGS = st.sampled_from(
+    [
+        "--engine",
+        "--port",
+        "--url",
+        "--command",
+        "--timeout",
+        "--results",
+        "--baseline",
+        "--expect",
+        "--out",
+        "--window",
+        "--force",
+        "-q",
+        "--help",
+        "--",
+        "--settle",
+        "--log",
+    ]
+)
+ARG_VALUES = st.one_of(
+    st.sampled_from(
+        [
+            "0.30.0",
+            "0.32.0",
+            "9.9.9",
+            "latest",
+            "99999",
+            "-1",
+            "0",
+            "8000",
+            "nan",
+            "a=b",
+            "v0.30-default=fails",
+            "x=maybe",
+            "no-such-dir",
+            "",
+            "--",
+            *URLS,
+            *COMMANDS,
+        ]
+    ),
+    st.text(max_size=8),
+)
 
 
 @settings(max_examples=ARGV_CASES, deadline=None, suppress_health_check=list(HealthCheck))

@@ -10,15 +10,14 @@ import subprocess
 import sys
 
 import pytest
-
 from locust_run import locust_rows
+
 from mmchaos import schema
 from mmchaos.analysis.report import write_report
 from mmchaos.tables import read_table
 
 pytestmark = pytest.mark.engine
-EXPECTED = {"v0.30-default": "fails", "v0.30-cache-off": "clean", "v0.30-shm": "clean",
-            "v0.32-default": "retryable"}
+EXPECTED = {"v0.30-default": "fails", "v0.30-cache-off": "clean", "v0.30-shm": "clean", "v0.32-default": "retryable"}
 
 
 @pytest.fixture(scope="module")
@@ -84,12 +83,40 @@ def test_every_request_sent_is_a_row(demo, config):
 def test_a_ci_job_can_gate_on_the_verdicts(demo, tmp_path):
     camp_dir, _ = demo
     expect = [x for c, v in EXPECTED.items() for x in ("--expect", f"{c}={v}")]
-    ok = subprocess.run([sys.executable, "-m", "mmchaos.harness.cli", "report", str(camp_dir), "-q", "--out",
-                         str(tmp_path / "a"), *expect], capture_output=True, text=True, timeout=300)
+    ok = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mmchaos.harness.cli",
+            "report",
+            str(camp_dir),
+            "-q",
+            "--out",
+            str(tmp_path / "a"),
+            *expect,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert ok.returncode == 0, ok.stderr
-    wrong = subprocess.run([sys.executable, "-m", "mmchaos.harness.cli", "report", str(camp_dir), "-q", "--out",
-                            str(tmp_path / "b"), "--expect", "v0.30-default=clean"], capture_output=True, text=True,
-                           timeout=300)
+    wrong = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mmchaos.harness.cli",
+            "report",
+            str(camp_dir),
+            "-q",
+            "--out",
+            str(tmp_path / "b"),
+            "--expect",
+            "v0.30-default=clean",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert wrong.returncode == 1 and "v0.30-default is fails, expected clean" in wrong.stderr
 
 

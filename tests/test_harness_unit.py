@@ -10,17 +10,22 @@ import sys
 
 import psutil
 import pytest
-
 from cli_inprocess import mmchaos
 from conftest import TESTS, standin_server
+
 from mmchaos.harness import engines
 from mmchaos.harness.server import Server, ServerError, Target, tensor_parallel_size
 from mmchaos.signatures import SignatureError, Signatures
 
 
 def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mmchaos.harness.cli", *args], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "mmchaos.harness.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+    )
 
 
 @pytest.mark.integration
@@ -45,8 +50,10 @@ def test_serve_without_installed_engine_says_how_to_install(tmp_path):
 def test_torchvision_guard_patch(tmp_path):
     tv = tmp_path / "torchvision"
     tv.mkdir()
-    src = '@torch.library.register_fake("torchvision::nms")\ndef meta_nms(): pass\n' \
-          '@torch.library.register_fake("torchvision::qnms")\ndef meta_qnms(): pass\n'
+    src = (
+        '@torch.library.register_fake("torchvision::nms")\ndef meta_nms(): pass\n'
+        '@torch.library.register_fake("torchvision::qnms")\ndef meta_qnms(): pass\n'
+    )
     (tv / "_meta_registrations.py").write_text(src)
     assert engines.patch_torchvision(tmp_path)
     patched = (tv / "_meta_registrations.py").read_text()
@@ -167,14 +174,20 @@ def test_the_engine_launcher_ends_with_the_process_that_started_it(told, tmp_pat
     fake.mkdir(parents=True)
     for d in (fake.parent.parent, fake.parent, fake):
         (d / "__init__.py").write_text("")
-    (fake / "main.py").write_text("import signal, sys, time\n\ndef main():\n"
-                                  "    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
-                                  "    print('serving', flush=True)\n    time.sleep(120)\n")
+    (fake / "main.py").write_text(
+        "import signal, sys, time\n\ndef main():\n"
+        "    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
+        "    print('serving', flush=True)\n    time.sleep(120)\n"
+    )
     own_tmp = tmp_path / "mmchaos-server-x"
     (own_tmp / "sockets").mkdir(parents=True)
     script = PARENT.format(env=PARENT_ENV, tmp_env=OWN_TMPDIR_ENV, launcher=str(engines.LAUNCHER))
-    parent = subprocess.Popen([sys.executable, "-c", script, str(tmp_path), told, str(own_tmp)],
-                              stdout=subprocess.PIPE, text=True, start_new_session=True)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", script, str(tmp_path), told, str(own_tmp)],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     server = psutil.Process(int(parent.stdout.readline()))
     try:
         assert parent.stdout.readline().strip() == "serving"  # the server's own output: it is up, as mmchaos waits

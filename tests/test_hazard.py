@@ -16,8 +16,8 @@ from scipy import stats
 from mmchaos import schema as S
 from mmchaos.analysis import exposure as X
 from mmchaos.analysis import hazard as H
-from mmchaos.analysis import prediction as P
 from mmchaos.analysis import intervals as I
+from mmchaos.analysis import prediction as P
 from mmchaos.analysis.document import Doc
 from mmchaos.analysis.results import CampaignResults, load_results
 from mmchaos.analysis.sections_hazard import hazard_section, sentence
@@ -52,10 +52,24 @@ def frame(events, crashes, config="a", **knobs) -> pd.DataFrame:
     """An exposure table by hand: one row per trial."""
     events = np.asarray(events)
     n = len(events)
-    d = pd.DataFrame({"config": config, "trial": np.arange(n), **{k: np.asarray(v, float) for k, v in knobs.items()},
-                      "engine": "0.30.0", "target": "engine", "users": 8.0, "duration_s": 600.0, "uptime_s": 600.0,
-                      "answered": 1000, "valid_answered": 900, "poison_requests": 2 * events,
-                      "poison_events": events, "reuse_share": 0.5, "crashes": np.asarray(crashes)})
+    d = pd.DataFrame(
+        {
+            "config": config,
+            "trial": np.arange(n),
+            **{k: np.asarray(v, float) for k, v in knobs.items()},
+            "engine": "0.30.0",
+            "target": "engine",
+            "users": 8.0,
+            "duration_s": 600.0,
+            "uptime_s": 600.0,
+            "answered": 1000,
+            "valid_answered": 900,
+            "poison_requests": 2 * events,
+            "poison_events": events,
+            "reuse_share": 0.5,
+            "crashes": np.asarray(crashes),
+        }
+    )
     if "users" in knobs:
         d["users"] = np.asarray(knobs["users"], float)
     return d
@@ -88,17 +102,21 @@ def _slow_exposure(c: CampaignResults) -> pd.DataFrame:
     out = []
     for tr in c.trials.itertuples():
         r = c.requests[(c.requests["config"] == tr.config) & (c.requests["trial"] == tr.trial)]
-        cr = sorted(c.crashes.loc[(c.crashes["config"] == tr.config) & (c.crashes["trial"] == tr.trial),
-                                  "t_detected"])
-        ok = sorted(c.health.loc[(c.health["config"] == tr.config) & (c.health["trial"] == tr.trial)
-                                 & c.health["ok"].eq(True), "t"])
+        cr = sorted(c.crashes.loc[(c.crashes["config"] == tr.config) & (c.crashes["trial"] == tr.trial), "t_detected"])
+        ok = sorted(
+            c.health.loc[
+                (c.health["config"] == tr.config) & (c.health["trial"] == tr.trial) & c.health["ok"].eq(True), "t"
+            ]
+        )
         end = tr.t_start + tr.duration_s
         down = []
         for t in cr:
             back = min([x for x in ok if x > t] + [end])
             down.append((max(t, tr.t_start), min(back, end)))
-        covered = sum(max(0.0, b - max(a, max([d[1] for d in down[:i]], default=-np.inf)))
-                      for i, (a, b) in enumerate(down))
+        covered = sum(
+            max(0.0, b - max(a, max([d[1] for d in down[:i]], default=-np.inf))) for i, (a, b) in enumerate(down)
+        )
+
         def life(t, cr=cr):
             return sum(x <= t for x in cr)
 
@@ -118,13 +136,25 @@ def _slow_exposure(c: CampaignResults) -> pd.DataFrame:
             poison += 1
             same_life = [(j, y) for j, y in enumerate(rows) if life(y.t_start) == life(x.t_start)]
             again = {h for j, y in same_life if reaches(y) and y.t_start > x.t_start for h in imgs[j] & imgs[i]}
-            cached = {h for j, y in same_life if reaches(y) and y.t_start < x.t_start and 200 <= (y.status or 0) < 300
-                      for h in imgs[j]}
+            cached = {
+                h
+                for j, y in same_life
+                if reaches(y) and y.t_start < x.t_start and 200 <= (y.status or 0) < 300
+                for h in imgs[j]
+            }
             poisoned_before = {h for j, y in same_life if bad(y) and y.t_start < x.t_start for h in imgs[j]}
             reused += bool(again)
             events += bool(again - cached - poisoned_before)
-        out.append({"poison_requests": poison, "reused_poison": reused, "poison_events": events, "crashes": len(cr),
-                    "uptime_s": tr.duration_s - covered, "answered": int(r["status"].notna().sum())})
+        out.append(
+            {
+                "poison_requests": poison,
+                "reused_poison": reused,
+                "poison_events": events,
+                "crashes": len(cr),
+                "uptime_s": tr.duration_s - covered,
+                "answered": int(r["status"].notna().sum()),
+            }
+        )
     return pd.DataFrame(out)
 
 
@@ -136,13 +166,30 @@ def test_exposure_agrees_with_the_definition_row_by_row():
     for cfg in ("x", "y"):
         for trial in range(3):
             t0 = 1_700_000_000.0 + 1000 * trial + (50_000 if cfg == "y" else 0)
-            trials.append({"config": cfg, "trial": trial, "t_start": t0, "duration_s": 300.0, "users": 4,
-                           "sweep": json.dumps({"abort": trial}), "engine": "0.30.0", "target": "engine"})
-            ct = np.sort(rng.uniform(0, 300, trial + 1))[: trial]  # 0, 1, 2 crashes
+            trials.append(
+                {
+                    "config": cfg,
+                    "trial": trial,
+                    "t_start": t0,
+                    "duration_s": 300.0,
+                    "users": 4,
+                    "sweep": json.dumps({"abort": trial}),
+                    "engine": "0.30.0",
+                    "target": "engine",
+                }
+            )
+            ct = np.sort(rng.uniform(0, 300, trial + 1))[:trial]  # 0, 1, 2 crashes
             crashes += [{"config": cfg, "trial": trial, "t_detected": t0 + t} for t in ct]
             polls = np.arange(0, 300, 2.0)
-            health += [{"config": cfg, "trial": trial, "t": t0 + t,
-                        "ok": not any(0 <= t - c < 7 for c in ct) and rng.random() > 0.1} for t in polls]
+            health += [
+                {
+                    "config": cfg,
+                    "trial": trial,
+                    "t": t0 + t,
+                    "ok": not any(0 <= t - c < 7 for c in ct) and rng.random() > 0.1,
+                }
+                for t in polls
+            ]
             for _ in range(150):
                 kind = rng.choice(kinds)
                 case = rng.choice(["poison", "reuse", "abort", "tokenize"]) if kind == "probe" else None
@@ -150,17 +197,37 @@ def test_exposure_agrees_with_the_definition_row_by_row():
                 hashes = ",".join(f"h{rng.integers(12)}" for _ in range(k)) or None
                 outcome = rng.choice([S.OK, S.HTTP_ERROR, S.ABORTED, S.CUT, S.CONNECTION_ERROR])
                 cause = {S.OK: None, S.CUT: S.HARNESS, S.CONNECTION_ERROR: S.SERVER}.get(
-                    outcome, rng.choice([S.CLIENT, S.SERVER]))
+                    outcome, rng.choice([S.CLIENT, S.SERVER])
+                )
                 status = 200.0 if outcome == S.OK else 400.0 if outcome == S.HTTP_ERROR else np.nan
-                reqs.append({"config": cfg, "trial": trial, "kind": kind, "case": case,
-                             "t_start": t0 + rng.uniform(0, 300), "status": status, "outcome": outcome,
-                             "cause": cause, "image_hashes": hashes})
+                reqs.append(
+                    {
+                        "config": cfg,
+                        "trial": trial,
+                        "kind": kind,
+                        "case": case,
+                        "t_start": t0 + rng.uniform(0, 300),
+                        "status": status,
+                        "outcome": outcome,
+                        "cause": cause,
+                        "image_hashes": hashes,
+                    }
+                )
+
     def cats(d, cols):  # categorical, as loaded
         return d.assign(**{c: d[c].astype("category") for c in cols})
 
-    c = CampaignResults("hand", None, ["x", "y"], pd.DataFrame(trials),
-                        cats(pd.DataFrame(reqs), ["config", "kind", "case", "outcome"]), pd.DataFrame(health),
-                        pd.DataFrame(), pd.DataFrame(), pd.DataFrame(crashes))
+    c = CampaignResults(
+        "hand",
+        None,
+        ["x", "y"],
+        pd.DataFrame(trials),
+        cats(pd.DataFrame(reqs), ["config", "kind", "case", "outcome"]),
+        pd.DataFrame(health),
+        pd.DataFrame(),
+        pd.DataFrame(),
+        pd.DataFrame(crashes),
+    )
     fast, slow = X.exposure(c), _slow_exposure(c)
     assert slow["reused_poison"].sum() > slow["poison_events"].sum() > 5 and slow["crashes"].sum() == 6
     for col in slow.columns:
@@ -387,8 +454,7 @@ def test_crash_table_rates_count_only_uptime_and_answered_requests(results, camp
 # --- predict: shares as people write them, the held-out table, the command -----------------------------------
 
 
-@pytest.mark.parametrize("text,value", [("0.5%", 0.005), ("0.005", 0.005), ("1 %", 0.01), ("100%", 1.0),
-                                        ("0", 0.0)])
+@pytest.mark.parametrize("text,value", [("0.5%", 0.005), ("0.005", 0.005), ("1 %", 0.01), ("100%", 1.0), ("0", 0.0)])
 def test_shares_are_read_as_written(text, value):
     assert P.parse_share(text) == pytest.approx(value)
 
@@ -413,8 +479,22 @@ def test_every_held_out_point_is_predicted_within_its_interval(results, fit):
 def test_predict_command_prints_mtbf_caveats_and_held_out_check(campaign, fit, capsys):
     from mmchaos.harness import cli
 
-    code = cli.main(["predict", str(campaign), "--rps", "200", "--post-render-4xx", "0.5%", "--disconnects", "0.01",
-                     "--config", "v0.30-default", "--config", "v0.30-cache-off"])
+    code = cli.main(
+        [
+            "predict",
+            str(campaign),
+            "--rps",
+            "200",
+            "--post-render-4xx",
+            "0.5%",
+            "--disconnects",
+            "0.01",
+            "--config",
+            "v0.30-default",
+            "--config",
+            "v0.30-cache-off",
+        ]
+    )
     out = capsys.readouterr().out.splitlines()
     assert code == 0
     want = P.predict(H.fit_exposure(fit.exposure, ["v0.30-default", "v0.30-cache-off"]), 200, 0.005, 0.01)
@@ -427,13 +507,16 @@ def test_predict_command_prints_mtbf_caveats_and_held_out_check(campaign, fit, c
     assert any(x.startswith("held-out check (") for x in out)
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--rps", "200", "--post-render-4xx", "5"], "is not a share between 0 and 100 %"),
-    (["--rps", "0", "--disconnects", "1%"], "is not a request rate above 0"),
-    (["--rps", "200"], "--post-render-4xx and/or --disconnects"),
-    (["--rps", "200", "--disconnects", "1%", "--at", "users"], "write KNOB=NUMBER"),
-    (["--rps", "200", "--disconnects", "1%", "--config", "nope"], "--config nope: no such configuration"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--rps", "200", "--post-render-4xx", "5"], "is not a share between 0 and 100 %"),
+        (["--rps", "0", "--disconnects", "1%"], "is not a request rate above 0"),
+        (["--rps", "200"], "--post-render-4xx and/or --disconnects"),
+        (["--rps", "200", "--disconnects", "1%", "--at", "users"], "write KNOB=NUMBER"),
+        (["--rps", "200", "--disconnects", "1%", "--config", "nope"], "--config nope: no such configuration"),
+    ],
+)
 def test_predict_refuses_bad_input_in_one_line(campaign, args, needle, capsys):
     from mmchaos.harness import cli
 
@@ -457,9 +540,11 @@ def test_predict_on_a_folder_that_is_no_campaign_is_one_line_and_exit_2(tmp_path
 def test_the_report_fits_the_hazard_and_predicts_on_request(campaign, tmp_path):
     from mmchaos.analysis import report
 
-    res = report.write_report(campaign, tmp_path / "r", traffic={"rps": 50, "post_render_share": 0.01,
-                                                                  "disconnect_share": 0.0, "reuse": None,
-                                                                  "knobs": {"users": 16}})
+    res = report.write_report(
+        campaign,
+        tmp_path / "r",
+        traffic={"rps": 50, "post_render_share": 0.01, "disconnect_share": 0.0, "reuse": None, "knobs": {"users": 16}},
+    )
     md = res.markdown.read_text()
     crashes, hazard = md.index("## Crashes"), md.index("## Crash hazard per poison event")
     assert crashes < hazard < md.index("## Time and requests to the first crash")  # right after the crashes
@@ -468,8 +553,9 @@ def test_the_report_fits_the_hazard_and_predicts_on_request(campaign, tmp_path):
     assert "### At your traffic" in md and "Predicted mean time between crashes" in md
     assert "| malformed_post=2, users=16 |" in md  # p is taken at the user's concurrency, the reference mix
     with pytest.raises(report.ReportError, match="traffic to predict at"):
-        report.write_report(campaign, tmp_path / "bad", traffic={"rps": -1, "post_render_share": 0.01,
-                                                                  "disconnect_share": 0.0})
+        report.write_report(
+            campaign, tmp_path / "bad", traffic={"rps": -1, "post_render_share": 0.01, "disconnect_share": 0.0}
+        )
 
 
 # --- predict checked against a campaign at a rate the fit never saw ----------------------------------------
@@ -478,8 +564,19 @@ def test_the_report_fits_the_hazard_and_predicts_on_request(campaign, tmp_path):
 def check_campaign(tmp_path, p_default: float, seed: int):
     """The user's rate, open loop: three times the sweep's poison traffic, at users = 8, no sweep."""
     cfgs = [SweepConfig("v0.30-default", p_default), SweepConfig("always", 1.0)]
-    return load_results(make_sweep_campaign(tmp_path, cfgs, {}, name="at-rate", trials_per_point=3, seed=seed,
-                                            poison_per_s=0.15, valid_per_s=3.0, rate=3.15))
+    return load_results(
+        make_sweep_campaign(
+            tmp_path,
+            cfgs,
+            {},
+            name="at-rate",
+            trials_per_point=3,
+            seed=seed,
+            poison_per_s=0.15,
+            valid_per_s=3.0,
+            rate=3.15,
+        )
+    )
 
 
 def test_a_campaign_at_a_new_rate_measures_what_the_fit_predicts(fit, tmp_path):
@@ -503,15 +600,26 @@ def test_predict_check_prints_the_measured_rate_and_refuses_a_bad_folder(campaig
 
     check = tmp_path / "c"
     check.mkdir()
-    make_sweep_campaign(check, [SweepConfig("always", 1.0)], {}, name="at-rate", trials_per_point=2, seed=5,
-                        poison_per_s=0.15, valid_per_s=3.0, rate=3.15)
-    code = cli.main(["predict", str(campaign), "--rps", "200", "--post-render-4xx", "0.5%",
-                     "--check", str(check / "at-rate")])
+    make_sweep_campaign(
+        check,
+        [SweepConfig("always", 1.0)],
+        {},
+        name="at-rate",
+        trials_per_point=2,
+        seed=5,
+        poison_per_s=0.15,
+        valid_per_s=3.0,
+        rate=3.15,
+    )
+    code = cli.main(
+        ["predict", str(campaign), "--rps", "200", "--post-render-4xx", "0.5%", "--check", str(check / "at-rate")]
+    )
     out = capsys.readouterr().out.splitlines()
     assert code == 0
     i = next(i for i, x in enumerate(out) if x.startswith("checked at a measured rate (1 of 1 inside)"))
     assert out[i + 1].startswith("  always at 3.15 requests/s: measured ") and len(out) == i + 2
-    code = cli.main(["predict", str(campaign), "--rps", "200", "--post-render-4xx", "0.5%",
-                     "--check", str(tmp_path / "none")])
+    code = cli.main(
+        ["predict", str(campaign), "--rps", "200", "--post-render-4xx", "0.5%", "--check", str(tmp_path / "none")]
+    )
     err = capsys.readouterr()
     assert code == 2 and err.out == "" and err.err.strip().startswith("mmchaos: --check: ")

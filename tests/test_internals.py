@@ -20,16 +20,20 @@ import pytest
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parent.parent
-PINNED = {Requirement(r).name: Requirement(r) for r in
-          tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]}
+PINNED = {
+    Requirement(r).name: Requirement(r)
+    for r in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+}
 
 
 def moved(package: str, what: str, where: str) -> str:
     """The one message of every check here."""
     version = sys.version.split()[0] if package == "python" else metadata.version(package)
     pin = f"requires-python {_python_pin()}" if package == "python" else f"{PINNED[package]}"
-    return (f"{package} {version}: {what} moved (mmchaos uses it in {where}); pyproject.toml pins {pin}. Read this "
-            f"release's code, adapt ours, then widen the pin")
+    return (
+        f"{package} {version}: {what} moved (mmchaos uses it in {where}); pyproject.toml pins {pin}. Read this "
+        f"release's code, adapt ours, then widen the pin"
+    )
 
 
 def _python_pin() -> str:
@@ -41,11 +45,13 @@ def test_the_installed_release_is_one_pinned(package):
     """pip keeps to the pins at install; a virtualenv upgraded by hand may not."""
     pin = PINNED.get(package)
     assert pin is not None, f"pyproject.toml does not name {package}: we use its private parts (this test's module)"
-    assert any(s.operator in ("<", "<=", "==", "~=") for s in pin.specifier), \
+    assert any(s.operator in ("<", "<=", "==", "~=") for s in pin.specifier), (
         f"pyproject.toml pins no upper bound for {package} ({pin}): we use its private parts, see this test's module"
+    )
     version = metadata.version(package)
-    assert pin.specifier.contains(version), \
+    assert pin.specifier.contains(version), (
         f"{package} {version} is installed, outside the range pyproject.toml pins ({pin}): reinstall (make setup)"
+    )
 
 
 def test_http_client_connects_through_its_create_connection_hook():
@@ -56,13 +62,15 @@ def test_http_client_connects_through_its_create_connection_hook():
         raise ConnectionRefusedError("refused by the hook")
 
     conn = http.client.HTTPConnection("127.0.0.1", 9, timeout=1)
-    assert hasattr(conn, "_create_connection"), moved("python", "HTTPConnection._create_connection",
-                                                       "locustfiles/chaos_user.py (_abort)")
+    assert hasattr(conn, "_create_connection"), moved(
+        "python", "HTTPConnection._create_connection", "locustfiles/chaos_user.py (_abort)"
+    )
     conn._create_connection = hook
     with pytest.raises(ConnectionRefusedError):
         conn.connect()
-    assert called == [("127.0.0.1", 9)], moved("python", "HTTPConnection.connect() calling _create_connection",
-                                               "locustfiles/chaos_user.py (_abort)")
+    assert called == [("127.0.0.1", 9)], moved(
+        "python", "HTTPConnection.connect() calling _create_connection", "locustfiles/chaos_user.py (_abort)"
+    )
 
 
 def test_geventhttpclient_pool_creates_sockets_through_create_socket_and_queues_idle_ones(standin_here):
@@ -72,20 +80,24 @@ def test_geventhttpclient_pool_creates_sockets_through_create_socket_and_queues_
 
     where = "locustfiles/connections.py (ReconnectingClient)"
     pool = HTTPClient("127.0.0.1", 9)._connection_pool
-    assert callable(getattr(pool, "_create_socket", None)), moved("geventhttpclient", "ConnectionPool._create_socket",
-                                                                  where)
+    assert callable(getattr(pool, "_create_socket", None)), moved(
+        "geventhttpclient", "ConnectionPool._create_socket", where
+    )
     queue = getattr(pool, "_socket_queue", None)
-    assert hasattr(queue, "empty") and hasattr(queue, "get_nowait"), \
-        moved("geventhttpclient", "ConnectionPool._socket_queue (a queue of idle sockets)", where)
-    assert {"clients", "client_args"} <= set(vars(HTTPClientPool(concurrency=1))), \
-        moved("geventhttpclient", "HTTPClientPool.clients / .client_args", "locustfiles/connections.py (install)")
+    assert hasattr(queue, "empty") and hasattr(queue, "get_nowait"), moved(
+        "geventhttpclient", "ConnectionPool._socket_queue (a queue of idle sockets)", where
+    )
+    assert {"clients", "client_args"} <= set(vars(HTTPClientPool(concurrency=1))), moved(
+        "geventhttpclient", "HTTPClientPool.clients / .client_args", "locustfiles/connections.py (install)"
+    )
     with standin_here() as s:
         client = ReconnectingClient.from_url(s.base_url, concurrency=1)
         try:
             for _ in range(3):
                 assert client.request("GET", "/health").status_code == 200
-            assert client._created == 1, moved("geventhttpclient", "the pool creating each socket by _create_socket "
-                                               "and reusing idle ones", where)
+            assert client._created == 1, moved(
+                "geventhttpclient", "the pool creating each socket by _create_socket and reusing idle ones", where
+            )
             client._drop_idle()
             assert client.request("GET", "/health").status_code == 200
             assert client._created == 2, moved("geventhttpclient", "the pool's _socket_queue of idle sockets", where)
@@ -103,13 +115,15 @@ def test_a_fast_http_session_takes_our_client_pool(standin_here, inprocess_locus
     where = "locustfiles/connections.py (install)"
     with standin_here() as s:
         session = type("U", (FastHttpUser,), {"host": s.base_url, "abstract": False})(Environment()).client
-        assert hasattr(getattr(session, "client", None), "clientpool"), \
-            moved("locust", "FastHttpSession.client.clientpool", where)
+        assert hasattr(getattr(session, "client", None), "clientpool"), moved(
+            "locust", "FastHttpSession.client.clientpool", where
+        )
         ours = connections.install(session, s.base_url)
         r = session.get("/health")
         assert r.status_code == 200, f"{r.error!r}: " + moved("locust", "FastHttpSession's requests", where)
-        assert ours._created == 1, moved("locust", "FastHttpSession sending through client.clientpool.get_client",
-                                         where)
+        assert ours._created == 1, moved(
+            "locust", "FastHttpSession sending through client.clientpool.get_client", where
+        )
 
 
 def test_the_runner_state_we_read_and_end(inprocess_locust):
@@ -134,18 +148,22 @@ def test_the_runner_state_we_read_and_end(inprocess_locust):
     runner = env.create_local_runner()
     try:
         assert runner.state == STATE_INIT, moved("locust", "Runner.state starting at STATE_INIT", where)
-        assert hasattr(runner, "shape_greenlet") and runner.shape_greenlet is None, \
-            moved("locust", "Runner.shape_greenlet (None before a shape runs)", where)
+        assert hasattr(runner, "shape_greenlet") and runner.shape_greenlet is None, moved(
+            "locust", "Runner.shape_greenlet (None before a shape runs)", where
+        )
         runner.start_shape()
-        assert isinstance(runner.shape_greenlet, gevent.Greenlet), \
-            moved("locust", "Runner.start_shape() setting shape_greenlet", where)
+        assert isinstance(runner.shape_greenlet, gevent.Greenlet), moved(
+            "locust", "Runner.start_shape() setting shape_greenlet", where
+        )
         runner.shape_greenlet.join(timeout=30)
-        assert runner.shape_greenlet is None and runner.state == STATE_STOPPED, \
-            moved("locust", "a shape's end clearing shape_greenlet and stopping the runner", where)
-        assert hasattr(env, "process_exit_code"), moved("locust", "Environment.process_exit_code",
-                                                         "locustfiles/plugin.py (the gates' exit code)")
+        assert runner.shape_greenlet is None and runner.state == STATE_STOPPED, moved(
+            "locust", "a shape's end clearing shape_greenlet and stopping the runner", where
+        )
+        assert hasattr(env, "process_exit_code"), moved(
+            "locust", "Environment.process_exit_code", "locustfiles/plugin.py (the gates' exit code)"
+        )
     finally:
         runner.quit()
-    assert WorkerNode("w").state == STATE_INIT, moved("locust", "WorkerNode.state",
-                                                      "locustfiles/shipping.py (workers gone missing)")
-
+    assert WorkerNode("w").state == STATE_INIT, moved(
+        "locust", "WorkerNode.state", "locustfiles/shipping.py (workers gone missing)"
+    )

@@ -33,8 +33,12 @@ def render_example() -> str:
 
 def with_secrets(api_key_flags: tuple[str, ...]) -> str:
     """The template with one configuration that carries an API key and a Hugging Face token."""
-    cfg = Config("keyed", None, ("--mm-processor-cache-gb", "0", *api_key_flags),
-                 {"HF_TOKEN": HF_TOKEN, "VLLM_LOGGING_LEVEL": "INFO"})
+    cfg = Config(
+        "keyed",
+        None,
+        ("--mm-processor-cache-gb", "0", *api_key_flags),
+        {"HF_TOKEN": HF_TOKEN, "VLLM_LOGGING_LEVEL": "INFO"},
+    )
     return k8s.render(dataclasses.replace(template(), configs=[cfg]), "keyed", workers=2, image="mmchaos:test")
 
 
@@ -64,8 +68,15 @@ def test_every_document_is_valid_kubernetes(which):
         # strict: an unknown field (a typo) is an error, as `kubectl apply` would report it
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
         kinds.append(doc["kind"])
-    assert sorted(kinds) == ["ConfigMap", "Deployment", "Deployment", "Job", "PersistentVolumeClaim", "Service",
-                             "Service"]
+    assert sorted(kinds) == [
+        "ConfigMap",
+        "Deployment",
+        "Deployment",
+        "Job",
+        "PersistentVolumeClaim",
+        "Service",
+        "Service",
+    ]
 
 
 @pytest.mark.parametrize("name", [c.name for c in template().configs])
@@ -75,7 +86,7 @@ def test_vllm_runs_the_configuration_flags_verbatim(name):
     vllm = container(docs(k8s.render(plan, name, workers=1, image="mmchaos:test"))["Deployment", k8s.VLLM])
     argv = vllm["command"] + vllm["args"]
     assert argv[:7] == ["vllm", "serve", "/models/Qwen3-VL-Embedding-8B", "--host", "0.0.0.0", "--port", "8000"]
-    assert argv[len(argv) - len(cfg.flags):] == list(cfg.flags)
+    assert argv[len(argv) - len(cfg.flags) :] == list(cfg.flags)
     assert "--runner" in argv and "{port}" not in argv  # the command's own flags, not its placeholders
     assert {k: e["value"] for k, e in env_of(vllm).items()} == cfg.env
     assert vllm["resources"]["limits"]["nvidia.com/gpu"] == "2"
@@ -117,8 +128,14 @@ def test_the_pieces_reach_each_other():
     assert workers["spec"]["replicas"] == campaign["workload"]["expect_workers"] == 7
     assert container(workers)["args"] == ["worker", "--master-host", k8s.MASTER, "--master-port", str(master_port)]
     master = container(d["Job", k8s.MASTER])
-    assert master["command"] + master["args"] == ["mmchaos", "campaign", "run", "/campaign/campaign.toml",
-                                                  "--results", "/results"]
+    assert master["command"] + master["args"] == [
+        "mmchaos",
+        "campaign",
+        "run",
+        "/campaign/campaign.toml",
+        "--results",
+        "/results",
+    ]
     assert {"name": "campaign", "mountPath": "/campaign", "readOnly": True} in master["volumeMounts"]
     # only the master writes results: the workers send it their rows over Locust's messages
     volumes = d["Job", k8s.MASTER]["spec"]["template"]["spec"]["volumes"]
@@ -166,12 +183,16 @@ def mmchaos(*args: str) -> int:
 
 
 def test_the_command_prints_the_rendering_and_refuses_bad_input_in_one_line(capsys):
-    assert mmchaos("k8s", str(TEMPLATE), "--config", "cache-off", "--workers", "4", "--image",
-                   EXAMPLE_ARGS["image"]) == 0
+    assert (
+        mmchaos("k8s", str(TEMPLATE), "--config", "cache-off", "--workers", "4", "--image", EXAMPLE_ARGS["image"]) == 0
+    )
     assert capsys.readouterr().out == render_example()
-    for bad in (["--config", "nope", "--workers", "1"], ["--config", "cache-off", "--workers", "0"],
-                ["--config", "cache-off", "--workers", "1", "--namespace", "Bad_NS"],
-                ["--config", "cache-off", "--workers", "1", "--results-size", "lots"]):
+    for bad in (
+        ["--config", "nope", "--workers", "1"],
+        ["--config", "cache-off", "--workers", "0"],
+        ["--config", "cache-off", "--workers", "1", "--namespace", "Bad_NS"],
+        ["--config", "cache-off", "--workers", "1", "--results-size", "lots"],
+    ):
         assert mmchaos("k8s", str(TEMPLATE), "--image", "x", *bad) == 2, bad
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err

@@ -13,8 +13,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 # folder -> the package it installs as
-ROOMS = {"mmchaos": "mmchaos", "payloads": "mmchaos.payloads", "locustfiles": "mmchaos.locustfiles",
-         "harness": "mmchaos.harness", "analysis": "mmchaos.analysis"}
+ROOMS = {
+    "mmchaos": "mmchaos",
+    "payloads": "mmchaos.payloads",
+    "locustfiles": "mmchaos.locustfiles",
+    "harness": "mmchaos.harness",
+    "analysis": "mmchaos.analysis",
+}
 # what each room may import of the project (the ground floor, mmchaos itself, imports none of the rooms)
 MAY_IMPORT = {
     "mmchaos": set(),

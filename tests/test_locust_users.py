@@ -10,8 +10,8 @@ import logging
 import socket
 
 import pandas as pd
-
 from locust_run import only
+
 from mmchaos import schema
 from mmchaos.options import WEIGHTS
 
@@ -54,8 +54,9 @@ def test_think_time_spaces_each_users_requests(inprocess_locust, standin_here, t
 def test_kinds_follow_their_weights(inprocess_locust, standin_here, tmp_path):
     weights = {k: w for k, (w, _) in WEIGHTS.items()}
     with standin_here() as s:
-        run = inprocess_locust.run("embeddings", s.base_url, tmp_path, "--abort-after-ms", "2000", users=6,
-                                   max_requests=600)
+        run = inprocess_locust.run(
+            "embeddings", s.base_url, tmp_path, "--abort-after-ms", "2000", users=6, max_requests=600
+        )
     df = run.rows()
     n = len(df)
     assert n >= 600
@@ -69,8 +70,16 @@ def test_kinds_follow_their_weights(inprocess_locust, standin_here, tmp_path):
 
 def test_aborts_are_rows_with_outcome_aborted(inprocess_locust, standin_here, tmp_path):
     with standin_here("--delay-ms", "150") as s:
-        run = inprocess_locust.run("embeddings", s.base_url, tmp_path, *only(valid_image=1, abort=3),
-                                   "--abort-after-ms", "30", users=4, max_requests=60)
+        run = inprocess_locust.run(
+            "embeddings",
+            s.base_url,
+            tmp_path,
+            *only(valid_image=1, abort=3),
+            "--abort-after-ms",
+            "30",
+            users=4,
+            max_requests=60,
+        )
     df = run.rows()
     assert len(inprocess_locust.locust_rows(df)) == run.requests
     aborts = df[df["kind"] == "abort"]
@@ -86,8 +95,19 @@ def test_refused_connections_are_rows(inprocess_locust, tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again: nothing listens there
     # no retries, no pause after a refusal: the backoffs would make this test wait, not test more
-    run = inprocess_locust.run("embeddings", f"http://127.0.0.1:{port}", tmp_path, "--model", "m",
-                               "--retry-policy", "none", "--refused-backoff-ms", "0", users=2, max_requests=200)
+    run = inprocess_locust.run(
+        "embeddings",
+        f"http://127.0.0.1:{port}",
+        tmp_path,
+        "--model",
+        "m",
+        "--retry-policy",
+        "none",
+        "--refused-backoff-ms",
+        "0",
+        users=2,
+        max_requests=200,
+    )
     df = run.rows()
     assert len(inprocess_locust.locust_rows(df)) == run.requests > 0
     assert (inprocess_locust.locust_rows(df)["outcome"] == schema.CONNECTION_ERROR).all()
@@ -97,12 +117,20 @@ def test_refused_connections_are_rows(inprocess_locust, tmp_path):
 # --- connections, retries, cut requests -------------------------------------------------------------------------
 
 
-def test_a_500_then_valid_requests_on_the_same_user_give_no_connection_error(inprocess_locust, standin_here,
-                                                                            tmp_path):
+def test_a_500_then_valid_requests_on_the_same_user_give_no_connection_error(inprocess_locust, standin_here, tmp_path):
     # no retries: the next request follows the 500 at once (a retry would wait 0.5 s and find the close)
     with standin_here() as s:
-        run = inprocess_locust.run("embeddings", s.base_url, tmp_path, *only(valid_image=1, malformed_pre=1),
-                                   *FILE_URL_CASE, "--retry-policy", "none", users=2, max_requests=80)
+        run = inprocess_locust.run(
+            "embeddings",
+            s.base_url,
+            tmp_path,
+            *only(valid_image=1, malformed_pre=1),
+            *FILE_URL_CASE,
+            "--retry-policy",
+            "none",
+            users=2,
+            max_requests=80,
+        )
     df = inprocess_locust.locust_rows(run.rows())
     assert run.exit_code == 0
     pre = df[df["kind"] == "malformed_pre"]
@@ -118,9 +146,21 @@ def _cache_misses(inprocess_locust, standin_here, tmp_path, policy, caplog):
     answers before the client hangs up is retried like any other request (the SDK's timeout is per attempt). One
     user, so that no second poisoning of the same image overtakes a retry."""
     with standin_here("--miss-after-poison") as s, caplog.at_level(logging.ERROR, logger="mmchaos"):
-        run = inprocess_locust.run("embeddings", s.base_url, tmp_path, *only(valid_image=3, malformed_post=1, abort=1),
-                                   *POISON_CASE, "--pool-size", "2", "--fresh-fraction", "0", "--retry-policy", policy,
-                                   users=1, max_requests=80)
+        run = inprocess_locust.run(
+            "embeddings",
+            s.base_url,
+            tmp_path,
+            *only(valid_image=3, malformed_post=1, abort=1),
+            *POISON_CASE,
+            "--pool-size",
+            "2",
+            "--fresh-fraction",
+            "0",
+            "--retry-policy",
+            policy,
+            users=1,
+            max_requests=80,
+        )
     return run, inprocess_locust.locust_rows(run.rows())
 
 
@@ -145,8 +185,9 @@ def test_without_retries_a_cache_miss_fails_the_run(inprocess_locust, standin_he
     assert len(df[df["status"] == 503]) > 3
     assert (df["attempt"] == 1).all() and df["final"].all()
     assert run.exit_code == 1
-    assert any(line.startswith("mmchaos: gate failed: valid requests failed by the server")
-               for line in _gate_lines(caplog))
+    assert any(
+        line.startswith("mmchaos: gate failed: valid requests failed by the server") for line in _gate_lines(caplog)
+    )
 
 
 def test_requests_cut_by_the_end_of_the_run_are_rows_but_no_failures(inprocess_locust, standin_here, tmp_path):
@@ -166,8 +207,19 @@ def test_a_bad_request_left_unanswered_is_a_timeout_of_the_server(inprocess_locu
     """Locust's catch_response replaces a failed request's error by the failure text: the row must still say
     what happened on the wire."""
     with standin_here("--delay-ms", "1500") as s:
-        run = inprocess_locust.run("embeddings", s.base_url, tmp_path, *only(malformed_post=1), *POISON_CASE,
-                                   "--request-timeout", "0.5", "--retry-policy", "none", users=2, max_requests=6)
+        run = inprocess_locust.run(
+            "embeddings",
+            s.base_url,
+            tmp_path,
+            *only(malformed_post=1),
+            *POISON_CASE,
+            "--request-timeout",
+            "0.5",
+            "--retry-policy",
+            "none",
+            users=2,
+            max_requests=6,
+        )
     df = inprocess_locust.locust_rows(run.rows())
     assert len(df) >= 4 and (df["outcome"] == schema.TIMEOUT).all() and (df["cause"] == schema.SERVER).all()
 
@@ -185,12 +237,14 @@ def test_a_crash_fails_the_run_and_says_which_gate(inprocess_locust, standin_her
 
 def test_a_p95_gate(inprocess_locust, standin_here, tmp_path, caplog):
     with standin_here() as s, caplog.at_level(logging.ERROR, logger="mmchaos"):
-        run = inprocess_locust.run("embeddings", s.base_url, tmp_path, *only(text=1), "--max-p95-ms", "0.001",
-                                   users=2, max_requests=40)
+        run = inprocess_locust.run(
+            "embeddings", s.base_url, tmp_path, *only(text=1), "--max-p95-ms", "0.001", users=2, max_requests=40
+        )
         assert run.exit_code == 1
         assert any("gate failed: p95 latency of valid requests" in line for line in _gate_lines(caplog))
-        run = inprocess_locust.run("embeddings", s.base_url, tmp_path / "b", *only(text=1), "--max-p95-ms", "60000",
-                                   users=2, max_requests=40)
+        run = inprocess_locust.run(
+            "embeddings", s.base_url, tmp_path / "b", *only(text=1), "--max-p95-ms", "60000", users=2, max_requests=40
+        )
     assert run.exit_code == 0
 
 
@@ -201,14 +255,18 @@ def test_the_probes_send_each_sequence_step_by_step_each_step_a_row(inprocess_lo
     """The stand-in plays 0.32.0 (a poisoned image is answered once with the retryable 503) and takes 100 ms per
     request, so the abort step hangs up before its answer. One user runs the three sequences in turn."""
     with standin_here("--miss-after-poison", "--delay-ms", "100") as s:
-        run = inprocess_locust.run("probes", s.base_url, tmp_path, "--abort-after-ms", "20", users=1,
-                                   max_requests=8)
+        run = inprocess_locust.run("probes", s.base_url, tmp_path, "--abort-after-ms", "20", users=1, max_requests=8)
     df = inprocess_locust.locust_rows(run.rows()).sort_values(["t_start"])
     assert (df["kind"] == "probe").all()
-    steps = {seq: list(zip(g["case"], g["status"].astype("Int64"), g["outcome"]))
-             for seq, g in df.groupby("probe", sort=False)}
-    assert steps["poison_reuse"][:3] == [("poison", 400, schema.HTTP_ERROR), ("reuse", 503, schema.HTTP_ERROR),
-                                         ("reuse", 200, schema.OK)]  # the miss, then the SDK's retry
+    steps = {
+        seq: list(zip(g["case"], g["status"].astype("Int64"), g["outcome"]))
+        for seq, g in df.groupby("probe", sort=False)
+    }
+    assert steps["poison_reuse"][:3] == [
+        ("poison", 400, schema.HTTP_ERROR),
+        ("reuse", 503, schema.HTTP_ERROR),
+        ("reuse", 200, schema.OK),
+    ]  # the miss, then the SDK's retry
     assert steps["tokenize_reuse"][:2] == [("tokenize", 200, schema.OK), ("reuse", 200, schema.OK)]
     (abort_case, abort_status, abort_outcome), reuse = steps["abort_reuse"][0], steps["abort_reuse"][1]
     assert (abort_case, abort_outcome) == ("abort", schema.ABORTED) and abort_status is pd.NA

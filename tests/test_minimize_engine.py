@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import REPORT_VERSION, require_engine_and_model
 from PIL import Image
 
-from conftest import REPORT_VERSION, require_engine_and_model
 from mmchaos import paths
 from mmchaos.harness import campaign_plan, campaign_runner
 from mmchaos.harness.repro_script import parse_result
@@ -26,16 +26,35 @@ pytestmark = pytest.mark.engine
 SETTLE = "5"  # seconds a candidate's server is watched after its last request (0.30.0 dies within ~1 s)
 
 
-def _minimize(trial: Path, out: Path, max_starts: int = 12, budget_may_end_it: bool = False,
-              hang_up_may_lose: bool = False):
+def _minimize(
+    trial: Path, out: Path, max_starts: int = 12, budget_may_end_it: bool = False, hang_up_may_lose: bool = False
+):
     """The minimal sequence (exit 0); with ``budget_may_end_it``, also the smallest found when the start budget ran
     out (exit 1, said so). With ``hang_up_may_lose``, a trial's sequence with a client hang-up that did not crash
     when replayed skips the test, saying so: a hang-up poisons only if it lands while the image renders, a race a
     loaded machine loses (harness/repro.py). Images kept as recorded: shrinking them costs starts and is pinned on
     the stand-in (test_traces.py)."""
-    p = subprocess.Popen([sys.executable, "-m", "mmchaos.harness.cli", "minimize", str(trial), "--out", str(out),
-                          "--repeats", "1", "--settle", SETTLE, "--max-starts", str(max_starts), "--keep-images"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mmchaos.harness.cli",
+            "minimize",
+            str(trial),
+            "--out",
+            str(out),
+            "--repeats",
+            "1",
+            "--settle",
+            SETTLE,
+            "--max-starts",
+            str(max_starts),
+            "--keep-images",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         stdout, stderr = p.communicate(timeout=1500)
     finally:
@@ -43,12 +62,21 @@ def _minimize(trial: Path, out: Path, max_starts: int = 12, budget_may_end_it: b
             p.terminate()
             p.communicate(timeout=120)
     spent = budget_may_end_it and p.returncode == 1 and f"stopped after {max_starts} server starts" in stderr
-    sequence = [json.loads(line) for line in (out / "minimal.jsonl").read_text().splitlines()] \
-        if (out / "minimal.jsonl").is_file() else []
-    if hang_up_may_lose and p.returncode == 1 and "did not crash a fresh server when replayed" in stderr \
-            and any(r.get("disconnect_after_ms") is not None for r in sequence):
-        pytest.skip(f"the crashed trial's {len(sequence)} requests, a client hang-up among them, did not crash a "
-                    "fresh server when replayed: the hang-up lost its race on this machine; nothing to shrink")
+    sequence = (
+        [json.loads(line) for line in (out / "minimal.jsonl").read_text().splitlines()]
+        if (out / "minimal.jsonl").is_file()
+        else []
+    )
+    if (
+        hang_up_may_lose
+        and p.returncode == 1
+        and "did not crash a fresh server when replayed" in stderr
+        and any(r.get("disconnect_after_ms") is not None for r in sequence)
+    ):
+        pytest.skip(
+            f"the crashed trial's {len(sequence)} requests, a client hang-up among them, did not crash a "
+            "fresh server when replayed: the hang-up lost its race on this machine; nothing to shrink"
+        )
     assert p.returncode == 0 or spent, stdout + stderr[-4000:]
     return sequence
 
@@ -56,18 +84,27 @@ def _minimize(trial: Path, out: Path, max_starts: int = 12, budget_may_end_it: b
 def _crashed_a_fresh_server(out: Path) -> bool:
     """Whether one of the search's own runs of the final repro.py (each on a fresh server) crashed."""
     script = (out / "repro.py").read_text()
-    return any((run / "repro.py").read_text() == script and (parse_result((run / "repro.out").read_text()) or {})
-               .get("crashed") for run in sorted((out / "runs").iterdir()) if (run / "repro.out").is_file())
+    return any(
+        (run / "repro.py").read_text() == script
+        and (parse_result((run / "repro.out").read_text()) or {}).get("crashed")
+        for run in sorted((out / "runs").iterdir())
+        if (run / "repro.out").is_file()
+    )
 
 
 def _script(script: Path, server):
-    return subprocess.run([sys.executable, str(script), "--url", server.base_url, "--settle", SETTLE],
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, str(script), "--url", server.base_url, "--settle", SETTLE],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.mark.timeout(2400)  # the demo campaign (when this test starts the session's), then a server start a candidate
-def test_the_demo_crash_shrinks_to_a_script_that_crashes_only_the_affected_server(demo_campaign, workaround_server,
-                                                                                 fixed_server, tmp_path):
+def test_the_demo_crash_shrinks_to_a_script_that_crashes_only_the_affected_server(
+    demo_campaign, workaround_server, fixed_server, tmp_path
+):
     camp_dir, results = demo_campaign
     assert results["v0.30-default"].crashes, "the demo's 0.30.0 default trial did not crash"
     out = tmp_path / "min"
@@ -125,7 +162,9 @@ engine = "{REPORT_VERSION}"
 @pytest.mark.timeout(1800)
 def test_a_crash_of_aborts_alone_keeps_an_abort(tmp_path):
     require_engine_and_model(REPORT_VERSION)
-    f = _campaign(tmp_path, """
+    f = _campaign(
+        tmp_path,
+        """
 [workload.mix]
 valid_image = 2
 abort = 2
@@ -145,7 +184,9 @@ pool_size = 40
 zipf = 0
 fresh_fraction = 0.0
 abort_after_ms = 1
-""", users=2)  # two users: fewer requests overlap before the crash, fewer for the search to take apart
+""",
+        users=2,
+    )  # two users: fewer requests overlap before the crash, fewer for the search to take apart
     [result] = campaign_runner.CampaignRunner(campaign_plan.load(f), tmp_path / "results").run()
     assert result.crashes, "aborts alone did not crash 0.30.0 within the trial"
     # A hang-up poisons only when it lands while the image renders; on a loaded machine that race is often lost
@@ -169,14 +210,25 @@ def test_a_hand_written_request_log_reproduces_the_crash(tmp_path):
     model = str(paths.default_model_dir())
 
     def body(url, **extra):
-        return {"model": model, "messages": [{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "a photo"}]}], **extra}
+        return {
+            "model": model,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "a photo"}],
+                }
+            ],
+            **extra,
+        }
 
     lines = [
         {"t": 0, "session": "web-1", "body": {"model": model, "input": "hello"}},
         {"t": 1.0, "session": "web-1", "body": body("photo.jpg", dimensions=5), "status": 400},
-        {"t": 2.0, "session": "web-2",
-         "body": body("data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode())},
+        {
+            "t": 2.0,
+            "session": "web-2",
+            "body": body("data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode()),
+        },
     ]
     (tmp_path / "production.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     f = _campaign(tmp_path, 'trace = "production.jsonl"', duration=30)

@@ -16,8 +16,11 @@ def test_every_recipe_has_its_builder_and_its_own_folder():
     assert len({r.folder for r in model.RECIPES.values()}) == len(model.RECIPES)
     for r in model.RECIPES.values():
         assert r.builder.is_file(), r.builder
-    assert {r.architecture for r in model.RECIPES.values()} >= {"CLIPModel", "Qwen2VLForConditionalGeneration",
-                                                                 "Qwen3VLForSequenceClassification"}
+    assert {r.architecture for r in model.RECIPES.values()} >= {
+        "CLIPModel",
+        "Qwen2VLForConditionalGeneration",
+        "Qwen3VLForSequenceClassification",
+    }
 
 
 def test_a_name_resolves_to_its_folder_once_built_and_anything_else_passes_through(tmp_path, monkeypatch):
@@ -34,14 +37,18 @@ def test_a_name_resolves_to_its_folder_once_built_and_anything_else_passes_throu
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("argv, says", [
-    (["model", "build", "nope"], "unknown model 'nope'"),
-    (["serve", "--engine", "0.32.0", "--model", "qwen3vl-rerank"], "is not built: run `mmchaos model build"),
-])
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["model", "build", "nope"], "unknown model 'nope'"),
+        (["serve", "--engine", "0.32.0", "--model", "qwen3vl-rerank"], "is not built: run `mmchaos model build"),
+    ],
+)
 def test_bad_model_names_are_one_line_errors(tmp_path, argv, says):
     env = {"MMCHAOS_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
-    r = subprocess.run([sys.executable, "-m", "mmchaos.harness.cli", *argv], capture_output=True, text=True,
-                       timeout=60, env=env)
+    r = subprocess.run(
+        [sys.executable, "-m", "mmchaos.harness.cli", *argv], capture_output=True, text=True, timeout=60, env=env
+    )
     assert r.returncode == 2 and "Traceback" not in r.stderr
     [line] = r.stderr.strip().splitlines()
     assert says in line, line

@@ -9,9 +9,8 @@ import re
 import numpy as np
 import pytest
 import requests
-from prometheus_client.parser import text_string_to_metric_families
-
 from locust_run import locust, only, rows
+from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.engine
 HANDLERS = ("/v1/embeddings", "/tokenize")
@@ -20,23 +19,47 @@ HANDLERS = ("/v1/embeddings", "/tokenize")
 def served(base_url: str) -> float:
     """Requests vLLM's API server counted on the routes the mix sends to (its http_requests_total)."""
     text = requests.get(base_url + "/metrics", timeout=10).text
-    return sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples
-               if s.name == "http_requests_total" and s.labels.get("handler") in HANDLERS)
+    return sum(
+        s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+        if s.name == "http_requests_total" and s.labels.get("handler") in HANDLERS
+    )
 
 
 def test_open_loop_at_a_rate_the_server_holds(fixed_server, tmp_path):
     before = served(fixed_server.base_url)
     # ends at 60 requests; fresh images: nothing another test cached. Whether a busy shared machine lets the server
     # keep up is not this test's question (the rate gate is off): what was sent, when, and what the server saw
-    r = locust("locustfiles/embeddings.py", fixed_server.base_url, tmp_path, "--rate", "5", "--arrival", "constant",
-               "--weight-abort", "0", "--max-requests", "60", "--image-seed", "2701", "--fresh-fraction", "1",
-               "--min-rate-ratio", "0", seconds=120, timeout=240)
+    r = locust(
+        "locustfiles/embeddings.py",
+        fixed_server.base_url,
+        tmp_path,
+        "--rate",
+        "5",
+        "--arrival",
+        "constant",
+        "--weight-abort",
+        "0",
+        "--max-requests",
+        "60",
+        "--image-seed",
+        "2701",
+        "--fresh-fraction",
+        "1",
+        "--min-rate-ratio",
+        "0",
+        seconds=120,
+        timeout=240,
+    )
     after = served(fixed_server.base_url)
     df = rows(tmp_path)
     assert r.returncode == 0, r.stdout[-3000:]
     s = df[df["t_sched"].notna()].sort_values("t_sched")
-    sent, due = map(int, re.search(r"open loop: asked 5 req/s \(constant\); sent (\d+) of the (\d+) requests due",
-                                   r.stdout).groups())
+    sent, due = map(
+        int,
+        re.search(r"open loop: asked 5 req/s \(constant\); sent (\d+) of the (\d+) requests due", r.stdout).groups(),
+    )
     assert sent == len(s) == 60 and due >= sent, r.stdout[-1500:]  # the line says what the rows hold
     assert np.allclose(np.diff(s["t_sched"]), 1 / 5, atol=1e-6) and (s["t_start"] >= s["t_sched"] - 0.002).all()
     # what the rows say was sent is what the server counted: answered ones at least, every row at most
@@ -46,8 +69,20 @@ def test_open_loop_at_a_rate_the_server_holds(fixed_server, tmp_path):
 
 def test_a_rate_the_generator_cannot_hold_fails_the_run(fixed_server, tmp_path):
     # one user against a real server: each request waits for the last one's answer (tens of ms here)
-    r = locust("locustfiles/embeddings.py", fixed_server.base_url, tmp_path, "--rate", "400", "--max-concurrency",
-               "1", *only(text=1), "--max-requests", "40", seconds=120, timeout=240)
+    r = locust(
+        "locustfiles/embeddings.py",
+        fixed_server.base_url,
+        tmp_path,
+        "--rate",
+        "400",
+        "--max-concurrency",
+        "1",
+        *only(text=1),
+        "--max-requests",
+        "40",
+        seconds=120,
+        timeout=240,
+    )
     assert r.returncode == 1, r.stdout[-3000:]
     assert "the generator did not hold the rate" in r.stdout and "gate failed: requests sent of those due" in r.stdout
     s = rows(tmp_path).dropna(subset=["t_sched"]).sort_values("t_sched")

@@ -9,12 +9,12 @@ import sys
 
 import numpy as np
 import pytest
-from scipy import stats
-
 from conftest import TESTS, standin_server
 from locust_run import locust, rows
-from mmchaos.harness import campaign_plan, campaign_runner
+from scipy import stats
+
 from mmchaos.analysis.report import write_report
+from mmchaos.harness import campaign_plan, campaign_runner
 
 STANDIN = f"{sys.executable} {TESTS / 'standin_server.py'} --port {{port}}"
 
@@ -26,8 +26,20 @@ def scheduled(df):
 
 
 def test_requests_go_out_at_their_arrivals_and_say_when_they_were_due(standin, tmp_path):
-    r = locust("locustfiles/embeddings.py", standin.base_url, tmp_path, "--rate", "40", "--arrival", "constant",
-               "--max-requests", "120", "--min-rate-ratio", "0", seconds=60)  # ends at 120 requests
+    r = locust(
+        "locustfiles/embeddings.py",
+        standin.base_url,
+        tmp_path,
+        "--rate",
+        "40",
+        "--arrival",
+        "constant",
+        "--max-requests",
+        "120",
+        "--min-rate-ratio",
+        "0",
+        seconds=60,
+    )  # ends at 120 requests
     assert r.returncode == 0, r.stdout[-2000:]
     df = rows(tmp_path)
     s = scheduled(df)
@@ -42,8 +54,20 @@ def test_requests_go_out_at_their_arrivals_and_say_when_they_were_due(standin, t
 
 
 def test_poisson_arrivals_reach_the_server_as_poisson(standin, tmp_path):
-    r = locust("locustfiles/embeddings.py", standin.base_url, tmp_path, "--rate", "60", "--max-requests", "400",
-               "--min-rate-ratio", "0", "--weight-abort", "0", seconds=60)
+    r = locust(
+        "locustfiles/embeddings.py",
+        standin.base_url,
+        tmp_path,
+        "--rate",
+        "60",
+        "--max-requests",
+        "400",
+        "--min-rate-ratio",
+        "0",
+        "--weight-abort",
+        "0",
+        seconds=60,
+    )
     assert r.returncode == 0, r.stdout[-2000:]
     gaps = np.diff(scheduled(rows(tmp_path))["t_sched"].to_numpy())
     assert len(gaps) >= 350
@@ -53,8 +77,20 @@ def test_poisson_arrivals_reach_the_server_as_poisson(standin, tmp_path):
 def test_a_generator_that_cannot_hold_the_rate_says_so_and_the_gate_fails(tmp_path):
     # two users, each answer 200 ms: at most 10 requests a second go out of the 50 due
     with standin_server(tmp_path / "s.log", "--delay-ms", "200") as s:
-        r = locust("locustfiles/embeddings.py", s.base_url, tmp_path, "--rate", "50", "--max-concurrency", "2",
-                   "--max-requests", "30", "--retry-policy", "none", seconds=60)
+        r = locust(
+            "locustfiles/embeddings.py",
+            s.base_url,
+            tmp_path,
+            "--rate",
+            "50",
+            "--max-concurrency",
+            "2",
+            "--max-requests",
+            "30",
+            "--retry-policy",
+            "none",
+            seconds=60,
+        )
     assert r.returncode == 1, r.stdout[-2000:]
     assert "the generator did not hold the rate" in r.stdout
     assert "gate failed: requests sent of those due at --rate 50" in r.stdout
@@ -64,8 +100,22 @@ def test_a_generator_that_cannot_hold_the_rate_says_so_and_the_gate_fails(tmp_pa
 
 
 def test_locust_workers_take_their_lanes_of_the_one_schedule(standin, tmp_path):
-    r = locust("locustfiles/embeddings.py", standin.base_url, tmp_path, "--rate", "30", "--arrival", "constant",
-               "--processes", "2", "--max-requests", "40", "--min-rate-ratio", "0", seconds=60)
+    r = locust(
+        "locustfiles/embeddings.py",
+        standin.base_url,
+        tmp_path,
+        "--rate",
+        "30",
+        "--arrival",
+        "constant",
+        "--processes",
+        "2",
+        "--max-requests",
+        "40",
+        "--min-rate-ratio",
+        "0",
+        seconds=60,
+    )
     assert r.returncode == 0, r.stdout[-2000:]
     df = scheduled(rows(tmp_path))
     assert df["worker"].nunique() == 2
@@ -77,14 +127,17 @@ def test_locust_workers_take_their_lanes_of_the_one_schedule(standin, tmp_path):
         assert (np.round(slots) == 1).mean() >= 0.9, slots
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--rate", "0"], "argument --rate: must be more than 0"),
-    (["--rate", "-2"], "argument --rate: must be more than 0"),
-    (["--rate", "5", "--arrival", "zipf"], "argument --arrival: invalid choice: 'zipf'"),
-    (["--rate", "5", "--shape", "spike"], "--shape spike varies the number of users"),
-    (["--rate", "5", "--burstiness", "2"], "--burstiness is the shape of --arrival gamma"),
-    (["--max-concurrency", "3"], "--max-concurrency caps an open-loop run: give --rate too"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--rate", "0"], "argument --rate: must be more than 0"),
+        (["--rate", "-2"], "argument --rate: must be more than 0"),
+        (["--rate", "5", "--arrival", "zipf"], "argument --arrival: invalid choice: 'zipf'"),
+        (["--rate", "5", "--shape", "spike"], "--shape spike varies the number of users"),
+        (["--rate", "5", "--burstiness", "2"], "--burstiness is the shape of --arrival gamma"),
+        (["--max-concurrency", "3"], "--max-concurrency caps an open-loop run: give --rate too"),
+    ],
+)
 def test_bad_open_loop_input_is_one_line_and_exit_2(tmp_path, args, message):
     r = locust("locustfiles/embeddings.py", "http://127.0.0.1:9", tmp_path, *args, seconds=2)
     assert r.returncode == 2
@@ -106,7 +159,7 @@ target = "command"
 command = "{STANDIN}"
 
 [workload]
-locustfile = "{TESTS.parent / 'locustfiles/embeddings.py'}"
+locustfile = "{TESTS.parent / "locustfiles/embeddings.py"}"
 duration = 30
 {workload}
 
@@ -136,16 +189,19 @@ def test_a_campaign_at_a_rate_records_the_schedule_and_reports_it(tmp_path):
     assert "## Open-loop arrivals" in report and "| healthy | 20.0 | constant | 1 | " in report
 
 
-@pytest.mark.parametrize("workload, sweep, message", [
-    ("rate = 0", "", "rate must be more than 0 requests per second"),
-    ("rate = 5\nusers = 4", "", "users and rate exclude each other"),
-    ('rate = 5\nshape = "ramp"', "", "shape ramp varies the number of users"),
-    ('rate = 5\narrival = "bursty"', "", "arrival must be one of poisson, constant, gamma"),
-    ("rate = 5\nburstiness = 0.5", "", "burstiness is the shape of arrival gamma"),
-    ("max_concurrency = 4", "", "max_concurrency caps an open-loop run: give rate too"),
-    ("", "[sweep]\nrate = [5, 0]", "[sweep] rate = 0: rate must be more than 0"),
-    ("users = 4", "[sweep]\nrate = [5, 10]", "users and rate exclude each other"),
-])
+@pytest.mark.parametrize(
+    "workload, sweep, message",
+    [
+        ("rate = 0", "", "rate must be more than 0 requests per second"),
+        ("rate = 5\nusers = 4", "", "users and rate exclude each other"),
+        ('rate = 5\nshape = "ramp"', "", "shape ramp varies the number of users"),
+        ('rate = 5\narrival = "bursty"', "", "arrival must be one of poisson, constant, gamma"),
+        ("rate = 5\nburstiness = 0.5", "", "burstiness is the shape of arrival gamma"),
+        ("max_concurrency = 4", "", "max_concurrency caps an open-loop run: give rate too"),
+        ("", "[sweep]\nrate = [5, 0]", "[sweep] rate = 0: rate must be more than 0"),
+        ("users = 4", "[sweep]\nrate = [5, 10]", "users and rate exclude each other"),
+    ],
+)
 def test_bad_open_loop_campaigns_are_one_line_errors(tmp_path, workload, sweep, message):
     with pytest.raises(campaign_plan.CampaignError) as e:
         campaign_plan.load(campaign(tmp_path, workload, sweep))
@@ -155,6 +211,7 @@ def test_bad_open_loop_campaigns_are_one_line_errors(tmp_path, workload, sweep, 
 def test_rate_is_a_sweep_knob(tmp_path):
     plan = campaign_plan.load(campaign(tmp_path, 'arrival = "gamma"\nburstiness = 0.5', "[sweep]\nrate = [5, 20]"))
     assert [r.point for r in plan.runs()] == [{"rate": 5}, {"rate": 20}]
-    argv = campaign_runner.locust_argv(plan, plan.configs[0], 1, tmp_path, "http://127.0.0.1:9", "m", "r",
-                                       {"rate": 20}, 0)
+    argv = campaign_runner.locust_argv(
+        plan, plan.configs[0], 1, tmp_path, "http://127.0.0.1:9", "m", "r", {"rate": 20}, 0
+    )
     assert argv[argv.index("--rate") + 1] == "20" and argv[argv.index("--arrival") + 1] == "gamma"

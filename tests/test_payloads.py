@@ -20,11 +20,21 @@ from gevent.lock import BoundedSemaphore
 from PIL import Image
 
 from mmchaos import schema
-from mmchaos.payloads import catalogue as cases_module
-from mmchaos.payloads import (encode, fresh, generated, image_spec, malformed, mutations, patches, reuse, shared_pool,
-                              user_images)
-from mmchaos.payloads.pool import PayloadWarning
 from mmchaos.payloads import bodies as rq
+from mmchaos.payloads import catalogue as cases_module
+from mmchaos.payloads import (
+    encode,
+    fresh,
+    generated,
+    image_spec,
+    malformed,
+    mutations,
+    patches,
+    reuse,
+    shared_pool,
+    user_images,
+)
+from mmchaos.payloads.pool import PayloadWarning
 
 PIL_FORMAT = {"jpeg": "JPEG", "png": "PNG", "webp": "WEBP"}
 
@@ -243,11 +253,16 @@ def test_fresh_images_waiting_for_an_encoder_thread_hold_no_copy(tmp_path):
 
 def test_encode_body_is_plain_json_with_data_urls_copied_in(small_pool):
     im = small_pool[0]
-    bodies = [rq.image_request("m", im, "t").body, rq.batch_request("m", [rq.EmbedInput((im,), "x")] * 2).body,
-              rq.text_request("m", "plain").body,
-              {"messages": [{"content": [{"image_url": {"url": im.data_url}}, {"text": "é \x01mmchaos-data-url\x01"}]}]}]
-    bodies += [malformed.build_malformed_request(c, im, "m", max_model_len=4096).body for c in
-               cases_module.load_cases().usable(4096)]
+    bodies = [
+        rq.image_request("m", im, "t").body,
+        rq.batch_request("m", [rq.EmbedInput((im,), "x")] * 2).body,
+        rq.text_request("m", "plain").body,
+        {"messages": [{"content": [{"image_url": {"url": im.data_url}}, {"text": "é \x01mmchaos-data-url\x01"}]}]},
+    ]
+    bodies += [
+        malformed.build_malformed_request(c, im, "m", max_model_len=4096).body
+        for c in cases_module.load_cases().usable(4096)
+    ]
     for b in bodies:
         assert rq.encode_body(b) == json.dumps(b, separators=(",", ":"), ensure_ascii=False).encode()
 
@@ -475,8 +490,13 @@ def _user_text(body):
 def test_catalogue_has_the_required_cases(catalogue):
     required_post = {"dimensions_unsupported", "prompt_over_max_model_len"}
     required_pre = {
-        "messages_not_a_list", "content_unknown_type", "bad_base64", "unsupported_image_format",
-        "bad_encoding_format", "truncate_prompt_tokens_over_max_model_len", "oversized_image",
+        "messages_not_a_list",
+        "content_unknown_type",
+        "bad_base64",
+        "unsupported_image_format",
+        "bad_encoding_format",
+        "truncate_prompt_tokens_over_max_model_len",
+        "oversized_image",
     }
     assert required_post <= {c.name for c in catalogue.stage("post_render")}
     assert required_pre <= {c.name for c in catalogue.stage("pre_render")}
@@ -506,7 +526,9 @@ def test_every_case_builds_for_every_format(catalogue, small_pool):
 def test_cases_needing_max_model_len(catalogue, small_pool):
     needing = {c.name for c in catalogue.values() if c.needs_max_model_len}
     assert needing == {
-        "prompt_over_max_model_len", "text_over_max_model_len", "truncate_prompt_tokens_over_max_model_len"
+        "prompt_over_max_model_len",
+        "text_over_max_model_len",
+        "truncate_prompt_tokens_over_max_model_len",
     }
     with pytest.raises(ValueError, match="max_model_len"):
         malformed.build_malformed_request(catalogue["prompt_over_max_model_len"], small_pool[0], "m")
@@ -572,14 +594,18 @@ def test_building_does_not_leak_between_cases(catalogue, small_pool):
     a = malformed.build_malformed_request(catalogue["bad_base64"], im, "m")
     b = malformed.build_malformed_request(catalogue["bad_base64"], im, "m")
     assert a.body == b.body
-    assert rq.image_request("m", im, malformed.DEFAULT_TEXT).body["messages"][1]["content"][0]["image_url"]["url"] \
+    assert (
+        rq.image_request("m", im, malformed.DEFAULT_TEXT).body["messages"][1]["content"][0]["image_url"]["url"]
         == im.data_url
+    )
 
 
 def test_merge_patch_and_unset():
     target = {"a": 1, "b": {"c": 2, "d": [1, 2]}}
     assert patches.merge_patch(target, {"b": {"c": 3, "e": 4}, "f": [5]}) == {
-        "a": 1, "b": {"c": 3, "d": [1, 2], "e": 4}, "f": [5]
+        "a": 1,
+        "b": {"c": 3, "d": [1, 2], "e": 4},
+        "f": [5],
     }
     assert target == {"a": 1, "b": {"c": 2, "d": [1, 2]}}  # not modified
     body = {"messages": [{"content": [{"x": 1}, {"y": 2}]}], "k": 1}
@@ -637,8 +663,12 @@ def test_user_case_file_is_merged(tmp_path, small_pool):
 
 def _case(**over):
     fields = {
-        "name": '"c1"', "stage": '"pre_render"', "expected_status": "400", "carries_image": "true",
-        "description": '"d"', "patch": "{ dimensions = 1 }",
+        "name": '"c1"',
+        "stage": '"pre_render"',
+        "expected_status": "400",
+        "carries_image": "true",
+        "description": '"d"',
+        "patch": "{ dimensions = 1 }",
     }
     fields.update(over)
     return "[[case]]\n" + "".join(f"{k} = {v}\n" for k, v in fields.items() if v is not None)

@@ -25,16 +25,15 @@ import psutil
 import pyarrow.parquet as pq
 import pytest
 import requests as http
-
 from cli_inprocess import mmchaos
-from mmchaos.analysis import report
-from mmchaos.harness import cli
-from mmchaos.analysis.results import load_results
 from conftest import REPORT_VERSION, TESTS, require_engine_and_model, standin_server
-from mmchaos.harness import campaign_plan, campaign_runner
 from locust_run import ROOT, locust
-from mmchaos.options import WEIGHTS
+
 from mmchaos import schema
+from mmchaos.analysis import report
+from mmchaos.analysis.results import load_results
+from mmchaos.harness import campaign_plan, campaign_runner, cli
+from mmchaos.options import WEIGHTS
 from mmchaos.tables import read_table
 
 PY = sys.executable
@@ -47,10 +46,22 @@ XSS = "<script>alert(1)</script><img src=x onerror=alert(2)>"
 # --- helpers --------------------------------------------------------------------------------------------------
 
 
-def write_campaign(tmp_path: Path, *, configs: str = '[[config]]\nname = "a"\n', command: str | None = None,
-                   target: str = "command", url: str = "", duration: float = 4, users: int = 3, trials: int = 1,
-                   policy: str = "stop", hang_after: float = 10, startup_timeout: float = 10,
-                   options: str = "", mix: str = "") -> Path:
+def write_campaign(
+    tmp_path: Path,
+    *,
+    configs: str = '[[config]]\nname = "a"\n',
+    command: str | None = None,
+    target: str = "command",
+    url: str = "",
+    duration: float = 4,
+    users: int = 3,
+    trials: int = 1,
+    policy: str = "stop",
+    hang_after: float = 10,
+    startup_timeout: float = 10,
+    options: str = "",
+    mix: str = "",
+) -> Path:
     command = f"{STANDIN} --port {{port}}" if command is None else command
     f = tmp_path / "campaign.toml"
     f.write_text(f'''
@@ -291,7 +302,8 @@ def _never(**_):
 
 @pytest.mark.integration
 def test_a_locust_that_never_ends_is_stopped_with_its_greenlets_stacks_and_the_trial_says_so(
-        tmp_path, reaper, monkeypatch):
+    tmp_path, reaper, monkeypatch
+):
     monkeypatch.setattr(campaign_runner, "LOCUST_OVERRUN", 3.0)
     lf = tmp_path / "stalling.py"
     lf.write_text(STALLING)
@@ -310,14 +322,19 @@ def test_a_locust_that_never_ends_is_stopped_with_its_greenlets_stacks_and_the_t
 @pytest.mark.integration
 def test_server_never_healthy_fails_its_trial_and_the_next_one_runs(tmp_path, reaper):
     root = tmp_path / "results"
-    f = write_campaign(tmp_path, duration=2, startup_timeout=1, configs='''
+    f = write_campaign(
+        tmp_path,
+        duration=2,
+        startup_timeout=1,
+        configs="""
 [[config]]
 name = "sick"
 flags = ["--unhealthy"]
 
 [[config]]
 name = "well"
-''')
+""",
+    )
     sick, well = run(f, root)
     assert sick.status == campaign_runner.FAILED and well.status == campaign_runner.COMPLETED
     assert sick.error.startswith("server not healthy after 1 s at http://127.0.0.1:") and "\n" not in sick.error
@@ -334,8 +351,9 @@ def test_port_in_use_by_another_server_is_refused_not_loaded(tmp_path, reaper):
     root = tmp_path / "results"
     with standin_server(tmp_path / "occupant.log") as occupant:
         port = occupant.port
-        f = write_campaign(tmp_path, trials=2, duration=2, command=f"{STANDIN} --port {port}",
-                           url=f"http://127.0.0.1:{port}")
+        f = write_campaign(
+            tmp_path, trials=2, duration=2, command=f"{STANDIN} --port {port}", url=f"http://127.0.0.1:{port}"
+        )
         results = run(f, root)
         metrics = http.get(occupant.base_url + "/metrics", timeout=5).text
     assert [r.status for r in results] == [campaign_runner.FAILED, campaign_runner.FAILED]  # the second trial still ran
@@ -374,8 +392,13 @@ def test_ctrl_c_of_the_campaign_stops_everything_and_keeps_valid_results(tmp_pat
     """Ctrl-C reaches `mmchaos campaign run` (Locust and the server run in sessions of their own)."""
     root = tmp_path / "results"
     f = write_campaign(tmp_path, duration=20)
-    cli = subprocess.Popen([PY, "-m", "mmchaos.harness.cli", "campaign", "run", str(f), "--results", str(root)], cwd=ROOT,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    cli = subprocess.Popen(
+        [PY, "-m", "mmchaos.harness.cli", "campaign", "run", str(f), "--results", str(root)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     reaper.add(cli.pid)
     trial = trial_dir(root)
     try:
@@ -443,16 +466,59 @@ def test_killed_worker_keeps_its_rows_and_the_run_goes_on(tmp_path, reaper):
         lf = ["-f", str(TESTS / "locustfile_worker_counts.py")]
         env = {**os.environ, "MMCHAOS_TEST_WORKER_COUNTS": str(counts)}
         master = subprocess.Popen(
-            [PY, "-m", "locust", *lf, "--master", "--master-bind-host", "127.0.0.1", "--master-bind-port",
-             str(mport), "--expect-workers", "2", "--headless", "-u", "4", "-r", "4", "-t", "7s", "--host",
-             s.base_url, "--only-summary", "--json-file", str(out / "locust"), "--results-dir", str(rel),
-             "--image-preset", "small", "--pool-size", "8", "--run-id", "w", "--config-name", "a"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path, env=env,
-            start_new_session=True)
-        workers = [subprocess.Popen([PY, "-m", "locust", *lf, "--worker", "--master-host", "127.0.0.1",
-                                     "--master-port", str(mport)], stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.STDOUT, cwd=elsewhere, env=env, start_new_session=True)
-                   for _ in range(2)]
+            [
+                PY,
+                "-m",
+                "locust",
+                *lf,
+                "--master",
+                "--master-bind-host",
+                "127.0.0.1",
+                "--master-bind-port",
+                str(mport),
+                "--expect-workers",
+                "2",
+                "--headless",
+                "-u",
+                "4",
+                "-r",
+                "4",
+                "-t",
+                "7s",
+                "--host",
+                s.base_url,
+                "--only-summary",
+                "--json-file",
+                str(out / "locust"),
+                "--results-dir",
+                str(rel),
+                "--image-preset",
+                "small",
+                "--pool-size",
+                "8",
+                "--run-id",
+                "w",
+                "--config-name",
+                "a",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=tmp_path,
+            env=env,
+            start_new_session=True,
+        )
+        workers = [
+            subprocess.Popen(
+                [PY, "-m", "locust", *lf, "--worker", "--master-host", "127.0.0.1", "--master-port", str(mport)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.STDOUT,
+                cwd=elsewhere,
+                env=env,
+                start_new_session=True,
+            )
+            for _ in range(2)
+        ]
         reaper.update(p.pid for p in (master, *workers))
         victim, survivor = workers
         try:
@@ -526,29 +592,41 @@ def _closed_port() -> int:
 BAD_INPUT = {
     # case: (how the campaign file is changed, needles that must all be in the one line)
     "malformed toml": (lambda tmp, text: text.replace("[workload]", "[workload"), ["not valid TOML"]),
-    "unknown key": (lambda tmp, text: text.replace("users = 3", "usres = 3"),
-                    [lambda text: f":{_line_of(text, 'usres')}: unknown key 'usres' in [workload]",
-                     "did you mean 'users'?"]),
-    "unknown section": (lambda tmp, text: text + "\n[crashes]\npolicy = \"stop\"\n",
-                        [lambda text: f":{_line_of(text, '[crashes]')}: unknown section [crashes]",
-                         "did you mean 'crash'?"]),
+    "unknown key": (
+        lambda tmp, text: text.replace("users = 3", "usres = 3"),
+        [lambda text: f":{_line_of(text, 'usres')}: unknown key 'usres' in [workload]", "did you mean 'users'?"],
+    ),
+    "unknown section": (
+        lambda tmp, text: text + '\n[crashes]\npolicy = "stop"\n',
+        [lambda text: f":{_line_of(text, '[crashes]')}: unknown section [crashes]", "did you mean 'crash'?"],
+    ),
     "wrong type": (lambda tmp, text: text.replace("trials = 1", 'trials = "one"'), ["'trials' must be int"]),
     "version not a version": (
         lambda tmp, text: text.replace('target = "command"', 'target = "engine"').replace(
-            'name = "a"', 'name = "a"\nengine = "latest"'), ["'latest' is not a vLLM version", "e.g. 0.30.0"]),
+            'name = "a"', 'name = "a"\nengine = "latest"'
+        ),
+        ["'latest' is not a vLLM version", "e.g. 0.30.0"],
+    ),
     "version unknown": (
         lambda tmp, text: text.replace('target = "command"', 'target = "engine"').replace(
-            'name = "a"', 'name = "a"\nengine = "9.9.9"'),
-        ["vLLM 9.9.9 is not installed", "mmchaos engine install 9.9.9"]),
-    "missing image dir": (lambda tmp, text: text.replace("pool_size = 8", f'image_dir = "{tmp}/no-such-dir"'),
-                          ["image_dir: image directory", "no-such-dir' does not exist",
-                           "point image_dir at a folder of readable images"]),
-    "unreadable image": (lambda tmp, text: text.replace("pool_size = 8", f'image_dir = "{_bad_image_dir(tmp)}"'),
-                         ["broken.png' cannot be decoded", "point image_dir at a folder of readable images"]),
+            'name = "a"', 'name = "a"\nengine = "9.9.9"'
+        ),
+        ["vLLM 9.9.9 is not installed", "mmchaos engine install 9.9.9"],
+    ),
+    "missing image dir": (
+        lambda tmp, text: text.replace("pool_size = 8", f'image_dir = "{tmp}/no-such-dir"'),
+        ["image_dir: image directory", "no-such-dir' does not exist", "point image_dir at a folder of readable images"],
+    ),
+    "unreadable image": (
+        lambda tmp, text: text.replace("pool_size = 8", f'image_dir = "{_bad_image_dir(tmp)}"'),
+        ["broken.png' cannot be decoded", "point image_dir at a folder of readable images"],
+    ),
     "unreachable attach url": (
         lambda tmp, text: text.replace('target = "command"', 'target = "attach"').replace(
-            'url = ""', f'url = "http://127.0.0.1:{_closed_port()}"'),
-        ["/health did not answer 200 (ConnectionError)", "start the server or fix url in"]),
+            'url = ""', f'url = "http://127.0.0.1:{_closed_port()}"'
+        ),
+        ["/health did not answer 200 (ConnectionError)", "start the server or fix url in"],
+    ),
 }
 
 
@@ -580,7 +658,9 @@ def test_non_writable_results_folder_is_one_line_and_writes_nothing(tmp_path):
     assert f"results folder {blocker}/results/{CAMP} is not writable (Not a directory)" in line
     assert "pick another with --results" in line
     assert blocker.read_text() == "not a folder\n" and sorted(p.name for p in tmp_path.iterdir()) == [
-        "a-file", "campaign.toml"]
+        "a-file",
+        "campaign.toml",
+    ]
 
 
 @pytest.mark.integration
@@ -610,8 +690,12 @@ def test_api_key_is_sent_as_bearer_and_never_written_anywhere(tmp_path, via, rea
     with standin_server(tmp_path / "check.log") as s:
         body = {"model": "standin", "input": "x"}
         assert http.post(s.base_url + "/v1/embeddings", json=body, timeout=5).status_code == 401
-        assert http.post(s.base_url + "/v1/embeddings", json=body, timeout=5,
-                         headers={"Authorization": f"Bearer {key}"}).status_code == 200
+        assert (
+            http.post(
+                s.base_url + "/v1/embeddings", json=body, timeout=5, headers={"Authorization": f"Bearer {key}"}
+            ).status_code
+            == 200
+        )
 
     root = tmp_path / "results"
     f = write_campaign(tmp_path, duration=3, configs='[[config]]\nname = "keyed"\n')
@@ -625,8 +709,13 @@ def test_api_key_is_sent_as_bearer_and_never_written_anywhere(tmp_path, via, rea
         keyfile.parent.mkdir()
         keyfile.write_text(key + "\n")
         env["MMCHAOS_API_KEY_FILE"] = str(keyfile)
-    run_out = subprocess.run([PY, "-m", "mmchaos.harness.cli", "campaign", "run", str(f), "--results", str(root)],
-                             capture_output=True, timeout=300, cwd=ROOT, env=env)
+    run_out = subprocess.run(
+        [PY, "-m", "mmchaos.harness.cli", "campaign", "run", str(f), "--results", str(root)],
+        capture_output=True,
+        timeout=300,
+        cwd=ROOT,
+        env=env,
+    )
     trial = trial_dir(root, "keyed")
     reaper.update(recorded_pgids(trial))
     assert run_out.returncode == 0, run_out.stderr.decode()[-2000:]
@@ -634,14 +723,26 @@ def test_api_key_is_sent_as_bearer_and_never_written_anywhere(tmp_path, via, rea
     posts = rows[rows["endpoint"].isin(["/v1/embeddings", "/tokenize"])]
     # the bearer was sent: no 401, and answers (how many depends on the machine's load: 21 in a loaded CI run)
     assert (posts["status"] != 401).all() and (posts["outcome"] == schema.OK).any()
-    rep = subprocess.run([PY, "-m", "mmchaos.harness.cli", "report", str(root / CAMP)], capture_output=True,
-                         timeout=300, cwd=ROOT, env=env)
+    rep = subprocess.run(
+        [PY, "-m", "mmchaos.harness.cli", "report", str(root / CAMP)],
+        capture_output=True,
+        timeout=300,
+        cwd=ROOT,
+        env=env,
+    )
     assert rep.returncode == 0, rep.stderr.decode()[-2000:]
 
     needle = key.encode()
     outputs = [p for p in root.rglob("*") if p.is_file()]
-    assert {schema.MANIFEST, schema.SERVER_LOG, "locust.log", "locust.json", "campaign.json", "report.html",
-            "report.md"} <= {p.name for p in outputs}
+    assert {
+        schema.MANIFEST,
+        schema.SERVER_LOG,
+        "locust.log",
+        "locust.json",
+        "campaign.json",
+        "report.html",
+        "report.md",
+    } <= {p.name for p in outputs}
     assert any(p.suffix == ".parquet" for p in outputs)
     for p in outputs:
         assert needle not in p.read_bytes(), p
@@ -659,11 +760,15 @@ def test_api_key_is_sent_as_bearer_and_never_written_anywhere(tmp_path, via, rea
 def test_report_renders_server_text_as_text(tmp_path, reaper):
     """A server error message and server log lines carrying HTML end up in report.html escaped."""
     root = tmp_path / "results"
-    f = write_campaign(tmp_path, duration=4, configs=f'''
+    f = write_campaign(
+        tmp_path,
+        duration=4,
+        configs=f'''
 [[config]]
 name = "xss"
 flags = ["--error-text", "{XSS}", "--die-after-s", "1.5"]  # by time: a loaded machine sends fewer
-''')
+''',
+    )
     [res] = run(f, root)
     trial = trial_dir(root, "xss")
     reaper.update(recorded_pgids(trial))
@@ -692,9 +797,16 @@ def test_real_vllm_hang_is_detected_and_its_whole_stopped_group_cleaned_up(tmp_p
     root = tmp_path / "results"
     # valid traffic only: the chaos mix would crash this version (the report's bug) before the hang is injected
     mix = "\n".join(f"{k} = {int(k in ('valid_image', 'text'))}" for k in WEIGHTS)
-    f = write_campaign(tmp_path, target="engine", duration=40, hang_after=3, startup_timeout=420, mix=mix,
-                       options="request_timeout = 2.0",
-                       configs=f'[[config]]\nname = "a"\nengine = "{REPORT_VERSION}"\n')
+    f = write_campaign(
+        tmp_path,
+        target="engine",
+        duration=40,
+        hang_after=3,
+        startup_timeout=420,
+        mix=mix,
+        options="request_timeout = 2.0",
+        configs=f'[[config]]\nname = "a"\nengine = "{REPORT_VERSION}"\n',
+    )
     group: list[int] = []
 
     def stop_server(trial):

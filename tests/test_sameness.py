@@ -17,8 +17,9 @@ H = hashlib.sha256(PNG).hexdigest()[:16]
 
 
 def _chat(url=DATA_URL, text="describe"):
-    return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
-                                         {"type": "text", "text": text}]}]
+    return [
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": text}]}
+    ]
 
 
 def test_media_hash_is_the_requests_tables_hash_of_the_decoded_bytes():
@@ -35,8 +36,12 @@ def test_forms_that_say_the_same_thing_share_a_key():
     cohere = {"model": "m", "inputs": [{"content": _chat()[0]["content"]}]}
     assert sameness.input_key("/v2/embed", cohere) == key  # vLLM builds the same conversation from it
     # the image by its content: another encoding of the URL (the hash the recorder kept) is the same input
-    assert sameness.input_key("http://127.0.0.1:8000/v1/embeddings", {"model": "m", "messages": _chat("u")},
-                              image_hashes=[H]) == key
+    assert (
+        sameness.input_key(
+            "http://127.0.0.1:8000/v1/embeddings", {"model": "m", "messages": _chat("u")}, image_hashes=[H]
+        )
+        == key
+    )
     # how the answer is written or who asks changes nothing
     assert sameness.input_key("/v1/embeddings", {**body, "encoding_format": "base64", "user": "u"}) == key
 
@@ -98,8 +103,9 @@ def test_vectors_reads_floats_base64_and_cohere():
     b64 = {"data": [{"index": 0, "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode()}]}
     assert np.array_equal(sameness.vectors(b64, {"encoding_format": "base64", "endianness": "little"})[0], v)
     bf = (v.view(np.uint32) >> 16).astype(">u2").tobytes()
-    out = sameness.vectors({"data": [{"embedding": base64.b64encode(bf).decode()}]},
-                           {"embed_dtype": "bfloat16", "endianness": "big"})[0]
+    out = sameness.vectors(
+        {"data": [{"embedding": base64.b64encode(bf).decode()}]}, {"embed_dtype": "bfloat16", "endianness": "big"}
+    )[0]
     assert np.array_equal(out, v)
     assert np.array_equal(sameness.vectors({"embeddings": {"float": [v.tolist()]}})[0], v)
     with pytest.raises(ValueError):

@@ -15,10 +15,10 @@ import psutil
 import pyarrow.parquet as pq
 import pytest
 import requests as http
-
 from cli_inprocess import mmchaos
 from conftest import TESTS, standin_server
 from locust_run import ROOT, only, rows
+
 from mmchaos import schema
 from mmchaos.analysis.report import write_report
 from mmchaos.harness.processes import free_port
@@ -31,8 +31,9 @@ STANDIN = f"{PY} {TESTS / 'standin_server.py'}"
 
 
 def cli(*args: str, env: dict | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run([PY, "-m", "mmchaos.harness.cli", *args], capture_output=True, text=True, cwd=ROOT,
-                          timeout=timeout, env=env)
+    return subprocess.run(
+        [PY, "-m", "mmchaos.harness.cli", *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout, env=env
+    )
 
 
 def grep_tree(root: Path, needles: list[str]) -> list[str]:
@@ -49,13 +50,17 @@ def grep_tree(root: Path, needles: list[str]) -> list[str]:
 
 
 def test_what_is_secret_is_decided_once():
-    s = secrets_of(["--api-key", "sk-a1b2", "--port", "1", "--api-key=sk-c3d4"], {"VLLM_API_KEY": "sk-e5f6",
-                   "HF_TOKEN": "hf-g7h8", "PATH": "/bin", "MY_PASSWORD": "pw-9999"},
-                   "vllm serve m --api-key 'sk-i9j0' --x")
+    s = secrets_of(
+        ["--api-key", "sk-a1b2", "--port", "1", "--api-key=sk-c3d4"],
+        {"VLLM_API_KEY": "sk-e5f6", "HF_TOKEN": "hf-g7h8", "PATH": "/bin", "MY_PASSWORD": "pw-9999"},
+        "vllm serve m --api-key 'sk-i9j0' --x",
+    )
     assert s == {"sk-a1b2", "sk-c3d4", "sk-e5f6", "hf-g7h8", "pw-9999", "sk-i9j0"}
     r = Redactor(s)
-    text = ("args: {'api_key': ['sk-a1b2']} Authorization: Bearer tok-unknown http://me:hunter2@host/x "
-            "--api-key never-seen sk-e5f6 /bin")
+    text = (
+        "args: {'api_key': ['sk-a1b2']} Authorization: Bearer tok-unknown http://me:hunter2@host/x "
+        "--api-key never-seen sk-e5f6 /bin"
+    )
     out = r.text(text)
     assert "sk-" not in out and "tok-unknown" not in out and "hunter2" not in out and "never-seen" not in out
     assert out.endswith("/bin") and "http://me:***@host/x" in out
@@ -66,7 +71,8 @@ def test_what_is_secret_is_decided_once():
 def test_only_host_port_and_model_are_placeholders():
     cmd = "vllm serve {model} --host {host} --port {port} --limit-mm-per-prompt '{\"image\": 4}' --x '{}' {other}"
     assert fill_placeholders(cmd, host="127.0.0.1", port=8000, model="/m") == (
-        "vllm serve /m --host 127.0.0.1 --port 8000 --limit-mm-per-prompt '{\"image\": 4}' --x '{}' {other}")
+        "vllm serve /m --host 127.0.0.1 --port 8000 --limit-mm-per-prompt '{\"image\": 4}' --x '{}' {other}"
+    )
 
 
 # --- campaigns: keys in flags, env and command ------------------------------------------------------------------
@@ -78,7 +84,7 @@ def _keyed_campaign(tmp_path: Path, keys: dict[str, str]) -> Path:
 [campaign]
 name = "keyed"
 target = "command"
-command = "{STANDIN} --port {{port}} --echo-key --api-key {keys['command']} --limit-mm-per-prompt '{{\\"image\\": 4}}'"
+command = "{STANDIN} --port {{port}} --echo-key --api-key {keys["command"]} --limit-mm-per-prompt '{{\\"image\\": 4}}'"
 
 [workload]
 users = 3
@@ -91,8 +97,8 @@ pool_size = 8
 
 [[config]]
 name = "keyed"
-flags = ["--api-key", "{keys['flags']}"]
-env = {{ VLLM_API_KEY = "{keys['env']}", HF_TOKEN = "{keys['token']}" }}
+flags = ["--api-key", "{keys["flags"]}"]
+env = {{ VLLM_API_KEY = "{keys["env"]}", HF_TOKEN = "{keys["token"]}" }}
 ''')
     return f
 
@@ -133,11 +139,31 @@ def test_the_web_ui_state_never_shows_the_key(tmp_path):
     with standin_server(tmp_path / "s.log", "--api-key", key, "--echo-key") as s:
         os.environ["MMCHAOS_API_KEY"] = key
         try:
-            ui = LocustUI(tmp_path, "--host", s.base_url, "--autostart", "-u", "2", "-r", "2", "-t", "60s",
-                          "--max-requests", "40",  # a budget, not a count reached in a fixed time
-                          "--autoquit", "60", "--results-dir", str(tmp_path / "out"), "--image-preset", "small",
-                          "--pool-size", "4", "--malformed-cases", "dimensions_unsupported",
-                          *only(valid_image=3, malformed_post=1)).wait_up()
+            ui = LocustUI(
+                tmp_path,
+                "--host",
+                s.base_url,
+                "--autostart",
+                "-u",
+                "2",
+                "-r",
+                "2",
+                "-t",
+                "60s",
+                "--max-requests",
+                "40",  # a budget, not a count reached in a fixed time
+                "--autoquit",
+                "60",
+                "--results-dir",
+                str(tmp_path / "out"),
+                "--image-preset",
+                "small",
+                "--pool-size",
+                "4",
+                "--malformed-cases",
+                "dimensions_unsupported",
+                *only(valid_image=3, malformed_post=1),
+            ).wait_up()
         finally:
             del os.environ["MMCHAOS_API_KEY"]
         try:
@@ -157,13 +183,22 @@ def test_the_web_ui_state_never_shows_the_key(tmp_path):
 def test_plain_locust_opens_the_mix_on_loopback_only(tmp_path):
     """locust.conf at the repository root: `.venv/bin/locust` with no arguments serves the mix on 127.0.0.1."""
     port = free_port()
-    proc = subprocess.Popen([PY, "-m", "locust", "--web-port", str(port)], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [PY, "-m", "locust", "--web-port", str(port)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline, listening = time.time() + 60, []
         while not listening and time.time() < deadline and proc.poll() is None:
-            listening = [c.laddr for c in psutil.Process(proc.pid).net_connections(kind="tcp")
-                         if c.status == psutil.CONN_LISTEN and c.laddr.port == port]
+            listening = [
+                c.laddr
+                for c in psutil.Process(proc.pid).net_connections(kind="tcp")
+                if c.status == psutil.CONN_LISTEN and c.laddr.port == port
+            ]
             time.sleep(0.1)  # polling for the UI to listen
         assert listening == [("127.0.0.1", port)], listening
     finally:
@@ -173,7 +208,7 @@ def test_plain_locust_opens_the_mix_on_loopback_only(tmp_path):
 
 # --- one validation path ----------------------------------------------------------------------------------------
 
-BASE = '''
+BASE = """
 [campaign]
 name = "v"
 target = "command"
@@ -190,25 +225,36 @@ image_preset = "small"
 
 [[config]]
 name = "a"
-'''
+"""
 MISTAKES = {
-    "misspelled option": (("image_preset = \"small\"", "image_presett = \"small\""),
-                          ":14: unknown option 'image_presett' in [workload.options]; did you mean 'image_preset'?"),
-    "misspelled kind": (("[workload.options]", "[workload.mix]\nvalid_imag = 3\n\n[workload.options]"),
-                        "unknown kind 'valid_imag' in [workload.mix]; did you mean 'valid_image'?"),
-    "preset": (("image_preset = \"small\"", "image_preset = \"huge\""),
-               "image_preset must be one of realistic, small, not 'huge'"),
-    "shape": (("shape = \"steady\"", "shape = \"sawtooth\""), ":11: shape 'sawtooth' unknown; known: "),
-    "missing cases file": (("image_preset = \"small\"", "cases_file = \"no-such.toml\""),
-                           "cases_file: malformed case file"),
+    "misspelled option": (
+        ('image_preset = "small"', 'image_presett = "small"'),
+        ":14: unknown option 'image_presett' in [workload.options]; did you mean 'image_preset'?",
+    ),
+    "misspelled kind": (
+        ("[workload.options]", "[workload.mix]\nvalid_imag = 3\n\n[workload.options]"),
+        "unknown kind 'valid_imag' in [workload.mix]; did you mean 'valid_image'?",
+    ),
+    "preset": (
+        ('image_preset = "small"', 'image_preset = "huge"'),
+        "image_preset must be one of realistic, small, not 'huge'",
+    ),
+    "shape": (('shape = "steady"', 'shape = "sawtooth"'), ":11: shape 'sawtooth' unknown; known: "),
+    "missing cases file": (
+        ('image_preset = "small"', 'cases_file = "no-such.toml"'),
+        "cases_file: malformed case file",
+    ),
     "short duration": (("duration = 2", "duration = 0.3"), "duration must be at least 1 s, not 0.3"),
     "no spawn rate": (("spawn_rate = 2", "spawn_rate = 0"), "spawn_rate must be positive"),
-    "bad case name": (("image_preset = \"small\"", "malformed_cases = \"dimension_unsupported\""),
-                      "unknown case 'dimension_unsupported'; did you mean 'dimensions_unsupported'?"),
-    "port": (("target = \"command\"", "target = \"attach\"\nurl = \"http://127.0.0.1:99999\""),
-             "ports are 1-65535"),
-    "weight": (("[workload.options]", "[workload.mix]\nabort = -1\n\n[workload.options]"),
-               "[workload.mix] abort must be at least 0, not -1"),
+    "bad case name": (
+        ('image_preset = "small"', 'malformed_cases = "dimension_unsupported"'),
+        "unknown case 'dimension_unsupported'; did you mean 'dimensions_unsupported'?",
+    ),
+    "port": (('target = "command"', 'target = "attach"\nurl = "http://127.0.0.1:99999"'), "ports are 1-65535"),
+    "weight": (
+        ("[workload.options]", "[workload.mix]\nabort = -1\n\n[workload.options]"),
+        "[workload.mix] abort must be at least 0, not -1",
+    ),
 }
 
 
@@ -233,13 +279,16 @@ def test_paths_in_a_campaign_file_are_relative_to_it(tmp_path):
     Image.new("RGB", (32, 32), (9, 9, 9)).save(tmp_path / "sub" / "imgs" / "a.png")
     src = ROOT / "payloads" / "malformed_cases.toml"
     text = src.read_text().replace('name = "dimensions_unsupported"', 'name = "mine"', 1)
-    (tmp_path / "sub" / "mine.toml").write_text(text[text.index("[[case]]"):text.index("[[case]]", text.index(
-        "[[case]]") + 1)])
+    (tmp_path / "sub" / "mine.toml").write_text(
+        text[text.index("[[case]]") : text.index("[[case]]", text.index("[[case]]") + 1)]
+    )
     f = tmp_path / "sub" / "c.toml"
     # the one case selected fails after rendering: malformed_pre has none to draw from, so its weight is 0
-    f.write_text(BASE.format(standin=STANDIN).replace('image_preset = "small"', 'image_dir = "imgs"\n'
-                                                      'cases_file = "mine.toml"\nmalformed_cases = "mine"')
-                 .replace("[workload.options]", "[workload.mix]\nmalformed_pre = 0\n\n[workload.options]"))
+    f.write_text(
+        BASE.format(standin=STANDIN)
+        .replace('image_preset = "small"', 'image_dir = "imgs"\ncases_file = "mine.toml"\nmalformed_cases = "mine"')
+        .replace("[workload.options]", "[workload.mix]\nmalformed_pre = 0\n\n[workload.options]")
+    )
     r = cli("campaign", "check", str(f), "--results", str(tmp_path / "results"), timeout=60)
     assert r.returncode == 0, r.stderr  # run from another folder than the file's
 
@@ -268,8 +317,11 @@ def test_a_bad_port_is_one_line(port):
 
 def _small_campaign(tmp_path: Path) -> Path:
     f = tmp_path / "c.toml"
-    f.write_text(BASE.format(standin=STANDIN).replace('[[config]]\nname = "a"\n',
-                                                      '[[config]]\nname = "a"\nflags = ["--die-after", "30"]\n'))
+    f.write_text(
+        BASE.format(standin=STANDIN).replace(
+            '[[config]]\nname = "a"\n', '[[config]]\nname = "a"\nflags = ["--die-after", "30"]\n'
+        )
+    )
     r = cli("campaign", "run", str(f), "--results", str(tmp_path / "results"))
     assert r.returncode == 0, r.stderr
     return tmp_path / "results" / "v"

@@ -11,12 +11,12 @@ import re
 import uuid
 
 import pytest
-
 from conftest import REPORT_VERSION, require_engine_and_model
 from locust_run import rows
+from test_security import cli, grep_tree
+
 from mmchaos import paths, schema
 from mmchaos.harness import engines
-from test_security import cli, grep_tree
 
 pytestmark = pytest.mark.engine
 
@@ -25,9 +25,11 @@ def test_a_users_command_with_a_json_flag_and_keys_everywhere(tmp_path):
     require_engine_and_model(REPORT_VERSION)
     e = engines.require(REPORT_VERSION)
     keys = {k: f"sk-{k}-{uuid.uuid4().hex}" for k in ("command", "flags", "env", "token")}
-    command = (f"{e.python} {engines.LAUNCHER} serve {{model}} --host {{host}} --port {{port}} --runner pooling "
-               """--max-model-len 4096 --dtype bfloat16 -O0 --limit-mm-per-prompt '{"image": 4}' """
-               f"--api-key {keys['command']}")
+    command = (
+        f"{e.python} {engines.LAUNCHER} serve {{model}} --host {{host}} --port {{port}} --runner pooling "
+        """--max-model-len 4096 --dtype bfloat16 -O0 --limit-mm-per-prompt '{"image": 4}' """
+        f"--api-key {keys['command']}"
+    )
     f = tmp_path / "keyed.toml"
     f.write_text(f"""
 [campaign]
@@ -60,8 +62,8 @@ startup_timeout = 420
 
 [[config]]
 name = "keyed"
-flags = ["--api-key", "{keys['flags']}"]
-env = {{ VLLM_API_KEY = "{keys['env']}", HF_TOKEN = "{keys['token']}", VLLM_CPU_KVCACHE_SPACE = "1", HF_HUB_OFFLINE = "1", VLLM_CACHE_ROOT = "{paths.vllm_cache_root(REPORT_VERSION)}" }}
+flags = ["--api-key", "{keys["flags"]}"]
+env = {{ VLLM_API_KEY = "{keys["env"]}", HF_TOKEN = "{keys["token"]}", VLLM_CPU_KVCACHE_SPACE = "1", HF_HUB_OFFLINE = "1", VLLM_CACHE_ROOT = "{paths.vllm_cache_root(REPORT_VERSION)}" }}
 """)
     root = tmp_path / "results"
     env = {k: v for k, v in os.environ.items() if not k.startswith("MMCHAOS_API_KEY")}

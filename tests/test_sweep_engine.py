@@ -18,8 +18,8 @@ import sys
 
 import numpy as np
 import pytest
-
 from conftest import REPORT_VERSION, TESTS, require_engine_and_model
+
 from mmchaos import schema
 from mmchaos.analysis import hazard as H
 from mmchaos.analysis import stats
@@ -47,7 +47,7 @@ trials = 1
 seed = 3
 
 [workload]
-locustfile = "{TESTS.parent / 'locustfiles/embeddings.py'}"
+locustfile = "{TESTS.parent / "locustfiles/embeddings.py"}"
 users = 4
 spawn_rate = 4
 duration = {DURATION}
@@ -77,8 +77,10 @@ engine = "{REPORT_VERSION}"
 def test_the_points_ran_where_they_say(sweep):
     camp, plan, results = sweep
     assert plan.crash["policy"] == "restart"
-    assert [(r.point, r.status) for r in results] == [({"malformed_post": 0}, "completed"),
-                                                      ({"malformed_post": 10}, "completed")]
+    assert [(r.point, r.status) for r in results] == [
+        ({"malformed_post": 0}, "completed"),
+        ({"malformed_post": 10}, "completed"),
+    ]
     for point in (0, 10):
         m = json.loads((camp / "v0.30-default" / f"malformed_post={point}_t000" / schema.MANIFEST).read_text())
         assert m["sweep"] == {"malformed_post": point} and m["workload"]["mix"]["malformed_post"] == point
@@ -144,9 +146,24 @@ def test_the_fit_and_predict_read_the_sweep(sweep):
     assert set(c.requests["sweep"].astype(str)) == {'{"malformed_post": 0}', '{"malformed_post": 10}'}
     f = H.fit_hazard(c)["v0.30-default"]
     assert f.counts["trials_used"] == 1 and f.p_lo > 0 and f.p_hi >= 0.5
-    p = subprocess.run([sys.executable, "-m", "mmchaos.harness.cli", "predict", str(camp), "--rps", "200",
-                        "--post-render-4xx", "0.5%", "--disconnects", "1%"], capture_output=True, text=True,
-                       timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mmchaos.harness.cli",
+            "predict",
+            str(camp),
+            "--rps",
+            "200",
+            "--post-render-4xx",
+            "0.5%",
+            "--disconnects",
+            "1%",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr
     assert p.stdout.splitlines()[1].startswith("v0.30-default: mean time between crashes ")
     assert "caveat: measured on mmchaos's tiny random-weight model on CPU" in p.stdout

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import TESTS
+
 from mmchaos import schema
 from mmchaos.analysis import hazard as H
 from mmchaos.analysis.results import load_results
@@ -23,8 +23,14 @@ STANDIN = f"{sys.executable} {TESTS / 'standin_server.py'} --port {{port}}"
 MMCHAOS = [sys.executable, "-m", "mmchaos.harness.cli"]
 
 
-def sweep_campaign(tmp_path: Path, sweep: str = "malformed_post = [0, 30]", duration: int = 5,
-                   flags: str = '["--crash-after-poison"]', crash: str = 'max_restarts = 3', name: str = "c.toml") -> Path:
+def sweep_campaign(
+    tmp_path: Path,
+    sweep: str = "malformed_post = [0, 30]",
+    duration: int = 5,
+    flags: str = '["--crash-after-poison"]',
+    crash: str = "max_restarts = 3",
+    name: str = "c.toml",
+) -> Path:
     f = tmp_path / name
     f.write_text(f'''
 [campaign]
@@ -34,7 +40,7 @@ target = "command"
 command = "{STANDIN}"
 
 [workload]
-locustfile = "{TESTS.parent / 'locustfiles/embeddings.py'}"
+locustfile = "{TESTS.parent / "locustfiles/embeddings.py"}"
 users = 3
 spawn_rate = 3
 duration = {duration}
@@ -69,7 +75,9 @@ def test_sweep_points_run_in_their_own_folders_and_carry_their_knobs(tmp_path):
     assert plan.crash["policy"] == "restart"  # a sweep measures crashes per exposure: restart is its default
     results = campaign_runner.CampaignRunner(plan, tmp_path / "results").run()
     assert [(r.point, r.trial, r.status) for r in results] == [
-        ({"malformed_post": 0}, 0, "completed"), ({"malformed_post": 30}, 1, "completed")]
+        ({"malformed_post": 0}, 0, "completed"),
+        ({"malformed_post": 30}, 1, "completed"),
+    ]
     camp = tmp_path / "results" / "sweep"
     assert sorted(p.name for p in (camp / "p1").iterdir()) == ["malformed_post=0_t000", "malformed_post=30_t000"]
     assert json.loads((camp / schema.CAMPAIGN_MANIFEST).read_text())["sweep"] == {"malformed_post": [0, 30]}
@@ -95,7 +103,10 @@ def test_sweep_points_run_in_their_own_folders_and_carry_their_knobs(tmp_path):
     # read back: the point is in the trials table and in every row; exposure counts only the server's up time
     c = load_results(camp)
     assert list(c.trials["sweep"].map(json.loads)) == [{"malformed_post": 0}, {"malformed_post": 30}]
-    assert set(c.requests["sweep"].astype(str)) == {json.dumps({"malformed_post": 0}), json.dumps({"malformed_post": 30})}
+    assert set(c.requests["sweep"].astype(str)) == {
+        json.dumps({"malformed_post": 0}),
+        json.dumps({"malformed_post": 30}),
+    }
     assert not c.warnings
     exp = H.exposure(c).set_index("malformed_post")
     assert exp.loc[0, "poison_requests"] == 0 and exp.loc[0, "crashes"] == 0
@@ -113,18 +124,21 @@ def test_sweep_points_run_in_their_own_folders_and_carry_their_knobs(tmp_path):
     assert [r.skipped for r in again] == [True, True]
 
 
-@pytest.mark.parametrize("sweep,needle", [
-    ("bogus = [1, 2]", "[sweep] bogus is no knob"),
-    ("weight_abort = [1]", "written as the kind's name, as in [workload.mix]: abort"),
-    ("abort = [1, 2]", "abort is also set in [workload.mix]: set it in one place"),
-    ("multi_images = [3, 1]", "[sweep] multi_images = 1: must be at least 2"),
-    ("base64_fraction = [0.5, 1.5]", "must be at most 1"),
-    ("users = [2, 2]", "lists a value twice"),
-    ("users = 4", "must be a list of values"),
-    ("seed = [1, 2]", "set by the harness, not swept"),
-    ("instruction = ['a', 'b']", "takes text, not a number"),
-    ("users = [1]\npool_size = [2]\nzipf = [1.0]", "at most 2"),
-])
+@pytest.mark.parametrize(
+    "sweep,needle",
+    [
+        ("bogus = [1, 2]", "[sweep] bogus is no knob"),
+        ("weight_abort = [1]", "written as the kind's name, as in [workload.mix]: abort"),
+        ("abort = [1, 2]", "abort is also set in [workload.mix]: set it in one place"),
+        ("multi_images = [3, 1]", "[sweep] multi_images = 1: must be at least 2"),
+        ("base64_fraction = [0.5, 1.5]", "must be at most 1"),
+        ("users = [2, 2]", "lists a value twice"),
+        ("users = 4", "must be a list of values"),
+        ("seed = [1, 2]", "set by the harness, not swept"),
+        ("instruction = ['a', 'b']", "takes text, not a number"),
+        ("users = [1]\npool_size = [2]\nzipf = [1.0]", "at most 2"),
+    ],
+)
 def test_bad_sweeps_are_one_line_errors(tmp_path, sweep, needle):
     f = sweep_campaign(tmp_path, sweep=sweep)
     with pytest.raises(campaign_plan.CampaignError) as e:
@@ -138,8 +152,13 @@ def test_check_and_run_refuse_a_bad_sweep_alike(tmp_path):
     f = sweep_campaign(tmp_path, sweep="bogus = [1, 2]")
     outs = []
     for action in ("check", "run"):
-        p = subprocess.run([*MMCHAOS, "campaign", action, str(f), "--results", str(tmp_path / "r")],
-                           capture_output=True, text=True, timeout=60, cwd=TESTS.parent)
+        p = subprocess.run(
+            [*MMCHAOS, "campaign", action, str(f), "--results", str(tmp_path / "r")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=TESTS.parent,
+        )
         assert p.returncode == 2, p.stderr
         [line] = p.stderr.strip().splitlines()
         assert line.startswith(f"mmchaos: {f}:") and "[sweep] bogus is no knob; known: users," in line, line
@@ -151,8 +170,11 @@ def test_check_and_run_refuse_a_bad_sweep_alike(tmp_path):
 
 def test_every_weight_zero_at_a_point_is_refused(tmp_path):
     f = sweep_campaign(tmp_path, sweep="malformed_post = [0, 1]")
-    text = f.read_text().replace("abort = 0", "abort = 0\n" + "\n".join(
-        f"{k} = 0" for k in ("valid_image", "text", "multi_image", "batch", "tokenize", "video")))
+    text = f.read_text().replace(
+        "abort = 0",
+        "abort = 0\n"
+        + "\n".join(f"{k} = 0" for k in ("valid_image", "text", "multi_image", "batch", "tokenize", "video")),
+    )
     f.write_text(text)
     with pytest.raises(campaign_plan.CampaignError, match=r"at malformed_post=0 every kind's weight is 0"):
         campaign_plan.load(f)

@@ -18,18 +18,18 @@ from pathlib import Path
 
 import pytest
 from cli_inprocess import mmchaos
-from PIL import Image
-
 from conftest import TESTS, standin_server
 from locust_run import locust, rows
+from PIL import Image
+from test_campaign_standin import run, write_campaign
+from test_reliability import killpg, manifest, reaper  # noqa: F401  (the fixture)
+
 from mmchaos.analysis.results import load_results
 from mmchaos.analysis.verdict import verdicts
 from mmchaos.harness import repro_script
 from mmchaos.payloads import request_log
 from mmchaos.payloads.traces import Trace
 from mmchaos.tables import read_table
-from test_campaign_standin import run, write_campaign
-from test_reliability import killpg, manifest, reaper  # noqa: F401  (the fixture)
 
 POISON_CASE = ["--malformed-cases", "dimensions_unsupported"]
 
@@ -39,8 +39,9 @@ def _received(log: Path) -> list[tuple[str, str]]:
 
 
 def _cli(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "mmchaos.harness.cli", *args], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "mmchaos.harness.cli", *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +50,17 @@ def recorded(tmp_path_factory):
     received."""
     out = tmp_path_factory.mktemp("recorded")
     with standin_server(out / "s.log", "--body-log", str(out / "bodies.txt")) as s:
-        r = locust("locustfiles/embeddings.py", s.base_url, out, "--fresh-fraction", "0.3", "--max-requests", "400",
-                   users=3, seconds=60)  # ends at 400 requests, however busy the machine
+        r = locust(
+            "locustfiles/embeddings.py",
+            s.base_url,
+            out,
+            "--fresh-fraction",
+            "0.3",
+            "--max-requests",
+            "400",
+            users=3,
+            seconds=60,
+        )  # ends at 400 requests, however busy the machine
     assert r.returncode == 0, r.stdout[-2000:]
     return out, Trace.load(out), _received(out / "bodies.txt")
 
@@ -58,8 +68,7 @@ def recorded(tmp_path_factory):
 def test_the_trace_is_exactly_what_the_server_received(recorded):
     out, trace, received = recorded
     got = dict(received)
-    sent = {trace.requests.at[i, "request_id"]: hashlib.sha256(trace.payload(i)).hexdigest()
-            for i in range(len(trace))}
+    sent = {trace.requests.at[i, "request_id"]: hashlib.sha256(trace.payload(i)).hexdigest() for i in range(len(trace))}
     assert len(got) > 200 and set(got) <= set(sent)
     assert {rid: sent[rid] for rid in got} == got  # byte for byte, every request the server read
     requests = rows(out)
@@ -83,8 +92,17 @@ def test_each_image_is_stored_once_and_made_again_by_recipe(recorded):
 def test_a_replay_sends_the_same_bytes_in_each_users_order(recorded, tmp_path):
     out, trace, _ = recorded
     with standin_server(tmp_path / "s.log", "--body-log", str(tmp_path / "bodies.txt")) as s:
-        r = locust("locustfiles/replay.py", s.base_url, tmp_path, "--replay", str(out), "--replay-speed", "0",
-                   users=1, seconds=120)
+        r = locust(
+            "locustfiles/replay.py",
+            s.base_url,
+            tmp_path,
+            "--replay",
+            str(out),
+            "--replay-speed",
+            "0",
+            users=1,
+            seconds=120,
+        )
     assert r.returncode == 0, r.stdout[-2000:]
     replayed = rows(tmp_path)
     t = trace.requests
@@ -106,8 +124,15 @@ def test_a_replay_sends_the_same_bytes_in_each_users_order(recorded, tmp_path):
 
 
 def test_a_replay_of_nothing_says_so_and_exits_2(tmp_path, standin):
-    r = locust("locustfiles/replay.py", standin.base_url, tmp_path, "--replay", str(tmp_path / "nope.jsonl"),
-               users=1, seconds=30)
+    r = locust(
+        "locustfiles/replay.py",
+        standin.base_url,
+        tmp_path,
+        "--replay",
+        str(tmp_path / "nope.jsonl"),
+        users=1,
+        seconds=30,
+    )
     assert r.returncode == 2 and "no such trace folder or request log" in r.stdout, r.stdout[-2000:]
 
 
@@ -123,8 +148,10 @@ def test_a_request_log_converts_to_a_trace_and_back_byte_for_byte(recorded, tmp_
     assert r.returncode == 0, r.stderr
     r = _cli("trace", "export", str(tmp_path / "imported"), str(tmp_path / "again.jsonl"))
     assert r.returncode == 0, r.stderr
-    strip = [{k: v for k, v in json.loads(line).items() if k != "body"} for line in
-             (tmp_path / "again.jsonl").read_text().splitlines()]
+    strip = [
+        {k: v for k, v in json.loads(line).items() if k != "body"}
+        for line in (tmp_path / "again.jsonl").read_text().splitlines()
+    ]
     assert [d["kind"] for d in strip] == list(trace.requests["kind"])
     again = request_log.read(tmp_path / "again.jsonl")
     assert [again.payload(i) for i in range(len(again))] == [trace.payload(i) for i in range(len(trace))]
@@ -143,13 +170,24 @@ def _hand_written_log(folder: Path) -> Path:
     data = _png(folder / "cat.png", (200, 30, 30))
 
     def body(url, **extra):
-        return {"model": "m", "messages": [{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "a cat"}]}], **extra}
+        return {
+            "model": "m",
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "a cat"}],
+                }
+            ],
+            **extra,
+        }
 
     lines = [
         {"t": "2026-11-30T10:00:00+00:00", "session": "alice", "body": body("cat.png", dimensions=5), "status": 400},
-        {"t": "2026-11-30T10:00:01.5+00:00", "session": "bob",
-         "body": body("data:image/png;base64," + base64.b64encode(data).decode())},
+        {
+            "t": "2026-11-30T10:00:01.5+00:00",
+            "session": "bob",
+            "body": body("data:image/png;base64," + base64.b64encode(data).decode()),
+        },
     ]
     log = folder / "production.jsonl"
     log.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
@@ -163,8 +201,7 @@ def test_a_hand_written_request_log_replays_a_poison_then_reuse(tmp_path):
     assert list(trace.requests["kind"]) == ["malformed_post", "valid_image"]  # read from the log, not given
     assert len(trace.images) == 1  # the file and the data URL are one image
     with standin_server(tmp_path / "s.log", "--crash-after-poison") as s:
-        r = locust("locustfiles/replay.py", s.base_url, tmp_path / "out", "--replay", str(log), users=1,
-                   seconds=60)
+        r = locust("locustfiles/replay.py", s.base_url, tmp_path / "out", "--replay", str(log), users=1, seconds=60)
         died = s.exit_code()
     df = rows(tmp_path / "out")
     firsts = df[df["attempt"] == 1].sort_values("t_start")
@@ -176,17 +213,22 @@ def test_a_hand_written_request_log_replays_a_poison_then_reuse(tmp_path):
     assert 1.4 <= gaps.iloc[0] < 3  # the recorded 1.5 s, as recorded (--replay-speed 1)
 
 
-@pytest.mark.parametrize("line,needle", [
-    ('{"body": 3}', "'body' must be the request body"),
-    ('{"body": {}, "kind": "nope"}', "'kind' must be one of"),
-    ('{"body": {}, "status": 999}', "'status' must be an HTTP status"),
-    ('{"body": {}, "bodyy": 1}', "unknown field(s) ['bodyy']"),
-    ('{"body": {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "nope.png"}}]}]}}',
-     "image nope.png"),
-    ("not json", "not JSON"),
-    ('{"body": {}, "retry_of": "zz"}', "'retry_of' must be the request_id of an earlier line"),
-    ('{"body": {}, "session": "b", "retry_of": "log-1"}', "names a line of another session"),
-])
+@pytest.mark.parametrize(
+    "line,needle",
+    [
+        ('{"body": 3}', "'body' must be the request body"),
+        ('{"body": {}, "kind": "nope"}', "'kind' must be one of"),
+        ('{"body": {}, "status": 999}', "'status' must be an HTTP status"),
+        ('{"body": {}, "bodyy": 1}', "unknown field(s) ['bodyy']"),
+        (
+            '{"body": {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "nope.png"}}]}]}}',
+            "image nope.png",
+        ),
+        ("not json", "not JSON"),
+        ('{"body": {}, "retry_of": "zz"}', "'retry_of' must be the request_id of an earlier line"),
+        ('{"body": {}, "session": "b", "retry_of": "log-1"}', "names a line of another session"),
+    ],
+)
 def test_a_bad_request_log_is_one_line_naming_the_line(tmp_path, line, needle):
     (tmp_path / "log.jsonl").write_text('{"body": {"input": "ok"}}\n' + line + "\n")
     r = mmchaos("trace", "import", str(tmp_path / "log.jsonl"), str(tmp_path / "out"))
@@ -200,8 +242,11 @@ def test_a_bad_request_log_is_one_line_naming_the_line(tmp_path, line, needle):
 def test_a_campaign_workload_can_replay_a_request_log(tmp_path):
     _hand_written_log(tmp_path)
     f = write_campaign(tmp_path, duration=30, configs='[[config]]\nname = "v030"\nflags = ["--crash-after-poison"]\n')
-    f.write_text(f.read_text().replace(f'locustfile = "{TESTS.parent / "locustfiles/embeddings.py"}"',
-                                       'trace = "production.jsonl"'))
+    f.write_text(
+        f.read_text().replace(
+            f'locustfile = "{TESTS.parent / "locustfiles/embeddings.py"}"', 'trace = "production.jsonl"'
+        )
+    )
     r = _cli("campaign", "check", str(f))
     assert r.returncode == 0, r.stderr
     [result] = run(f, tmp_path / "results")
@@ -211,10 +256,12 @@ def test_a_campaign_workload_can_replay_a_request_log(tmp_path):
 
 
 def _replay_campaign(tmp_path: Path, flags: list[str], duration: int = 30) -> Path:
-    f = write_campaign(tmp_path, duration=duration,
-                       configs=f'[[config]]\nname = "v032"\nflags = {json.dumps(flags)}\n')
-    f.write_text(f.read_text().replace(f'locustfile = "{TESTS.parent / "locustfiles/embeddings.py"}"',
-                                       'trace = "production.jsonl"'))
+    f = write_campaign(tmp_path, duration=duration, configs=f'[[config]]\nname = "v032"\nflags = {json.dumps(flags)}\n')
+    f.write_text(
+        f.read_text().replace(
+            f'locustfile = "{TESTS.parent / "locustfiles/embeddings.py"}"', 'trace = "production.jsonl"'
+        )
+    )
     return f
 
 
@@ -243,14 +290,25 @@ def test_a_log_that_records_its_clients_retries_is_replayed_as_recorded(tmp_path
     data = _png(tmp_path / "cat.png", (200, 30, 30))
     url = "data:image/png;base64," + base64.b64encode(data).decode()
     body = {"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}]}
-    lines = [{"t": 0, "body": {**body, "dimensions": 5}, "status": 400},  # one session: sent in this order
-             {"t": 0.5, "body": body, "status": 503, "request_id": "first"},
-             {"t": 1.0, "body": body, "retry_of": "first", "status": 200}]
+    lines = [
+        {"t": 0, "body": {**body, "dimensions": 5}, "status": 400},  # one session: sent in this order
+        {"t": 0.5, "body": body, "status": 503, "request_id": "first"},
+        {"t": 1.0, "body": body, "retry_of": "first", "status": 200},
+    ]
     log = tmp_path / "retries.jsonl"
     log.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     with standin_server(tmp_path / "s.log", "--miss-after-poison") as s:
-        r = locust("locustfiles/replay.py", s.base_url, tmp_path / "out", "--replay", str(log), "--replay-speed", "0",
-                   users=1, seconds=60)
+        r = locust(
+            "locustfiles/replay.py",
+            s.base_url,
+            tmp_path / "out",
+            "--replay",
+            str(log),
+            "--replay-speed",
+            "0",
+            users=1,
+            seconds=60,
+        )
     assert r.returncode == 0, r.stdout[-2000:]
     sent = rows(tmp_path / "out").sort_values("t_start", ignore_index=True)
     assert list(sent["status"]) == [400, 503, 200] and list(sent["attempt"]) == [1, 1, 2]
@@ -258,18 +316,24 @@ def test_a_log_that_records_its_clients_retries_is_replayed_as_recorded(tmp_path
     # export keeps the link: the log written back says which line retries which
     again = tmp_path / "again.jsonl"
     request_log.write(Trace.load(tmp_path / "out"), again)
-    assert [json.loads(x).get("retry_of") for x in again.read_text().splitlines()] == \
-        [None, None, sent.at[1, "request_id"]]
+    assert [json.loads(x).get("retry_of") for x in again.read_text().splitlines()] == [
+        None,
+        None,
+        sent.at[1, "request_id"],
+    ]
 
 
 @pytest.mark.integration
 def test_a_replay_longer_than_its_duration_is_cut_and_says_what_it_did_not_send(tmp_path):
     body = {"model": "m", "input": "hello"}
-    (tmp_path / "production.jsonl").write_text("\n".join(json.dumps(x) for x in [
-        {"t": 0, "body": body}, {"t": 0.5, "body": body}, {"t": 600, "body": body}]) + "\n")
+    (tmp_path / "production.jsonl").write_text(
+        "\n".join(json.dumps(x) for x in [{"t": 0, "body": body}, {"t": 0.5, "body": body}, {"t": 600, "body": body}])
+        + "\n"
+    )
     [result] = run(_replay_campaign(tmp_path, [], duration=4), tmp_path / "results")
-    assert result.status == "completed" and result.error == "replay cut at the 4 s duration: 1 of 3 requests not " \
-        "sent", result
+    assert (
+        result.status == "completed" and result.error == "replay cut at the 4 s duration: 1 of 3 requests not sent"
+    ), result
     trial = tmp_path / "results" / "standin" / "v032" / "t000"
     assert manifest(trial)["replay"]["cut_by_run_time"] and manifest(trial)["replay"]["not_sent"] == 1
 
@@ -283,17 +347,34 @@ def crashed_trial(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("minimize")
     f = write_campaign(tmp, duration=10, configs='[[config]]\nname = "v030"\nflags = ["--crash-after-poison"]\n')
     # images only (the stand-in's crash is an image's): no video kind, no video in the poisons
-    f.write_text(f.read_text().replace("pool_size = 16", 'pool_size = 4\nfresh_fraction = 0.0\nvideo_share = 0.0\n'
-                                       'malformed_cases = "dimensions_unsupported"')
-                 .replace("[workload.options]", "[workload.mix]\nmalformed_pre = 0\nvideo = 0\n\n[workload.options]"))
+    f.write_text(
+        f.read_text()
+        .replace(
+            "pool_size = 16",
+            'pool_size = 4\nfresh_fraction = 0.0\nvideo_share = 0.0\nmalformed_cases = "dimensions_unsupported"',
+        )
+        .replace("[workload.options]", "[workload.mix]\nmalformed_pre = 0\nvideo = 0\n\n[workload.options]")
+    )
     [result] = run(f, tmp / "results")
     assert result.crashes, "the stand-in did not crash"
     return tmp / "results" / "standin" / "v030" / "t000"
 
 
 def _minimize(trial: Path, out: Path, *extra: str):
-    return _cli("minimize", str(trial), "--out", str(out), "--repeats", "2", "--settle", "1",
-                "--startup-timeout", "30", *extra, timeout=600)
+    return _cli(
+        "minimize",
+        str(trial),
+        "--out",
+        str(out),
+        "--repeats",
+        "2",
+        "--settle",
+        "1",
+        "--startup-timeout",
+        "30",
+        *extra,
+        timeout=600,
+    )
 
 
 @pytest.mark.integration
@@ -310,11 +391,18 @@ def test_minimize_finds_the_two_requests_and_the_script_reproduces_them(crashed_
     assert "detokenizer_assert" in issue and "P0/P1 cache drift" in issue and "crashed 2 of 2" in issue
     script = tmp_path / "min" / "repro.py"
     assert "import requests" not in script.read_text() and "mmchaos" not in script.read_text().split('"""')[2]
-    for flags, code, says in ((["--crash-after-poison"], 1, "crashed"), (["--miss-after-poison"], 0, "survived"),
-                              ([], 0, "survived")):
+    for flags, code, says in (
+        (["--crash-after-poison"], 1, "crashed"),
+        (["--miss-after-poison"], 0, "survived"),
+        ([], 0, "survived"),
+    ):
         with standin_server(tmp_path / "s.log", *flags) as s:
-            p = subprocess.run([sys.executable, str(script), "--url", s.base_url, "--settle", "1"],
-                               capture_output=True, text=True, timeout=60)
+            p = subprocess.run(
+                [sys.executable, str(script), "--url", s.base_url, "--settle", "1"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
         assert p.returncode == code and p.stdout.strip().splitlines()[-1].startswith(says), (flags, p.stdout)
         if flags == ["--miss-after-poison"]:
             assert "-> 503" in p.stdout  # the fixed version's retryable answer, then still up
@@ -339,8 +427,12 @@ def test_a_script_that_hung_up_on_a_survivor_says_the_race_may_have_been_lost(tm
         script = tmp_path / f"{name}.py"
         script.write_text(repro_script.render(trace, repro_script.ScriptInfo("t", "a")))
         with standin_server(tmp_path / f"{name}.log", "--delay-ms", "300") as s:  # answers after the hang-up
-            p = subprocess.run([sys.executable, str(script), "--url", s.base_url, "--settle", "1"],
-                               capture_output=True, text=True, timeout=60)
+            p = subprocess.run(
+                [sys.executable, str(script), "--url", s.base_url, "--settle", "1"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
         assert p.returncode == 0 and p.stdout.strip().splitlines()[-1].startswith("survived"), p.stdout
         said[name] = p.stdout
     assert request_log.read(hung).requests["kind"].iloc[0] == "abort"

@@ -10,7 +10,6 @@ import subprocess
 import sys
 
 import pytest
-
 from locust_run import ROOT, locust_request_count, locust_rows, rows
 
 pytestmark = pytest.mark.integration  # every test here starts processes (stand-in servers, Locust, campaigns)
@@ -24,15 +23,63 @@ def test_master_with_two_workers_records_rows_from_both(standin, tmp_path):
     port.close()
     common = ["-f", str(ROOT / "locustfiles/embeddings.py")]
     master = subprocess.Popen(
-        [sys.executable, "-m", "locust", *common, "--master", "--master-bind-host", "127.0.0.1",
-         "--master-bind-port", str(mport), "--expect-workers", "2", "--headless", "-u", "4", "-r", "4", "-t", "4s",
-         "--host", standin.base_url, "--only-summary", "--json-file", str(out / "locust"), "--results-dir", str(out),
-         "--image-preset", "small", "--pool-size", "16"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, start_new_session=True)
-    workers = [subprocess.Popen(
-        [sys.executable, "-m", "locust", *common, "--worker", "--master-host", "127.0.0.1", "--master-port",
-         str(mport)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
-        for _ in range(2)]
+        [
+            sys.executable,
+            "-m",
+            "locust",
+            *common,
+            "--master",
+            "--master-bind-host",
+            "127.0.0.1",
+            "--master-bind-port",
+            str(mport),
+            "--expect-workers",
+            "2",
+            "--headless",
+            "-u",
+            "4",
+            "-r",
+            "4",
+            "-t",
+            "4s",
+            "--host",
+            standin.base_url,
+            "--only-summary",
+            "--json-file",
+            str(out / "locust"),
+            "--results-dir",
+            str(out),
+            "--image-preset",
+            "small",
+            "--pool-size",
+            "16",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
+        start_new_session=True,
+    )
+    workers = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "locust",
+                *common,
+                "--worker",
+                "--master-host",
+                "127.0.0.1",
+                "--master-port",
+                str(mport),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            start_new_session=True,
+        )
+        for _ in range(2)
+    ]
     try:
         stdout, _ = master.communicate(timeout=120)
         for w in workers:

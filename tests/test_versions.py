@@ -12,12 +12,12 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from cli_inprocess import mmchaos
 from conftest import FIXED_VERSION, REPORT_VERSION, TESTS, require_engine_and_model
+
+from mmchaos import paths
 from mmchaos.harness import engines, repro, versions, versions_table
 from mmchaos.harness.server import Server, Target
-from mmchaos import paths
 
 # stand-in behaviours: dies at the reuse (warm-up is request 1, the poison 2) / a retryable 503 / healthy
 STANDIN = {"0.1.0": "--die-after 2", "0.2.0": "--miss-after-poison", "0.3.0": "", "0.4.0": "--delay-ms 300"}
@@ -35,16 +35,25 @@ def _packages(version: str) -> dict:
 
 
 def _survey(tmp_path, **kw) -> versions.Survey:
-    kw = {"configs": {"default": []}, "launch": standin_launch, "prepare": _packages, "say": lambda _: None,
-          "startup_timeout": 30, **kw}
+    kw = {
+        "configs": {"default": []},
+        "launch": standin_launch,
+        "prepare": _packages,
+        "say": lambda _: None,
+        "startup_timeout": 30,
+        **kw,
+    }
     return versions.Survey(tmp_path, **kw)
 
 
 def test_probe_names_are_the_locust_probes():
     # read, not imported: importing a locustfile imports Locust, which monkey-patches this process
     tree = ast.parse(paths.locustfile("probes.py").read_text())
-    names = next(ast.literal_eval(n.value) for n in tree.body
-                 if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "SEQUENCES")
+    names = next(
+        ast.literal_eval(n.value)
+        for n in tree.body
+        if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "SEQUENCES"
+    )
     assert tuple(repro.SEQUENCES) == names
 
 
@@ -99,8 +108,12 @@ def test_a_server_that_does_not_start_is_one_attempt_and_a_row_per_probe(tmp_pat
 def test_a_clean_probe_hands_its_server_to_the_next_one_any_other_does_not(tmp_path):
     said = []
     rows = _survey(tmp_path, probes=["poison_reuse", "tokenize_reuse"], say=said.append).run(["0.2.0", "0.3.0"])
-    assert [(r.version, r.outcome) for r in rows] == [("0.2.0", versions.RETRYABLE), ("0.2.0", versions.CLEAN),
-                                                       ("0.3.0", versions.CLEAN), ("0.3.0", versions.CLEAN)]
+    assert [(r.version, r.outcome) for r in rows] == [
+        ("0.2.0", versions.RETRYABLE),
+        ("0.2.0", versions.CLEAN),
+        ("0.3.0", versions.CLEAN),
+        ("0.3.0", versions.CLEAN),
+    ]
     starts = [s.split("]")[1].split(":")[0].strip() for s in said if s.endswith("fresh server")]
     assert starts == ["0.2.0 default poison_reuse", "0.2.0 default tokenize_reuse", "0.3.0 default poison_reuse"]
     assert rows[3].log == rows[2].log  # the same server
@@ -112,8 +125,9 @@ def test_measured_rows_are_kept_and_reused_unless_flags_change(tmp_path):
     said = []
     again = _survey(tmp_path, probes=["poison_reuse"], say=said.append).run(["0.3.0"])
     assert again[0].measured_at == first[0].measured_at and not any("fresh server" in s for s in said)
-    other = _survey(tmp_path, probes=["poison_reuse"], configs={"default": ["--delay-ms", "1"]},
-                    say=said.append).run(["0.3.0"])
+    other = _survey(tmp_path, probes=["poison_reuse"], configs={"default": ["--delay-ms", "1"]}, say=said.append).run(
+        ["0.3.0"]
+    )
     assert other[0].flags == "--delay-ms 1" and any("fresh server" in s for s in said)
 
 
@@ -129,8 +143,12 @@ def test_table_files(tmp_path):
 
 
 def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mmchaos.harness.cli", "versions", *args], capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "mmchaos.harness.cli", "versions", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.mark.integration
@@ -142,13 +160,16 @@ def test_cli_release_that_cannot_be_installed_is_a_row(tmp_path):
     assert (tmp_path / "table.csv").is_file() and (tmp_path / "table.md").is_file()
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--from", "0.32.0", "--to", "0.27.1"], "newer than --to"),
-    (["--versions", "0.30.0", "--probes", "poison,reuse"], "unknown probe(s) poison, reuse"),
-    (["--versions", "latest"], "'latest' is not a vLLM version"),
-    (["--versions", "0.30.0", "--config", "no flags"], "write NAME=FLAGS"),
-    (["--versions", "0.30.0", "--abort-after-ms", "0"], "is not a positive number"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--from", "0.32.0", "--to", "0.27.1"], "newer than --to"),
+        (["--versions", "0.30.0", "--probes", "poison,reuse"], "unknown probe(s) poison, reuse"),
+        (["--versions", "latest"], "'latest' is not a vLLM version"),
+        (["--versions", "0.30.0", "--config", "no flags"], "write NAME=FLAGS"),
+        (["--versions", "0.30.0", "--abort-after-ms", "0"], "is not a positive number"),
+    ],
+)
 def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
     r = mmchaos("versions", *args, "--results", str(tmp_path))  # in this process: refused before anything runs
     assert r.returncode == 2 and message in r.stderr, r.stderr
@@ -160,8 +181,19 @@ def test_engine_poison_probe_on_the_report_version_and_the_fixed_one(tmp_path):
     """Two server starts: 0.30.0 dies with drift then the detokenizer assertion; 0.32.0 answers a retryable 503."""
     for v in (REPORT_VERSION, FIXED_VERSION):
         require_engine_and_model(v)
-    r = _cli("--versions", REPORT_VERSION, FIXED_VERSION, "--probes", "poison_reuse", "--config", "default=",
-             "--no-install", "--results", str(tmp_path), timeout=900)  # two server starts, and their probes
+    r = _cli(
+        "--versions",
+        REPORT_VERSION,
+        FIXED_VERSION,
+        "--probes",
+        "poison_reuse",
+        "--config",
+        "default=",
+        "--no-install",
+        "--results",
+        str(tmp_path),
+        timeout=900,
+    )  # two server starts, and their probes
     assert r.returncode == 0, r.stderr
     rows = {row["version"]: row for row in csv.DictReader((tmp_path / "table.csv").open())}
     assert rows[REPORT_VERSION]["outcome"] == "crashed"

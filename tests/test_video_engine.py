@@ -9,8 +9,8 @@ import time
 
 import pytest
 import requests
-
 from conftest import REPORT_VERSION, vllm_server
+
 from mmchaos.payloads import bodies, video, video_cases
 from mmchaos.signatures import Signatures
 

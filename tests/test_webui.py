@@ -14,17 +14,17 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 import requests
-
 from conftest import standin_server
-from mmchaos.harness.processes import free_port
-from mmchaos.signatures import Signatures
 from locust_run import ROOT, rows
+
+from mmchaos import schema
+from mmchaos.harness.processes import free_port
 from mmchaos.locustfiles import panel_tables
 from mmchaos.locustfiles.panel import Panel
 from mmchaos.locustfiles.panel_outcomes import CATEGORIES, Attempt, Outcomes, category, classify_request
-from mmchaos.locustfiles.web_form import apply_mangled_form_fields
 from mmchaos.locustfiles.watchers import parse_metrics
-from mmchaos import schema
+from mmchaos.locustfiles.web_form import apply_mangled_form_fields
+from mmchaos.signatures import Signatures
 
 SMALL = ["--image-preset", "small", "--pool-size", "16"]
 
@@ -37,13 +37,22 @@ class LocustUI:
         self.url = f"http://127.0.0.1:{self.port}"
         self.out_file = out / f"locust-{self.port}.out"
         self._out = open(self.out_file, "w")
-        cmd = [sys.executable, "-m", "locust", "-f", str(ROOT / "locustfiles/embeddings.py"), "--web-host",
-               "127.0.0.1", "--web-port", str(self.port), *args]
-        self.proc = subprocess.Popen(cmd, stdout=self._out, stderr=subprocess.STDOUT, cwd=ROOT,
-                                     start_new_session=True)
+        cmd = [
+            sys.executable,
+            "-m",
+            "locust",
+            "-f",
+            str(ROOT / "locustfiles/embeddings.py"),
+            "--web-host",
+            "127.0.0.1",
+            "--web-port",
+            str(self.port),
+            *args,
+        ]
+        self.proc = subprocess.Popen(cmd, stdout=self._out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
         self.pgid = self.proc.pid
 
-    def wait_up(self, timeout: float = 60) -> "LocustUI":
+    def wait_up(self, timeout: float = 60) -> LocustUI:
         deadline = time.time() + timeout
         while time.time() < deadline:
             assert self.proc.poll() is None, self.output()
@@ -107,8 +116,25 @@ def run_finished_and_flushed(ui: LocustUI, out: Path):
 
 def test_panel_counts_match_the_recorded_rows(standin, tmp_path):
     # ends at its request budget, however busy the machine (the run time only bounds it)
-    ui = LocustUI(tmp_path, "--host", standin.base_url, "--autostart", "-u", "4", "-r", "4", "-t", "60s",
-                  "--max-requests", "120", "--autoquit", "120", "--results-dir", str(tmp_path), *SMALL).wait_up()
+    ui = LocustUI(
+        tmp_path,
+        "--host",
+        standin.base_url,
+        "--autostart",
+        "-u",
+        "4",
+        "-r",
+        "4",
+        "-t",
+        "60s",
+        "--max-requests",
+        "120",
+        "--autoquit",
+        "120",
+        "--results-dir",
+        str(tmp_path),
+        *SMALL,
+    ).wait_up()
     try:
         st, df = wait_for(lambda: run_finished_and_flushed(ui, tmp_path), 90, "the run to end and its rows")
         assert len(df) >= 120
@@ -121,8 +147,12 @@ def test_panel_counts_match_the_recorded_rows(standin, tmp_path):
         # the rows of the tabs, as Locust's UI receives them with its stats
         stats = requests.get(ui.url + "/stats/requests", timeout=5).json()
         tabs = {t["key"]: t["data"] for t in stats["extended_stats"]}
-        assert set(tabs) == {panel_tables.TAB_VERDICT, panel_tables.TAB_EVENTS, panel_tables.TAB_OUTCOMES,
-                             panel_tables.TAB_SERVER}
+        assert set(tabs) == {
+            panel_tables.TAB_VERDICT,
+            panel_tables.TAB_EVENTS,
+            panel_tables.TAB_OUTCOMES,
+            panel_tables.TAB_SERVER,
+        }
         verdict = {r["item"]: r for r in tabs[panel_tables.TAB_VERDICT]}
         assert verdict["verdict"]["state"] == st["verdict"]["title"]
         assert verdict["gate max-crashes"]["state"] == "passed"
@@ -131,20 +161,60 @@ def test_panel_counts_match_the_recorded_rows(standin, tmp_path):
         for kind, c in counts_from_rows(df).items():
             assert table[kind]["total"] == c["total"] and table[kind]["c4xx"] == c["4xx"]
             assert table[kind]["ok"] == c["ok"] and table[kind]["aborted"] == c["aborted"]
-        assert any(r["item"] == "mm-cache hit rate" and r["value"].startswith("n/a") for r in tabs[panel_tables.TAB_SERVER])
+        assert any(
+            r["item"] == "mm-cache hit rate" and r["value"].startswith("n/a") for r in tabs[panel_tables.TAB_SERVER]
+        )
     finally:
         ui.stop()
 
 
 def test_master_gets_the_counts_from_its_workers(standin, tmp_path):
     mport = free_port()
-    ui = LocustUI(tmp_path, "--host", standin.base_url, "--master", "--master-bind-host", "127.0.0.1",
-                  "--master-bind-port", str(mport), "--expect-workers", "2", "--autostart", "-u", "4", "-r", "4",
-                  "-t", "5s", "--autoquit", "120", "--results-dir", str(tmp_path), *SMALL)
-    workers = [subprocess.Popen(
-        [sys.executable, "-m", "locust", "-f", str(ROOT / "locustfiles/embeddings.py"), "--worker", "--master-host",
-         "127.0.0.1", "--master-port", str(mport)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, cwd=ROOT,
-        start_new_session=True) for _ in range(2)]
+    ui = LocustUI(
+        tmp_path,
+        "--host",
+        standin.base_url,
+        "--master",
+        "--master-bind-host",
+        "127.0.0.1",
+        "--master-bind-port",
+        str(mport),
+        "--expect-workers",
+        "2",
+        "--autostart",
+        "-u",
+        "4",
+        "-r",
+        "4",
+        "-t",
+        "5s",
+        "--autoquit",
+        "120",
+        "--results-dir",
+        str(tmp_path),
+        *SMALL,
+    )
+    workers = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "locust",
+                "-f",
+                str(ROOT / "locustfiles/embeddings.py"),
+                "--worker",
+                "--master-host",
+                "127.0.0.1",
+                "--master-port",
+                str(mport),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            start_new_session=True,
+        )
+        for _ in range(2)
+    ]
     try:
         ui.wait_up()
         # workers report every 3 s, the last time after the stop
@@ -179,15 +249,23 @@ def test_start_form_options_take_effect_run_after_run(standin, tmp_path):
     out1, out2 = tmp_path / "run1", tmp_path / "run2"
     try:
         # run 1: text only; base64_fraction arrives as the form spells it (base_64_fraction)
-        _swarm(ui, standin.base_url, results_dir=str(out1),
-               **{**zero, "weight_text": "5", "base_64_fraction": "0.5", "seed": "7"})
+        _swarm(
+            ui,
+            standin.base_url,
+            results_dir=str(out1),
+            **{**zero, "weight_text": "5", "base_64_fraction": "0.5", "seed": "7"},
+        )
         st1, run1 = wait_for(lambda: run_finished_and_flushed(ui, out1), 90, "run 1")
         assert st1["options"]["weight_text"] == 5 and st1["options"]["weight_valid_image"] == 0
         assert st1["options"]["base64_fraction"] == 0.5 and st1["options"]["seed"] == 7
         assert len(run1) > 20 and set(run1["kind"]) == {"text"}
         # run 2, same process: the cached traffic must follow the new weights
-        _swarm(ui, standin.base_url, results_dir=str(out2),
-               **{**zero, "weight_valid_image": "3", "weight_malformed_post": "1"})
+        _swarm(
+            ui,
+            standin.base_url,
+            results_dir=str(out2),
+            **{**zero, "weight_valid_image": "3", "weight_malformed_post": "1"},
+        )
         wait_for(lambda: ui.state()["run_id"] != st1["run_id"], 30, "run 2 to start")
         st2, run2 = wait_for(lambda: run_finished_and_flushed(ui, out2), 90, "run 2")
         assert len(run2) > 20 and set(run2["kind"]) == {"valid_image", "malformed_post"}
@@ -229,10 +307,29 @@ def test_crash_and_drift_from_health_and_server_log(tmp_path):
     # wait for a count of requests reached in a fixed time. The refusals after the crash (with the client's pauses
     # and retries, ~10 s) leave the panel the time to name it from the log
     with standin_server(log, "--die-after", "150") as s:
-        ui = LocustUI(tmp_path, "--host", s.base_url, "--autostart", "-u", "4", "-r", "4", "-t", "120s",
-                      "--max-requests", "220",
-                      "--autoquit", "120", "--results-dir", str(tmp_path), "--server-log", str(log), *SMALL).wait_up()
+        ui = LocustUI(
+            tmp_path,
+            "--host",
+            s.base_url,
+            "--autostart",
+            "-u",
+            "4",
+            "-r",
+            "4",
+            "-t",
+            "120s",
+            "--max-requests",
+            "220",
+            "--autoquit",
+            "120",
+            "--results-dir",
+            str(tmp_path),
+            "--server-log",
+            str(log),
+            *SMALL,
+        ).wait_up()
         try:
+
             def crashed():
                 st = ui.state()
                 crash = [e for e in st["events"] if e["event"] == "crash"]
@@ -288,8 +385,19 @@ def test_503_cache_miss_answers_are_drift_events():
 def test_worker_reports_merge_and_keep_their_run():
     w = Outcomes()
     w.add(Attempt("abort", None, None, schema.ABORTED, None, True, "client gave up", 1.0, None))
-    w.add(Attempt("valid_image", None, 503, schema.HTTP_ERROR, None, False, "Multi-modal processor cache miss.", 2.0,
-                  "cache_miss_503"))
+    w.add(
+        Attempt(
+            "valid_image",
+            None,
+            503,
+            schema.HTTP_ERROR,
+            None,
+            False,
+            "Multi-modal processor cache miss.",
+            2.0,
+            "cache_miss_503",
+        )
+    )
     w.add(Attempt("valid_image", None, 200, schema.OK, None, True, None, 2.6, None))
     p = _panel()
     p.on_worker_report("w1", w.to_report())
@@ -329,8 +437,10 @@ def test_crash_is_named_by_the_log_lines_that_arrive_after_it(tmp_path):
     p.on_health({"t": 2.0, "ok": False, "status": None, "error": "ConnectionRefusedError"})
     assert p.state()["events"][0]["signature"] == "unknown"  # nothing fatal logged yet
     with open(log, "a") as f:
-        f.write("\x1b[1;36m(APIServer pid=1)\x1b[0;0m WARNING P0/P1 cache drift mm_hashes=['0123456789ab']\n"
-                "ERROR EngineDeadError: <script>x()</script>\n    assert req_state.detokenizer is not None\n")
+        f.write(
+            "\x1b[1;36m(APIServer pid=1)\x1b[0;0m WARNING P0/P1 cache drift mm_hashes=['0123456789ab']\n"
+            "ERROR EngineDeadError: <script>x()</script>\n    assert req_state.detokenizer is not None\n"
+        )
     p.read_log(tail)
     st = p.state()
     crash = [e for e in st["events"] if e["event"] == "crash"]
@@ -370,10 +480,12 @@ def test_mm_cache_hit_rate_from_the_scraped_counters():
 
 def test_mm_cache_hit_rate_is_na_without_the_counters():
     p = _panel()
-    for row in parse_metrics('# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0\n', 1.0):
+    for row in parse_metrics("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0\n", 1.0):
         p.on_metric(row)
-    assert p.state()["mm_cache"] == {"available": False,
-                                     "text": "n/a (this server's /metrics has no mm-cache counters)"}
+    assert p.state()["mm_cache"] == {
+        "available": False,
+        "text": "n/a (this server's /metrics has no mm-cache counters)",
+    }
 
 
 def test_form_fields_renamed_by_the_ui_reach_their_option():
@@ -411,18 +523,32 @@ def test_drift_and_crash_events_name_their_cause_by_the_image_the_server_named(t
         return {"kind": kind, "request_id": rid, "image_hashes": hashes, **extra}
 
     _request(p, _resp(200, "{}"), ctx("valid_image", "mmc-ab-0-1-1", "h1"), 10.0)
-    _request(p, _resp(400, "dimensions"), ctx("malformed_post", "mmc-ab-0-1-2", "h1", case="dimensions",
-                                              expected_status=400), 11.0)
-    _request(p, _resp(400, "bad type"), ctx("malformed_pre", "mmc-ab-0-2-1", "h2", case="content_unknown_type",
-                                            expected_status=400), 11.5)
+    _request(
+        p,
+        _resp(400, "dimensions"),
+        ctx("malformed_post", "mmc-ab-0-1-2", "h1", case="dimensions", expected_status=400),
+        11.0,
+    )
+    _request(
+        p,
+        _resp(400, "bad type"),
+        ctx("malformed_pre", "mmc-ab-0-2-1", "h2", case="content_unknown_type", expected_status=400),
+        11.5,
+    )
     with open(log, "a") as f:
-        f.write("WARNING [core.py:1868] Multi-modal cache miss for request embd-mmc-ab-0-1-3 "
-                "(mm_hashes=['0123456789ab']): P0/P1 cache drift; returning a retryable response\n")
+        f.write(
+            "WARNING [core.py:1868] Multi-modal cache miss for request embd-mmc-ab-0-1-3 "
+            "(mm_hashes=['0123456789ab']): P0/P1 cache drift; returning a retryable response\n"
+        )
     p.read_log(tail)
     [drift] = [e for e in p.state()["events"] if e["event"] == "drift"]
     assert drift["cause"] is None  # the line came before the answer of the request it names
-    _request(p, SimpleNamespace(status_code=0, text="", error=ConnectionRefusedError("refused")),
-             ctx("valid_image", "mmc-ab-0-1-3", "h1"), 12.0)
+    _request(
+        p,
+        SimpleNamespace(status_code=0, text="", error=ConnectionRefusedError("refused")),
+        ctx("valid_image", "mmc-ab-0-1-3", "h1"),
+        12.0,
+    )
     assert drift["cause"].startswith("malformed_post/dimensions (HTTP 400), "), drift
     p.on_health({"t": 13.0, "ok": False, "status": None, "error": "ConnectionRefusedError"})
     [crash] = [e for e in p.state()["events"] if e["event"] == "crash"]

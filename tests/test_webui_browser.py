@@ -17,7 +17,6 @@ import shlex
 
 import pytest
 import requests
-
 from conftest import REPORT_VERSION, standin_server, vllm_server
 from locust_run import ROOT
 from test_webui import LocustUI, wait_for
@@ -26,8 +25,16 @@ pytestmark = pytest.mark.engine
 
 CHROMIUM = "/usr/bin/chromium"
 INSTALL = "make browser  (or: apt-get update && apt-get install -y chromium)"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 OUTPUT = ROOT / "test-output"
 CRASH_WAIT_MS = 240_000  # from the start click: pool warm-up, the load (up to its 200 s), the crash, a UI poll
 
@@ -43,8 +50,12 @@ def browser_page(profile_dir):
         pytest.fail("Playwright for Python is missing: `.venv/bin/pip install -e '.[test]'` (or `make test`)")
     with sync_playwright() as pw:
         ctx = pw.chromium.launch_persistent_context(
-            str(profile_dir), executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
-            viewport={"width": 1500, "height": 1000})
+            str(profile_dir),
+            executable_path=CHROMIUM,
+            headless=True,
+            args=CHROMIUM_ARGS,
+            viewport={"width": 1500, "height": 1000},
+        )
         try:
             page = ctx.pages[0] if ctx.pages else ctx.new_page()
             page.set_default_timeout(30_000)
@@ -75,8 +86,9 @@ def what_the_page_showed(page, ui: LocustUI, shot):
     except Exception as e:
         page.screenshot(path=str(shot), full_page=True)
         shown = " ".join(page.inner_text("body").split())[:300]
-        raise AssertionError(f"{e}\nthe page showed: {shown}\nthe run: {ui.state()['runner_state']}; "
-                             f"Locust said:\n{ui.output()}") from e
+        raise AssertionError(
+            f"{e}\nthe page showed: {shown}\nthe run: {ui.state()['runner_state']}; Locust said:\n{ui.output()}"
+        ) from e
 
 
 def open_tab(page, title: str) -> None:
@@ -95,8 +107,9 @@ def test_engine_crash_appears_on_the_panel(tmp_path):
     log = tmp_path / "server.log"
     shot = OUTPUT / f"webui-panel-crash-vllm-{REPORT_VERSION}.png"
     with vllm_server(REPORT_VERSION, [], log) as server:
-        ui = LocustUI(tmp_path, "--host", server.base_url, "--server-log", str(log),
-                      "--results-dir", str(tmp_path / "results")).wait_up()
+        ui = LocustUI(
+            tmp_path, "--host", server.base_url, "--server-log", str(log), "--results-dir", str(tmp_path / "results")
+        ).wait_up()
         try:
             with browser_page(tmp_path / "chromium-profile") as page:
                 # a form change that must reach the run: no /tokenize requests. The run is stopped once the crash
@@ -150,14 +163,34 @@ XSS_LOG = "WARNING <script>window.__mmchaos_xss=2</script> P0/P1 cache drift mm_
 def test_server_text_is_shown_as_text_not_markup(tmp_path):
     log = tmp_path / "server.log"
     with standin_server(log, "--error-text", shlex.quote(XSS_ANSWER)) as s:  # a shell-split command line
-        weights = {f"weight{k}": "0" for k in ("ValidImage", "Text", "MultiImage", "Batch", "Tokenize",
-                                              "MalformedPre", "Abort")}
-        ui = LocustUI(tmp_path, "--host", s.base_url, "--server-log", str(log), "--results-dir",
-                      str(tmp_path / "results"), "--image-preset", "small", "--pool-size", "8").wait_up()
+        weights = {
+            f"weight{k}": "0"
+            for k in ("ValidImage", "Text", "MultiImage", "Batch", "Tokenize", "MalformedPre", "Abort")
+        }
+        ui = LocustUI(
+            tmp_path,
+            "--host",
+            s.base_url,
+            "--server-log",
+            str(log),
+            "--results-dir",
+            str(tmp_path / "results"),
+            "--image-preset",
+            "small",
+            "--pool-size",
+            "8",
+        ).wait_up()
         try:
             with browser_page(tmp_path / "chromium-profile") as page:
-                start_from_form(page, ui.url + "/", users=2, spawn_rate=2, run_time="20s",
-                                malformedCases="dimensions_unsupported", **weights)
+                start_from_form(
+                    page,
+                    ui.url + "/",
+                    users=2,
+                    spawn_rate=2,
+                    run_time="20s",
+                    malformedCases="dimensions_unsupported",
+                    **weights,
+                )
                 wait_for(lambda: ui.state()["runner_state"] == "running", 30, "the run to start")
                 with open(log, "a") as f:  # the server "logs" markup
                     f.write(XSS_LOG + "\n")

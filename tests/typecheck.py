@@ -28,8 +28,11 @@ TREE = ROOT / "build" / "typecheck"
 def package_dirs() -> dict[str, str]:
     """Package -> folder, as pyproject.toml installs them; only the top of each room (its subpackages follow)."""
     dirs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
-    return {pkg: folder for pkg, folder in dirs.items()
-            if not any(pkg.startswith(other + ".") and folder.startswith(dirs[other] + "/") for other in dirs)}
+    return {
+        pkg: folder
+        for pkg, folder in dirs.items()
+        if not any(pkg.startswith(other + ".") and folder.startswith(dirs[other] + "/") for other in dirs)
+    }
 
 
 def draw_tree() -> dict[Path, Path]:

@@ -15,9 +15,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import tiny_model as qwen  # noqa: E402  (sets the offline variables before transformers is imported)
-import tiny_common  # noqa: E402
-from tiny_common import meta_state_dict, save_weights, step  # noqa: E402
+import tiny_common
+import tiny_model as qwen
+from tiny_common import meta_state_dict, save_weights, step
 
 RECIPE_VERSION = "mmchaos-tiny-clip-v1"
 ARCHITECTURE = "CLIPModel"
@@ -39,8 +39,9 @@ CHAT_TEMPLATE = (
 def _post_processor(ids):
     from tokenizers import processors
 
-    return processors.TemplateProcessing(single=f"{BOS} $A {EOS}", pair=f"{BOS} $A {EOS} $B {EOS}",
-                                         special_tokens=[(BOS, ids[BOS]), (EOS, ids[EOS])])
+    return processors.TemplateProcessing(
+        single=f"{BOS} $A {EOS}", pair=f"{BOS} $A {EOS} $B {EOS}", special_tokens=[(BOS, ids[BOS]), (EOS, ids[EOS])]
+    )
 
 
 def write_tokenizer(tmp):
@@ -48,33 +49,94 @@ def write_tokenizer(tmp):
     qwen.dump_json(os.path.join(tmp, "tokenizer.json"), __import__("json").loads(tk.to_str()))
     with open(os.path.join(tmp, "chat_template.jinja"), "w", encoding="utf-8", newline="\n") as f:
         f.write(CHAT_TEMPLATE + "\n")
-    added = {str(i): {"content": t, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
-                      "special": True} for t, i in ids.items()}
-    qwen.dump_json(os.path.join(tmp, "tokenizer_config.json"), {
-        "tokenizer_class": "PreTrainedTokenizerFast", "added_tokens_decoder": added, "bos_token": BOS,
-        "eos_token": EOS, "pad_token": EOS, "unk_token": None, "clean_up_tokenization_spaces": False,
-        "model_max_length": 77, "processor_class": "CLIPProcessor"})
+    added = {
+        str(i): {
+            "content": t,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": True,
+        }
+        for t, i in ids.items()
+    }
+    qwen.dump_json(
+        os.path.join(tmp, "tokenizer_config.json"),
+        {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "added_tokens_decoder": added,
+            "bos_token": BOS,
+            "eos_token": EOS,
+            "pad_token": EOS,
+            "unk_token": None,
+            "clean_up_tokenization_spaces": False,
+            "model_max_length": 77,
+            "processor_class": "CLIPProcessor",
+        },
+    )
     return ids, n_tok, n_merges
 
 
 def write_configs(tmp, ids):
-    qwen.dump_json(os.path.join(tmp, "preprocessor_config.json"), {
-        "image_processor_type": "CLIPImageProcessor", "processor_class": "CLIPProcessor", "do_resize": True,
-        "size": {"shortest_edge": IMAGE_SIZE}, "do_center_crop": True,
-        "crop_size": {"height": IMAGE_SIZE, "width": IMAGE_SIZE}, "do_rescale": True,
-        "rescale_factor": 0.00392156862745098, "do_normalize": True, "image_mean": MEAN, "image_std": STD,
-        "do_convert_rgb": True, "resample": 3})
+    qwen.dump_json(
+        os.path.join(tmp, "preprocessor_config.json"),
+        {
+            "image_processor_type": "CLIPImageProcessor",
+            "processor_class": "CLIPProcessor",
+            "do_resize": True,
+            "size": {"shortest_edge": IMAGE_SIZE},
+            "do_center_crop": True,
+            "crop_size": {"height": IMAGE_SIZE, "width": IMAGE_SIZE},
+            "do_rescale": True,
+            "rescale_factor": 0.00392156862745098,
+            "do_normalize": True,
+            "image_mean": MEAN,
+            "image_std": STD,
+            "do_convert_rgb": True,
+            "resample": 3,
+        },
+    )
     qwen.dump_json(os.path.join(tmp, "processor_config.json"), {"processor_class": "CLIPProcessor"})
-    text = {"model_type": "clip_text_model", "vocab_size": VOCAB_SIZE, "hidden_size": DIM, "intermediate_size": 128,
-            "projection_dim": DIM, "num_hidden_layers": 2, "num_attention_heads": 2, "max_position_embeddings": 77,
-            "hidden_act": "quick_gelu", "layer_norm_eps": 1e-5, "bos_token_id": ids[BOS], "eos_token_id": ids[EOS],
-            "pad_token_id": ids[EOS]}
-    vision = {"model_type": "clip_vision_model", "hidden_size": DIM, "intermediate_size": 128, "projection_dim": DIM,
-              "num_hidden_layers": 2, "num_attention_heads": 2, "num_channels": 3, "image_size": IMAGE_SIZE,
-              "patch_size": PATCH, "hidden_act": "quick_gelu", "layer_norm_eps": 1e-5}
-    qwen.dump_json(os.path.join(tmp, "config.json"), {
-        "architectures": [ARCHITECTURE], "model_type": "clip", "text_config": text, "vision_config": vision,
-        "projection_dim": DIM, "logit_scale_init_value": 2.6592, "dtype": "bfloat16"})
+    text = {
+        "model_type": "clip_text_model",
+        "vocab_size": VOCAB_SIZE,
+        "hidden_size": DIM,
+        "intermediate_size": 128,
+        "projection_dim": DIM,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "max_position_embeddings": 77,
+        "hidden_act": "quick_gelu",
+        "layer_norm_eps": 1e-5,
+        "bos_token_id": ids[BOS],
+        "eos_token_id": ids[EOS],
+        "pad_token_id": ids[EOS],
+    }
+    vision = {
+        "model_type": "clip_vision_model",
+        "hidden_size": DIM,
+        "intermediate_size": 128,
+        "projection_dim": DIM,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_channels": 3,
+        "image_size": IMAGE_SIZE,
+        "patch_size": PATCH,
+        "hidden_act": "quick_gelu",
+        "layer_norm_eps": 1e-5,
+    }
+    qwen.dump_json(
+        os.path.join(tmp, "config.json"),
+        {
+            "architectures": [ARCHITECTURE],
+            "model_type": "clip",
+            "text_config": text,
+            "vision_config": vision,
+            "projection_dim": DIM,
+            "logit_scale_init_value": 2.6592,
+            "dtype": "bfloat16",
+        },
+    )
 
 
 def verify(tmp):
@@ -107,9 +169,17 @@ def build(tmp):
     n_params = save_weights(tmp, meta_state_dict(CLIPModel, cfg))
     step(4, 4, "checking it loads and embeds an image and a text")
     verify(tmp)
-    return {"recipe_version": RECIPE_VERSION, "name": "mmchaos-tiny-clip", "architecture": ARCHITECTURE,
-            "embedding_dim": DIM, "params": n_params, "tokenizer_size": n_tok, "bpe_merges": n_merges,
-            "vocab_size": VOCAB_SIZE, "image_size": IMAGE_SIZE}
+    return {
+        "recipe_version": RECIPE_VERSION,
+        "name": "mmchaos-tiny-clip",
+        "architecture": ARCHITECTURE,
+        "embedding_dim": DIM,
+        "params": n_params,
+        "tokenizer_size": n_tok,
+        "bpe_merges": n_merges,
+        "vocab_size": VOCAB_SIZE,
+        "image_size": IMAGE_SIZE,
+    }
 
 
 if __name__ == "__main__":

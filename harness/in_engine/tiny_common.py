@@ -10,7 +10,7 @@ import hashlib
 import os
 import shutil
 
-from tiny_model import SEED, die, dump_json, init_tensor  # noqa: E402  (the Qwen3-VL recipe: one home each)
+from tiny_model import SEED, die, dump_json, init_tensor
 
 
 def step(n: int, total: int, what: str) -> None:
@@ -27,8 +27,11 @@ def save_weights(tmp, state_shapes, skip=(), extra=None):
     from safetensors.torch import save_file
 
     torch.manual_seed(SEED)
-    shapes = {n: list(t.shape) for n, t in state_shapes.items()
-              if n not in skip and t.dtype in (torch.float32, torch.bfloat16, torch.float16)}
+    shapes = {
+        n: list(t.shape)
+        for n, t in state_shapes.items()
+        if n not in skip and t.dtype in (torch.float32, torch.bfloat16, torch.float16)
+    }
     shapes.update(extra or {})
     tensors = {n: init_tensor(n, shapes[n], torch).to(torch.bfloat16).contiguous() for n in sorted(shapes)}
     save_file(tensors, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
@@ -60,8 +63,10 @@ def write_folder(out, build):
         for f in files:
             with open(os.path.join(tmp, f), "rb") as fh:
                 digest.update(f.encode() + b"\0" + hashlib.sha256(fh.read()).digest())
-        dump_json(os.path.join(tmp, "mmchaos-model.json"),
-                  dict(summary, seed=SEED, files=files, content_sha256=digest.hexdigest()))
+        dump_json(
+            os.path.join(tmp, "mmchaos-model.json"),
+            dict(summary, seed=SEED, files=files, content_sha256=digest.hexdigest()),
+        )
         for f in os.listdir(tmp):
             os.chmod(os.path.join(tmp, f), 0o644)
         os.chmod(tmp, 0o755)

@@ -31,12 +31,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
 
-import hashlib  # noqa: E402
-import json  # noqa: E402
-import shutil  # noqa: E402
-import sys  # noqa: E402
-import zlib  # noqa: E402
-from collections import Counter  # noqa: E402
+import hashlib
+import json
+import shutil
+import sys
+import zlib
+from collections import Counter
 
 RECIPE_VERSION = "mmchaos-tiny-qwen3vl-v1"
 MODEL_NAME = "mmchaos-tiny-qwen3vl"
@@ -222,7 +222,10 @@ def bpe_tokenizer(special_tokens, vocab_size, post_processor=None):
     if post_processor is not None:
         tk.post_processor = post_processor(special_ids)
     tk.add_special_tokens(
-        [AddedToken(t, special=True, normalized=False, lstrip=False, rstrip=False, single_word=False) for t in special_tokens]
+        [
+            AddedToken(t, special=True, normalized=False, lstrip=False, rstrip=False, single_word=False)
+            for t in special_tokens
+        ]
     )
     for tok, i in special_ids.items():
         if tk.token_to_id(tok) != i:
@@ -286,17 +289,24 @@ def write_processor_configs(tmp):
     }
     dump_json(
         os.path.join(tmp, "preprocessor_config.json"),
-        dict(common, image_processor_type="Qwen2VLImageProcessor",
-             size={"shortest_edge": 65536, "longest_edge": 1048576}),
+        dict(
+            common, image_processor_type="Qwen2VLImageProcessor", size={"shortest_edge": 65536, "longest_edge": 1048576}
+        ),
     )
     # Video longest_edge is kept at the image cap (real Qwen3-VL: 25165824) so that vLLM's start-up
     # profiling uses images, not one huge dummy video: ~20 s faster start, and it avoids the dummy-video
     # call that vllm 0.30 + transformers >= 5.2x rejects ("Found 1 <|video_pad|> tokens ... no videos").
     dump_json(
         os.path.join(tmp, "video_preprocessor_config.json"),
-        dict(common, video_processor_type="Qwen3VLVideoProcessor",
-             size={"shortest_edge": 4096, "longest_edge": 1048576},
-             do_sample_frames=True, fps=2, min_frames=4, max_frames=768),
+        dict(
+            common,
+            video_processor_type="Qwen3VLVideoProcessor",
+            size={"shortest_edge": 4096, "longest_edge": 1048576},
+            do_sample_frames=True,
+            fps=2,
+            min_frames=4,
+            max_frames=768,
+        ),
     )
     dump_json(os.path.join(tmp, "processor_config.json"), {"processor_class": "Qwen3VLProcessor"})
 

@@ -15,9 +15,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import tiny_model as qwen  # noqa: E402  (sets the offline variables before transformers is imported)
-import tiny_common  # noqa: E402
-from tiny_common import meta_state_dict, save_weights, step  # noqa: E402
+import tiny_common
+import tiny_model as qwen
+from tiny_common import meta_state_dict, save_weights, step
 
 RECIPE_VERSION = "mmchaos-tiny-qwen2vl-v1"
 ARCHITECTURE = "Qwen2VLForConditionalGeneration"
@@ -30,32 +30,81 @@ def write_configs(tmp, ids):
     with open(path, encoding="utf-8") as f:
         tok_cfg = json.load(f)
     qwen.dump_json(path, dict(tok_cfg, processor_class="Qwen2VLProcessor"))
-    common = {"do_convert_rgb": True, "do_normalize": True, "do_rescale": True, "do_resize": True,
-              "image_mean": qwen.MEAN_STD, "image_std": qwen.MEAN_STD, "merge_size": MERGE, "patch_size": PATCH,
-              "temporal_patch_size": TEMPORAL, "resample": 3, "rescale_factor": 0.00392156862745098,
-              "processor_class": "Qwen2VLProcessor", "min_pixels": 3136, "max_pixels": 1003520,
-              "size": {"shortest_edge": 3136, "longest_edge": 1003520}}
-    qwen.dump_json(os.path.join(tmp, "preprocessor_config.json"),
-                   dict(common, image_processor_type="Qwen2VLImageProcessor"))
-    qwen.dump_json(os.path.join(tmp, "video_preprocessor_config.json"),
-                   dict(common, video_processor_type="Qwen2VLVideoProcessor"))
+    common = {
+        "do_convert_rgb": True,
+        "do_normalize": True,
+        "do_rescale": True,
+        "do_resize": True,
+        "image_mean": qwen.MEAN_STD,
+        "image_std": qwen.MEAN_STD,
+        "merge_size": MERGE,
+        "patch_size": PATCH,
+        "temporal_patch_size": TEMPORAL,
+        "resample": 3,
+        "rescale_factor": 0.00392156862745098,
+        "processor_class": "Qwen2VLProcessor",
+        "min_pixels": 3136,
+        "max_pixels": 1003520,
+        "size": {"shortest_edge": 3136, "longest_edge": 1003520},
+    }
+    qwen.dump_json(
+        os.path.join(tmp, "preprocessor_config.json"), dict(common, image_processor_type="Qwen2VLImageProcessor")
+    )
+    qwen.dump_json(
+        os.path.join(tmp, "video_preprocessor_config.json"), dict(common, video_processor_type="Qwen2VLVideoProcessor")
+    )
     qwen.dump_json(os.path.join(tmp, "processor_config.json"), {"processor_class": "Qwen2VLProcessor"})
-    text = {"model_type": "qwen2_vl_text", "vocab_size": qwen.VOCAB_SIZE, "hidden_size": DIM, "intermediate_size": 128,
-            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_act": "silu",
-            "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "use_cache": True, "tie_word_embeddings": True,
-            # head_dim 16: sum(mrope_section) == head_dim // 2
-            "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [2, 3, 3]},
-            "bos_token_id": ids["<|endoftext|>"], "eos_token_id": ids["<|im_end|>"],
-            "pad_token_id": ids["<|endoftext|>"], "dtype": "bfloat16"}
-    vision = {"model_type": "qwen2_vl_vision", "depth": 2, "embed_dim": DIM, "hidden_size": DIM, "mlp_ratio": 2,
-              "num_heads": 2, "in_channels": 3, "patch_size": PATCH, "spatial_merge_size": MERGE,
-              "temporal_patch_size": TEMPORAL, "hidden_act": "quick_gelu"}
-    qwen.dump_json(os.path.join(tmp, "config.json"), {
-        "architectures": [ARCHITECTURE], "model_type": "qwen2_vl", "text_config": text, "vision_config": vision,
-        "image_token_id": ids["<|image_pad|>"], "video_token_id": ids["<|video_pad|>"],
-        "vision_start_token_id": ids["<|vision_start|>"], "vision_end_token_id": ids["<|vision_end|>"],
-        "bos_token_id": ids["<|endoftext|>"], "eos_token_id": ids["<|im_end|>"], "pad_token_id": ids["<|endoftext|>"],
-        "tie_word_embeddings": True, "dtype": "bfloat16"})
+    text = {
+        "model_type": "qwen2_vl_text",
+        "vocab_size": qwen.VOCAB_SIZE,
+        "hidden_size": DIM,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "hidden_act": "silu",
+        "max_position_embeddings": 32768,
+        "rms_norm_eps": 1e-6,
+        "use_cache": True,
+        "tie_word_embeddings": True,
+        # head_dim 16: sum(mrope_section) == head_dim // 2
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [2, 3, 3]},
+        "bos_token_id": ids["<|endoftext|>"],
+        "eos_token_id": ids["<|im_end|>"],
+        "pad_token_id": ids["<|endoftext|>"],
+        "dtype": "bfloat16",
+    }
+    vision = {
+        "model_type": "qwen2_vl_vision",
+        "depth": 2,
+        "embed_dim": DIM,
+        "hidden_size": DIM,
+        "mlp_ratio": 2,
+        "num_heads": 2,
+        "in_channels": 3,
+        "patch_size": PATCH,
+        "spatial_merge_size": MERGE,
+        "temporal_patch_size": TEMPORAL,
+        "hidden_act": "quick_gelu",
+    }
+    qwen.dump_json(
+        os.path.join(tmp, "config.json"),
+        {
+            "architectures": [ARCHITECTURE],
+            "model_type": "qwen2_vl",
+            "text_config": text,
+            "vision_config": vision,
+            "image_token_id": ids["<|image_pad|>"],
+            "video_token_id": ids["<|video_pad|>"],
+            "vision_start_token_id": ids["<|vision_start|>"],
+            "vision_end_token_id": ids["<|vision_end|>"],
+            "bos_token_id": ids["<|endoftext|>"],
+            "eos_token_id": ids["<|im_end|>"],
+            "pad_token_id": ids["<|endoftext|>"],
+            "tie_word_embeddings": True,
+            "dtype": "bfloat16",
+        },
+    )
 
 
 def verify(tmp):
@@ -92,9 +141,16 @@ def build(tmp):
     n_params = save_weights(tmp, meta_state_dict(Qwen2VLForConditionalGeneration, cfg), skip=("lm_head.weight",))
     step(4, 4, "checking it loads and embeds an image")
     verify(tmp)
-    return {"recipe_version": RECIPE_VERSION, "name": "mmchaos-tiny-qwen2vl", "architecture": ARCHITECTURE,
-            "embedding_dim": DIM, "params": n_params, "tokenizer_size": n_tok, "bpe_merges": n_merges,
-            "vocab_size": qwen.VOCAB_SIZE}
+    return {
+        "recipe_version": RECIPE_VERSION,
+        "name": "mmchaos-tiny-qwen2vl",
+        "architecture": ARCHITECTURE,
+        "embedding_dim": DIM,
+        "params": n_params,
+        "tokenizer_size": n_tok,
+        "bpe_merges": n_merges,
+        "vocab_size": qwen.VOCAB_SIZE,
+    }
 
 
 if __name__ == "__main__":

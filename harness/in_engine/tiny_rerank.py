@@ -15,9 +15,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import tiny_model as qwen  # noqa: E402  (sets the offline variables before transformers is imported)
-import tiny_common  # noqa: E402
-from tiny_common import step  # noqa: E402
+import tiny_common
+import tiny_model as qwen
+from tiny_common import step
 
 RECIPE_VERSION = "mmchaos-tiny-qwen3vl-rerank-v1"
 ARCHITECTURE = "Qwen3VLForSequenceClassification"
@@ -30,8 +30,14 @@ def build(tmp):
     step(2, 4, "processor and reranker configs")
     qwen.write_processor_configs(tmp)
     cfg = qwen.model_config(ids)
-    cfg.update(architectures=[ARCHITECTURE], classifier_from_token=CLASSIFIER_TOKENS, is_original_qwen3_reranker=True,
-               num_labels=1, id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0})
+    cfg.update(
+        architectures=[ARCHITECTURE],
+        classifier_from_token=CLASSIFIER_TOKENS,
+        is_original_qwen3_reranker=True,
+        num_labels=1,
+        id2label={"0": "LABEL_0"},
+        label2id={"LABEL_0": 0},
+    )
     qwen.dump_json(os.path.join(tmp, "config.json"), cfg)
     step(3, 4, "weights (seeded, bf16; the score head comes from the LM head's rows)")
     n_params = qwen.build_weights(tmp)
@@ -42,9 +48,17 @@ def build(tmp):
     tok = AutoTokenizer.from_pretrained(tmp)
     if [tok.convert_tokens_to_ids(t) for t in CLASSIFIER_TOKENS] != [ord(t) for t in CLASSIFIER_TOKENS]:
         raise RuntimeError(f"the classifier tokens {CLASSIFIER_TOKENS} are not single tokens")
-    return {"recipe_version": RECIPE_VERSION, "name": "mmchaos-tiny-qwen3vl-rerank", "architecture": ARCHITECTURE,
-            "params": n_params, "tokenizer_size": n_tok, "bpe_merges": n_merges, "vocab_size": qwen.VOCAB_SIZE,
-            "image_tokens_40x56": n_img, "classifier_from_token": CLASSIFIER_TOKENS}
+    return {
+        "recipe_version": RECIPE_VERSION,
+        "name": "mmchaos-tiny-qwen3vl-rerank",
+        "architecture": ARCHITECTURE,
+        "params": n_params,
+        "tokenizer_size": n_tok,
+        "bpe_merges": n_merges,
+        "vocab_size": qwen.VOCAB_SIZE,
+        "image_tokens_40x56": n_img,
+        "classifier_from_token": CLASSIFIER_TOKENS,
+    }
 
 
 if __name__ == "__main__":
