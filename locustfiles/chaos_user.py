@@ -25,7 +25,7 @@ from locust import FastHttpUser
 from mmchaos import retry_policy, schema
 from mmchaos.auth import auth_headers
 from mmchaos.outcomes import as_built, outcome_of
-from mmchaos.payloads.bodies import BuiltRequest, fill_template
+from mmchaos.payloads.bodies import BuiltRequest, fill_template, slot_hashes
 
 from . import connections, consistency, plugin
 
@@ -184,8 +184,7 @@ class ChaosUser(FastHttpUser):
         template, urls = req.template()
         payload = fill_template(template, urls)
         # the content hash of each image slot, in order (what makes two inputs the same: mmchaos.sameness)
-        hashes = [getattr(getattr(u, "ref", None), "hash", None) for u in urls]
-        hashes = hashes if all(hashes) else list(req.meta.image_hashes)
+        hashes = slot_hashes(urls)
         after = self.abort_after if abort_after_ms is None else abort_after_ms / 1000
         kind = req.meta.kind
         name = f"{req.path} [{kind}]" if req.meta.case is None else f"{req.path} [{kind}/{req.meta.case}]"

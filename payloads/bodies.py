@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from mmchaos import schema
+from mmchaos import sameness, schema
 from mmchaos.options import DEFAULT_INSTRUCTION
 
 from .pool import DataURL, PoolImage
@@ -116,6 +116,12 @@ def body_template(body: Mapping[str, Any]) -> tuple[bytes, list[DataURL]]:
     if template.count(URL_SLOT) != len(urls):  # the placeholder text also occurs in the request itself
         return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8"), []
     return template, urls
+
+
+def slot_hashes(urls: Sequence[DataURL]) -> list[str]:
+    """The content hash of each URL slot of a template, in order (what makes two inputs the same to the
+    wrong-answer oracle: mmchaos.sameness): a pool image's own, any other URL's (a video's) from its bytes."""
+    return [getattr(getattr(u, "ref", None), "hash", None) or sameness.media_hash(u) for u in urls]
 
 
 def fill_template(template: bytes, urls: Sequence[str]) -> bytes:

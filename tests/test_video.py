@@ -6,13 +6,14 @@ from __future__ import annotations
 import argparse
 import base64
 import io
+import json
 from dataclasses import replace
 
 import av
 import pandas as pd
 import pytest
 
-from mmchaos import options, schema
+from mmchaos import options, sameness, schema
 from mmchaos.analysis import exposure
 from mmchaos.locustfiles.traffic import Traffic, UserTraffic
 from mmchaos.payloads import bodies, video, video_cases
@@ -82,6 +83,18 @@ def test_a_video_request_carries_its_videos_as_video_url_parts_and_in_its_column
     assert file_url.startswith("file://") and (tmp_path / f"{clips[0].hash}.mp4").read_bytes() == clips[0].data
     with pytest.raises(ValueError, match="at least one video"):
         bodies.video_request("m", [])
+
+
+def test_the_wrong_answer_oracle_keys_a_video_request_by_its_video():
+    """Two videos with the same text are two inputs; the same video twice is one (the oracle keyed every video
+    request by the template's URL placeholder, and answered two clips' different vectors as a wrong answer)."""
+    a, b = video.pool()[:2]
+
+    def key(v):
+        template, urls = bodies.video_request("m", [v], "describe").template()
+        return sameness.input_keys(bodies.EMBEDDINGS_PATH, json.loads(template), bodies.slot_hashes(urls))
+
+    assert key(a) == key(a) != key(b)
 
 
 def test_video_cases_are_built_with_their_kind_case_and_status():
