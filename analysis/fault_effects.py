@@ -106,7 +106,8 @@ def fault_effects(c: CampaignResults, recover_within: dict[str, float] | None = 
         outage_end = served if served is not None else end
         blind = _longest_ok_run(h, t0, outage_end)
         lasts = float(fr.t_cleared) if not pd.isna(fr.t_cleared) else outage_end
-        empty_2xx = int((empty & (r["t_start"] >= t0) & (r["t_start"] <= max(lasts, outage_end))).sum())
+        # while it was on or the server was out, up to the next fault (whose effects are its own)
+        empty_2xx = int((empty & (r["t_start"] >= t0) & (r["t_start"] <= min(max(lasts, outage_end), end))).sum())
         hit = r[((r["t_start"] >= t0) & (r["t_start"] <= outage_end)) | ((r["t_start"] < t0) & (done > t0))]
         final = hit["final"].fillna(True).astype(bool) if "final" in hit else pd.Series(True, index=hit.index)
         failed = hit[final & ~hit["outcome"].isin([S.OK, S.CUT, S.ABORTED]) & hit["kind"].isin(_VALID)]

@@ -303,3 +303,42 @@ def test_kill_of_a_tp_worker_is_a_row_a_crash_and_a_restart(tmp_path):
     assert e.loc["kill engine_core after 100000 requests", "verdict"] == "not_injected"
     v = verdicts(c, fault_effects(c)).iloc[0]
     assert v["faults"] == "recovers" and v["stays_up"] == "ok"  # the crash the kill caused is the fault's, not a bug
+
+
+def test_a_faults_effects_end_where_the_next_fault_begins(tmp_path):
+    """Bodiless 2xx answers after a reset began are the reset's, even while an earlier latency fault is still
+    switched on (a real 0.32.0 run: the reset's empty answers failed the latency fault)."""
+    from test_analysis import T0, health, req, write_trial
+
+    camp = tmp_path / "faults"
+    ok = [req(t) | {"response_bytes": 500, "request_group": f"g{t}"} for t in range(1, 20)]
+    empty = [req(t + 0.5) | {"response_bytes": 0, "request_group": f"e{t}"} for t in (13, 14)]
+    folder = write_trial(
+        camp, "c", 0, manifest={"t_start": T0, "t_end": T0 + 20}, health=health(range(0, 20)), requests=ok + empty
+    )
+    rows = [
+        {
+            "fault": "latency",
+            "kind": "latency",
+            "target": "network",
+            "t_injected": T0 + 10,
+            "t_cleared": T0 + 15,
+            "outcome": schema.FAULT_INJECTED,
+        },
+        {
+            "fault": "reset",
+            "kind": "reset",
+            "target": "network",
+            "t_injected": T0 + 12,
+            "t_cleared": T0 + 17,
+            "outcome": schema.FAULT_INJECTED,
+        },
+    ]
+    d = folder / "faults"
+    d.mkdir()
+    import pyarrow.parquet as pq
+
+    pq.write_table(schema.table_from_rows(rows, schema.TABLES["faults"]), d / "part-test-000000.parquet")
+    e = fault_effects(load_results(camp)).set_index("fault")
+    assert e.loc["latency", "verdict"] == "recovers" and e.loc["latency", "empty_2xx"] == 0, e.loc["latency"]
+    assert e.loc["reset", "verdict"] == "fails" and e.loc["reset", "empty_2xx"] == 2, e.loc["reset"]
