@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from mmchaos import manifest as M
 from mmchaos import schema as S
 from mmchaos.tables import part_files, table_dir
 
@@ -164,50 +165,54 @@ def combine(campaigns: list[CampaignResults]) -> CampaignResults:
 def _trials_table(name: str, found: list[tuple[str, str, Path]], notes: list[str]) -> pd.DataFrame:
     rows = []
     for config, trial_name, path in found:
-        manifest = {}
+        manifest, has_manifest = M.TrialManifest(), False
         mpath = path / S.MANIFEST
         if mpath.exists():
             try:
-                manifest = json.loads(mpath.read_text())
-            except (OSError, ValueError) as e:
+                manifest, unreadable = M.read(mpath)
+                has_manifest = bool(manifest.model_fields_set)
+            except (OSError, M.ManifestError) as e:
                 notes.append(f"{config}/{trial_name}: unreadable {S.MANIFEST} ({e}); using what the tables say")
-        if manifest.get("config") not in (None, config):
-            notes.append(f"{config}/{trial_name}: manifest says config {manifest['config']!r}; using the folder name")
-        if manifest.get("workers_lost"):  # Locust workers that died mid-trial: less load from then on
-            lost = [str(w) for w in manifest["workers_lost"]]
+            else:  # a manifest of another mmchaos version: what it holds that this one cannot read is left out
+                notes += [f"{config}/{trial_name}: {n.removeprefix(str(mpath) + ': ')}" for n in unreadable]
+        if manifest.config not in ("", config):
+            notes.append(f"{config}/{trial_name}: manifest says config {manifest.config!r}; using the folder name")
+        if manifest.workers_lost:  # Locust workers that died mid-trial: less load from then on
+            lost = [str(w) for w in manifest.workers_lost]
             notes.append(
                 f"{config}/{trial_name}: {len(lost)} Locust worker(s) lost mid-trial ({', '.join(lost)}); "
                 "their rows up to their last flush are kept"
             )
-        workload = manifest.get("workload") or {}
+        workload = manifest.workload
         missing = [m for m in (S.MANIFEST, S.SERVER_LOG) if not (path / m).exists()]
         missing += [d for t, d in S.TABLE_DIRS.items() if t in _ALWAYS_WRITTEN and not part_files(path / d)]
+        # a trial's clock is its load (server start-up and shutdown excluded; a whole replayed log: the log's)
+        t_start, t_end = manifest.load_window()
         rows.append(
             {
                 "campaign": name,
                 "config": config,
-                "trial": _trial_number(manifest.get("trial"), trial_name),
+                "trial": _trial_number(manifest.trial, trial_name),
                 "trial_dir": trial_name,
-                "status": manifest.get("status") or "unknown",
-                "engine": manifest.get("engine"),
-                "target": manifest.get("target"),
-                "flags": " ".join(str(f) for f in (manifest.get("flags") or [])),
-                "env": json.dumps(manifest.get("env") or {}, sort_keys=True),
+                "status": manifest.status or "unknown",
+                "engine": manifest.engine,
+                "target": manifest.target,
+                "flags": " ".join(manifest.flags),
+                "env": json.dumps(manifest.env, sort_keys=True),
                 "workload": json.dumps(workload, sort_keys=True),
-                "sweep": json.dumps(manifest.get("sweep") or {}, sort_keys=True),  # knob -> value of a sweep point
+                "sweep": json.dumps(manifest.sweep, sort_keys=True),  # knob -> value of a sweep point
                 "users": workload.get("users"),
                 "shape": workload.get("shape"),
                 # the runner writes the trial's seed at the top (the campaign's seed + the trial's repeat)
-                "seed": manifest.get("seed"),
-                # a trial's clock is its load (server start-up and shutdown excluded) when the runner recorded it
-                "t_start": _float(manifest.get("t_load_start") or manifest.get("t_start")),
-                "t_end": _float(manifest.get("t_load_end") or manifest.get("t_end")),
-                "git_rev": manifest.get("git_rev"),
-                "machine": manifest.get("machine")
-                if isinstance(manifest.get("machine"), (str, type(None)))
-                else json.dumps(manifest.get("machine"), sort_keys=True),
-                "has_manifest": bool(manifest),
-                "manifest_crashes": manifest.get("crashes"),
+                "seed": manifest.seed,
+                "t_start": _float(t_start),
+                "t_end": _float(t_end),
+                "git_rev": manifest.git_rev,
+                "machine": manifest.machine
+                if isinstance(manifest.machine, (str, type(None)))
+                else json.dumps(manifest.machine, sort_keys=True),
+                "has_manifest": has_manifest,
+                "manifest_crashes": manifest.crashes,
                 "missing": ", ".join(missing),
                 "path": str(path),
             }

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from mmchaos import schema as S
+from mmchaos.manifest import TrialManifest
 from mmchaos.outcomes import causes
 from mmchaos.tables import table_dir
 
@@ -300,7 +301,7 @@ def _write_trial(folder, campaign, cfg, trial, t0, duration, n, part_rows, pool,
         folder, "log_events", S.table_from_rows([dict(zip(S.LOG_EVENTS.names, e)) for e in sorted(log)], S.LOG_EVENTS)
     )
     (folder / S.SERVER_LOG).write_text("INFO Started server process\n" + "\n".join(e[-1] for e in sorted(log)) + "\n")
-    manifest = {
+    manifest = {  # checked as the runner's are (mmchaos/manifest.py), written as they are
         "campaign": campaign,
         "config": cfg.name,
         "trial": trial,
@@ -323,7 +324,7 @@ def _write_trial(folder, campaign, cfg, trial, t0, duration, n, part_rows, pool,
         "git_rev": "0000000",
         "machine": {"host": "synthetic", "cpus": 2},
     }
-    (folder / S.MANIFEST).write_text(json.dumps(manifest, indent=1))
+    (folder / S.MANIFEST).write_text(json.dumps(TrialManifest.model_validate(manifest).dump(), indent=1))
 
 
 def _write_parts(trial_dir: Path, table_name: str, table: pa.Table, part_rows: int = 1_000_000) -> None:

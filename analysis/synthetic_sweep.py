@@ -22,6 +22,7 @@ import pandas as pd
 import pyarrow as pa
 
 from mmchaos import schema as S
+from mmchaos.manifest import TrialManifest
 from mmchaos.outcomes import causes
 
 from .synthetic import _write_parts
@@ -254,7 +255,7 @@ class _World:
             ),
         )
         (folder / S.SERVER_LOG).write_text("INFO Started server process\n")
-        manifest = {
+        manifest = {  # checked as the runner's are (mmchaos/manifest.py), written as they are
             "campaign": campaign,
             "config": self.cfg.name,
             "trial": trial,
@@ -262,7 +263,7 @@ class _World:
             "flags": list(self.cfg.flags),
             "env": {},
             "target": "engine",
-            "crash_policy": "restart",
+            "crash_policy": {"policy": "restart"},
             "workload": {
                 "users": int(self.point.get("users", users)),
                 "duration_s": self.duration,
@@ -275,7 +276,7 @@ class _World:
             "t_end": t0 + self.duration,
             "status": "completed",
         }
-        (folder / S.MANIFEST).write_text(json.dumps(manifest, indent=1))
+        (folder / S.MANIFEST).write_text(json.dumps(TrialManifest.model_validate(manifest).dump(), indent=1))
 
 
 def _arrivals(rate: float, duration: float, rng) -> np.ndarray:

@@ -26,6 +26,8 @@ from mmchaos import options as locust_options
 from mmchaos import paths, schema
 from mmchaos.auth import API_KEY_ENV
 from mmchaos.files import write_files_atomic, write_json_atomic
+from mmchaos.manifest import ReplayAccount, TrialManifest
+from mmchaos.manifest import read as read_manifest
 from mmchaos.outcomes import unexpected
 from mmchaos.redact import Redactor
 from mmchaos.signatures import Signatures
@@ -98,7 +100,7 @@ def run_dir(root: Path, camp: CampaignPlan, run: Run) -> Path:
 
 def trial_status(folder: Path) -> str | None:
     m = folder / schema.MANIFEST
-    return json.loads(m.read_text()).get("status") if m.is_file() else None
+    return read_manifest(m)[0].status if m.is_file() else None
 
 
 def make_target(camp: CampaignPlan, cfg: Config) -> Target:
@@ -214,8 +216,8 @@ class CampaignRunner:
         # every secret of every configuration: what we write must not carry any of them
         self.redactor = Redactor.from_environment([s for cfg in camp.configs for s in make_target(camp, cfg).secrets()])
 
-    def _write(self, path: Path, data: dict) -> None:
-        write_json_atomic(path, self.redactor.data(data))
+    def _write(self, path: Path, data: dict | TrialManifest) -> None:
+        write_json_atomic(path, self.redactor.data(data.dump() if isinstance(data, TrialManifest) else data))
 
     def _report(self, **state) -> None:
         """Progress, and the safe point where a Ctrl-C takes effect (between observations, never in the middle
@@ -284,47 +286,47 @@ class CampaignRunner:
         point: dict | None = None,
         repeat: int | None = None,
         **extra,
-    ) -> dict:
+    ) -> TrialManifest:
         engine_info = None
         if target.mode == "engine":
             engine_info = engines.require(cfg.engine).manifest().get("packages")
-        return {
-            "campaign": self.camp.name,
-            "config": cfg.name,
-            "trial": trial,
-            "run_id": run_id,
-            "engine": cfg.engine,
-            "engine_packages": engine_info,
-            "flags": self.redactor.argv(cfg.flags),
-            "env": self.redactor.env(cfg.env),
-            "target": target.mode,
-            "target_detail": target.describe(self.redactor),
-            "workload": {**(w := self.camp.workload_at(point or {})), "mix": locust_options.effective_mix(w["mix"])},
-            "sweep": dict(point or {}),
-            "repeat": trial if repeat is None else repeat,
-            "faults": [f.to_dict() for f in self.camp.faults],
-            "seed": self.camp.seed + (trial if repeat is None else repeat),
-            "crash_policy": self.camp.crash,
-            "git_rev": provenance.git_revision(),
-            "machine": provenance.machine(),
-            "tools": provenance.tool_versions(),
+        return TrialManifest(
+            campaign=self.camp.name,
+            config=cfg.name,
+            trial=trial,
+            run_id=run_id,
+            engine=cfg.engine,
+            engine_packages=engine_info,
+            flags=self.redactor.argv(cfg.flags),
+            env=self.redactor.env(cfg.env),
+            target=target.mode,
+            target_detail=target.describe(self.redactor),
+            workload={**(w := self.camp.workload_at(point or {})), "mix": locust_options.effective_mix(w["mix"])},
+            sweep=dict(point or {}),
+            repeat=trial if repeat is None else repeat,
+            faults=[f.to_dict() for f in self.camp.faults],
+            seed=self.camp.seed + (trial if repeat is None else repeat),
+            crash_policy=self.camp.crash,
+            git_rev=provenance.git_revision(),
+            machine=provenance.machine(),
+            tools=provenance.tool_versions(),
             **extra,
-        }
+        )
 
-    def _record_pgid(self, manifest: dict, folder: Path, key: str, pgid: int) -> None:
+    def _record_pgid(self, manifest: TrialManifest, folder: Path, key: str, pgid: int) -> None:
         """Record a process group we started as soon as it exists: whoever finds the trial folder (a user after
         mmchaos itself was killed, a test) knows which processes were ours without looking them up by name."""
-        manifest[key] = [*manifest.get(key, []), pgid]
+        setattr(manifest, key, [*getattr(manifest, key), pgid])
         self._write(folder / schema.MANIFEST, manifest)
 
     def _bind_processes(
-        self, injector: FaultInjector, server: Server, manifest: dict, folder: Path, restart: int
+        self, injector: FaultInjector, server: Server, manifest: TrialManifest, folder: Path, restart: int
     ) -> None:
         """The server's processes by role, recorded as it becomes healthy: the only pids a fault may go to."""
         identities = server.processes()
         injector.bind(identities, restart)
-        manifest["processes"] = [
-            *manifest.get("processes", []),
+        manifest.processes = [
+            *manifest.processes,
             *({**i.row(), "restart": restart} for i in identities.values()),
         ]
         self._write(folder / schema.MANIFEST, manifest)
@@ -376,7 +378,7 @@ class CampaignRunner:
                         result.status, result.error = FAILED, str(e)
                         return result
                     load_url = proxy.url
-                    manifest["fault_proxy"] = proxy.url
+                    manifest.fault_proxy = proxy.url
                 injector = FaultInjector(self.camp.faults, folder, proxy)
                 self._bind_processes(injector, server, manifest, folder, 0)
             argv = locust_argv(
@@ -410,7 +412,7 @@ class CampaignRunner:
                     )
                     self._record_pgid(manifest, folder, "locust_pgids", local_workers.pid)
             t_load = time.time()
-            manifest["t_load_start"] = t_load
+            manifest.t_load_start = t_load
             overran = False
             deadline = t_load + self.camp.workload["duration"] + LOCUST_OVERRUN + (dist.max_wait if dist else 0)
             while locust.poll() is None:
@@ -478,7 +480,7 @@ class CampaignRunner:
             raise
         finally:
             if t_load is not None:
-                manifest["t_load_end"] = time.time()  # before the stops: a trial's clock is its load
+                manifest.t_load_end = time.time()  # before the stops: a trial's clock is its load
             if injector is not None:
                 injector.finish(time.time())  # a stopped process continued, the proxy's faults off: then the stops
             # Locust on SIGTERM stops its users and flushes its recorder; whatever of its group is left after the
@@ -503,32 +505,31 @@ class CampaignRunner:
                 self._replay_status(folder, result, locust_code, manifest)
             self._finish(folder, manifest, result, locust_code)
 
-    def _replay_status(self, folder: Path, result: TrialResult, locust_code: int | None, manifest: dict) -> None:
-        """A replay is completed when it sent its whole log, however short against ``duration``; cut by
-        ``duration``, it is completed too and says how much it did not send; stopped early, it is interrupted."""
-        try:
-            replay = json.loads((folder / schema.REPLAY).read_text())
-        except (OSError, ValueError):
-            replay = None
+    def _replay_status(
+        self, folder: Path, result: TrialResult, locust_code: int | None, manifest: TrialManifest
+    ) -> None:
+        """A replay is completed when it sent its whole log, however short against ``duration`` (its load time is
+        then the log's: TrialManifest.load_window); cut by ``duration``, it is completed too and says how much it
+        did not send; stopped early, it is interrupted."""
+        replay = ReplayAccount.read(folder / schema.REPLAY)
         if replay is not None:
-            manifest["replay"] = replay
-        if replay is not None and replay.get("complete"):
+            manifest.replay = replay
+        if replay is not None and replay.complete:
             return
-        if replay is not None and replay.get("cut_by_run_time"):
+        if replay is not None and replay.cut_by_run_time:
             result.error = (
                 f"replay cut at the {self.camp.workload['duration']} s duration: "
-                f"{replay['not_sent']:,} of {replay['requests']:,} requests not sent"
+                f"{replay.not_sent:,} of {replay.requests:,} requests not sent"
             )
         elif result.crashes:
             if replay is not None:
                 result.error = (
                     result.error
-                    or f"replay ended with the crash: {replay['not_sent']:,} of "
-                    f"{replay['requests']:,} requests not sent"
+                    or f"replay ended with the crash: {replay.not_sent:,} of {replay.requests:,} requests not sent"
                 )
         else:
             result.status = INTERRUPTED
-            sent = f"{replay['sent']:,} of {replay['requests']:,} requests sent" if replay else "nothing sent"
+            sent = f"{replay.sent:,} of {replay.requests:,} requests sent" if replay else "nothing sent"
             result.error = f"replay stopped before the end of its log ({sent}; exit code {locust_code}; see locust.log)"
 
     def _restart(
@@ -558,7 +559,7 @@ class CampaignRunner:
         watch.healthy_at(new.healthy_at)
         return new
 
-    def _finish(self, folder: Path, manifest: dict, result: TrialResult, locust_code) -> None:
+    def _finish(self, folder: Path, manifest: TrialManifest, result: TrialResult, locust_code) -> None:
         requests = read_table(folder, "requests").to_pandas()
         for c in result.crashes:
             # the server died between its last healthy answer and the detection: count at the former
@@ -578,17 +579,19 @@ class CampaignRunner:
         if workers.get("workers_lost"):
             note = distributed.lost_note(workers["workers_lost"])
             result.error = f"{result.error}; {note}" if result.error else note
-        manifest.update(workers)
-        manifest.update(
-            status=result.status,
-            t_end=time.time(),
-            locust_exit_code=locust_code,
-            requests=result.requests,
-            cut=int((requests["outcome"] == schema.CUT).sum()),
-            locust_requests=locust_count(folder),
-            crashes=len(result.crashes),
-            error=result.error,
-        )
+        ended = {
+            **workers,
+            "status": result.status,
+            "t_end": time.time(),
+            "locust_exit_code": locust_code,
+            "requests": result.requests,
+            "cut": int((requests["outcome"] == schema.CUT).sum()),
+            "locust_requests": locust_count(folder),
+            "crashes": len(result.crashes),
+            "error": result.error,
+        }
+        for key, value in ended.items():
+            setattr(manifest, key, value)
         self._write(folder / schema.MANIFEST, manifest)
 
 

@@ -410,14 +410,16 @@ def crash_trial(hunt: Hunt, life: list, finding: Finding, folder: Path) -> None:
     t = hunt.target
     # masked as a campaign's manifest is (a masked key is a key all the same: the minimizer's client sends the mask)
     redactor = Redactor.from_environment(t.secrets())
-    manifest = {
-        "target": t.mode,
-        "target_detail": t.describe(redactor),
-        "engine": t.engine,
-        "flags": redactor.argv(t.flags),
-        "env": redactor.env(t.env),
-    }
-    write_json_atomic(folder / schema.MANIFEST, manifest)
+    from mmchaos.manifest import TrialManifest
+
+    manifest = TrialManifest(
+        target=t.mode,
+        target_detail=t.describe(redactor),
+        engine=t.engine,
+        flags=redactor.argv(t.flags),
+        env=redactor.env(t.env),
+    )
+    write_json_atomic(folder / schema.MANIFEST, manifest.dump())
     images: dict[str, dict] = {}
     rows = []
     for k, (case, sent) in enumerate(life):

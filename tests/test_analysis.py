@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from cli_inprocess import mmchaos
 
+from mmchaos import manifest as M
 from mmchaos import schema as S
 from mmchaos.analysis import intervals as I
 from mmchaos.analysis import report, stats
@@ -74,7 +75,7 @@ def write_trial(
             "machine": "test",
         }
         m.update(manifest)
-        (folder / S.MANIFEST).write_text(json.dumps(m))
+        (folder / S.MANIFEST).write_text(json.dumps(M.TrialManifest.model_validate(m).dump()))
     if server_log is not None:
         (folder / S.SERVER_LOG).write_text(server_log)
     return folder
@@ -365,6 +366,44 @@ def test_load_trial_with_missing_files(tmp_path):
     assert stats.crash_stats(c)["crashes"].sum() == 0
     v = verdicts(c).loc[0]
     assert v["verdict"] == "clean" and v["stays_up"] == "not exercised"  # nothing failed; /health was not watched
+
+
+def test_a_replay_that_sent_its_whole_log_is_timed_by_the_log(tmp_path):
+    """Issue 23: a replay's load time is its log's (first request to last answer), not Locust's start to its exit;
+    a replay stopped early keeps Locust's window."""
+    camp = tmp_path / "replays"
+    account = {"requests": 2, "sent": 2, "not_sent": 0, "t_first": T0 + 3, "t_done": T0 + 9.5}
+    locust = {"t_load_start": T0 + 1, "t_load_end": T0 + 40}  # Locust's start-up, then its -t or its shutdown
+    write_trial(camp, "a", 0, requests=[req(4)], manifest={**locust, "replay": {**account, "complete": True}})
+    write_trial(camp, "a", 1, requests=[req(4)], manifest={**locust, "replay": {**account, "complete": False}})
+    t = load_results(camp).trials.set_index("trial")
+    assert t.loc[0, "t_start"] == T0 + 3 and t.loc[0, "duration_s"] == pytest.approx(6.5)
+    assert t.loc[1, "t_start"] == T0 + 1 and t.loc[1, "duration_s"] == pytest.approx(39)
+
+
+def test_a_manifest_of_another_version_is_read_with_what_it_holds(tmp_path):
+    """Older manifests (fewer keys) read with defaults; keys this version does not know are passed over; a value
+    it cannot read is left out with a note, the rest of the trial kept. What we write has to be ours, key by key."""
+    camp = tmp_path / "old"
+    folder = write_trial(camp, "a", 0, requests=[req(4)], manifest={})
+    (folder / S.MANIFEST).write_text(
+        json.dumps({"config": "a", "trial": "0", "status": "completed", "t_start": T0, "added_later": {"x": 1}})
+    )
+    folder = write_trial(camp, "a", 1, requests=[req(4)], manifest={})
+    (folder / S.MANIFEST).write_text(json.dumps({"trial": 1, "status": "completed", "seed": "many", "t_start": T0}))
+    c = load_results(camp)
+    t = c.trials.set_index("trial")
+    assert list(t["status"]) == ["completed", "completed"] and t["has_manifest"].all()
+    assert pd.isna(t.loc[0, "users"]) and t.loc[0, "flags"] == ""  # not given
+    assert pd.isna(t.loc[1, "seed"])
+    [note] = [w for w in c.warnings if "seed" in w]
+    assert note.startswith("a/t001: 'seed' should be a valid integer") and "read as not given" in note
+    with pytest.raises(ValueError, match="added_later"):
+        M.TrialManifest(status="completed", added_later=1)
+    with pytest.raises(ValueError, match="status"):
+        M.TrialManifest().status = "done"
+    hunt = M.TrialManifest(target="engine", engine="0.30.0", flags=[], env={})  # a writer of five keys writes five
+    assert set(hunt.dump()) == {"target", "engine", "flags", "env"}
 
 
 def test_load_errors(tmp_path):

@@ -279,8 +279,14 @@ def test_a_replayed_log_is_judged_as_a_retrying_client_sees_its_server(tmp_path)
     assert sent.at[2, "request_group"] == sent.at[1, "request_id"] and list(sent["final"]) == [True, False, True]
     assert manifest(trial)["status"] == "completed" and manifest(trial)["replay"]["complete"]
     assert manifest(trial)["replay"]["sent"] == manifest(trial)["replay"]["requests"] == 2
-    v = verdicts(load_results(tmp_path / "results" / "standin")).set_index("config").loc["v032"]
+    results = load_results(tmp_path / "results" / "standin")
+    v = verdicts(results).set_index("config").loc["v032"]
     assert v["verdict"] == "retryable" and v["normal_ok"] == "ok", v["evidence"]
+    # its load time is the log's (first request to last answer), not Locust's start-up and shutdown around it
+    account, [row] = manifest(trial)["replay"], results.trials.to_dict("records")
+    assert row["status"] == "completed" and row["t_start"] == account["t_first"]
+    assert row["duration_s"] == pytest.approx(account["t_done"] - account["t_first"]) and row["duration_s"] < 5
+    assert row["duration_s"] < manifest(trial)["t_load_end"] - manifest(trial)["t_load_start"] - 1
 
 
 @pytest.mark.integration
@@ -336,6 +342,41 @@ def test_a_replay_longer_than_its_duration_is_cut_and_says_what_it_did_not_send(
     ), result
     trial = tmp_path / "results" / "standin" / "v032" / "t000"
     assert manifest(trial)["replay"]["cut_by_run_time"] and manifest(trial)["replay"]["not_sent"] == 1
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["sigint", "sigkill"])
+def test_a_replay_stopped_before_the_end_of_its_log_is_interrupted(tmp_path, reaper, sig):  # noqa: F811
+    """A replay stopped early stays interrupted (a re-run does it again): Locust stopped as Ctrl-C stops it
+    (SIGINT: it writes what it sent) or dead (SIGKILL: nothing written). Its load time is Locust's."""
+    body = {"model": "m", "input": "hello"}
+    (tmp_path / "production.jsonl").write_text(
+        "\n".join(json.dumps({"t": i * 0.1, "body": body}) for i in range(300)) + "\n"  # 30 s of log
+    )
+    root = tmp_path / "results"
+    trial = root / "standin" / "v032" / "t000"
+    stopped = []
+
+    def stop_locust_mid_log(state):
+        if not stopped and state.get("phase") == "load" and state.get("requests", 0) >= 20:
+            [pgid] = manifest(trial)["locust_pgids"]
+            reaper.add(pgid)
+            killpg(pgid, sig)
+            stopped.append(pgid)
+
+    [result] = run(_replay_campaign(tmp_path, [], duration=60), root, progress=stop_locust_mid_log)
+    assert stopped and result.status == "interrupted" and not result.crashes, result
+    m = manifest(trial)
+    assert m["status"] == "interrupted"
+    if sig == signal.SIGINT:  # Locust's orderly stop: it says how much of its log it sent
+        assert not m["replay"]["complete"] and not m["replay"]["cut_by_run_time"]
+        assert 20 <= m["replay"]["sent"] < m["replay"]["requests"] == 300
+        assert result.error.startswith(f"replay stopped before the end of its log ({m['replay']['sent']} of 300 ")
+    else:
+        assert m["locust_exit_code"] == -signal.SIGKILL and "replay" not in m
+    [row] = load_results(root / "standin").trials.to_dict("records")
+    assert row["status"] == "interrupted" and row["t_start"] == m["t_load_start"]
+    assert row["duration_s"] == pytest.approx(m["t_load_end"] - m["t_load_start"])
 
 
 # --- minimize ---------------------------------------------------------------------------------------------------
