@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from mmchaos.errors import MmchaosError
 from mmchaos.files import write_files_atomic
 
 from . import (
@@ -43,8 +44,10 @@ REPORT_HTML = "report.html"
 DEFAULT_OUT = "report"  # inside the campaign folder
 
 
-class ReportError(ValueError):
+class ReportError(MmchaosError, ValueError):
     """Bad input: said in one line by the CLI."""
+
+    prefix = "mmchaos report"
 
 
 @dataclass

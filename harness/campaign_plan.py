@@ -16,6 +16,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from mmchaos import arrivals, campaign_file, faults, options, paths, schema
+from mmchaos.errors import MmchaosError
 from mmchaos.options import OptionError, did_you_mean
 from mmchaos.payloads.replay_plan import ReplayPlan
 from mmchaos.payloads.traces import TraceError
@@ -27,7 +28,7 @@ SWEEP = "sweep"  # [sweep]: knob = [values], one or two knobs; every combination
 MAX_SWEEP_KNOBS = 2
 
 
-class CampaignError(Exception):
+class CampaignError(MmchaosError):
     """One line: the file, the line, what is wrong and a hint."""
 
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mmchaos import paths
+from mmchaos.errors import MmchaosError
 from mmchaos.files import write_json_atomic
 
 from . import long_step
@@ -50,7 +51,7 @@ LAUNCHER = Path(__file__).parent / "in_engine" / "vllm_launch.py"
 _TV_PATCH = re.compile(r'^@torch\.library\.register_fake\("torchvision::(q?nms)"\)$', re.M)
 
 
-class EngineError(Exception):
+class EngineError(MmchaosError):
     """A one-line, user-facing reason an engine cannot be provisioned or used."""
 
 

@@ -28,6 +28,7 @@ import struct
 import threading
 from dataclasses import dataclass, field
 
+from mmchaos.errors import MmchaosError
 from mmchaos.faults import BANDWIDTH, LATENCY, RESET, SILENCE, SLOW_READ
 
 from .processes import LOOPBACK
@@ -37,7 +38,7 @@ SLOW_CHUNK = 1024
 SLOW_RCVBUF = 4096
 
 
-class ProxyError(Exception):
+class ProxyError(MmchaosError):
     """The proxy could not start (one line)."""
 
 

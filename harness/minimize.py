@@ -30,6 +30,7 @@ from pathlib import Path
 import pandas as pd
 
 from mmchaos import schema
+from mmchaos.errors import MmchaosError
 from mmchaos.files import write_json_atomic
 from mmchaos.payloads import trace_edits
 from mmchaos.payloads.traces import Trace
@@ -45,7 +46,7 @@ SOONEST_ABORT_MS = 1.0  # an abort is tried hanging up this soon after sending (
 SMALL_SIDES = (64,)  # the long sides an image is tried at (vLLM scales small images up to its minimum anyway)
 
 
-class MinimizeError(Exception):
+class MinimizeError(MmchaosError):
     """The trial cannot be minimized (one line)."""
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mmchaos import paths
+from mmchaos.errors import MmchaosError
 
 from . import engines, long_step
 
@@ -68,7 +69,7 @@ RECIPES = {
 DEFAULT = "qwen3vl-embed"
 
 
-class ModelError(Exception):
+class ModelError(MmchaosError):
     pass
 
 

@@ -24,6 +24,7 @@ import requests
 
 from mmchaos import paths
 from mmchaos.auth import API_KEY_ENV, api_key, auth_headers
+from mmchaos.errors import MmchaosError
 from mmchaos.redact import Redactor, flag_values, secrets_of, split_command
 
 from . import engines
@@ -43,7 +44,7 @@ AMX_PERMISSION = Path(__file__).parent / "in_engine" / "amx_permission"
 OWN_TMPDIR_ENV = "MMCHAOS_OWN_TMPDIR"  # and, when that process died first, removes this folder (its private TMPDIR)
 
 
-class ServerError(Exception):
+class ServerError(MmchaosError):
     """A one-line, user-facing reason the server could not be started or reached."""
 
 

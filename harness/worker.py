@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from mmchaos import paths
+from mmchaos.errors import MmchaosError
 
 from .processes import stop_group
 
@@ -23,7 +24,7 @@ QUICK_FAIL_S = 10.0  # a run that fails this fast, three times over, will not do
 RESTART_PAUSE_S = 1.0  # between two runs: a master that just ended needs a moment before the next one listens
 
 
-class WorkerError(Exception):
+class WorkerError(MmchaosError):
     """One line: what is wrong, what to do."""
 
 

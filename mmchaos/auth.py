@@ -6,11 +6,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from mmchaos.errors import MmchaosError
+
 API_KEY_ENV = "MMCHAOS_API_KEY"
 API_KEY_FILE_ENV = "MMCHAOS_API_KEY_FILE"
 
 
-class ApiKeyError(Exception):
+class ApiKeyError(MmchaosError):
     """The key file cannot be read (one line, with the fix)."""
 
 

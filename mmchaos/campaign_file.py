@@ -16,6 +16,8 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from pydantic.fields import FieldInfo
 
+from mmchaos.errors import MmchaosError
+
 from . import faults, options
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.@-]*$"
@@ -256,7 +258,7 @@ def json_schema_text() -> str:
 # --- pydantic's errors as a campaign file's one-line errors -------------------------------------------------------
 
 
-class FileProblem(ValueError):
+class FileProblem(MmchaosError, ValueError):
     """One problem of a campaign file: its message, and where (section, key, nth table) to find its line."""
 
     def __init__(self, message: str, section: str = "", key: str = "", nth: int = 0):

@@ -8,6 +8,7 @@ import difflib
 from dataclasses import dataclass
 
 from mmchaos import arrivals
+from mmchaos.errors import MmchaosError
 
 # Qwen3-VL-Embedding's default instruction, sent as the system message of image conversations.
 DEFAULT_INSTRUCTION = "Represent the user's input."
@@ -264,7 +265,7 @@ def _positive(o: Option):
     return parse
 
 
-class OptionError(ValueError):
+class OptionError(MmchaosError, ValueError):
     def __init__(self, message: str, section: str = "", key: str = ""):
         super().__init__(message)
         self.section, self.key = section, key  # where in a campaign file: [workload.mix] or [workload.options]

@@ -9,6 +9,8 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from mmchaos.errors import MmchaosError
+
 DEFAULT_FILE = Path(__file__).with_name("signatures.toml")
 UNKNOWN = "unknown"
 CHAIN_SEP = " → "  # between the links of a crash's chain: cache_drift → detokenizer_assert
@@ -18,7 +20,7 @@ CHAIN_LOOKBACK_S = 5.0
 _KEYS = {"name", "pattern", "fatal", "drift", "rank", "description"}
 
 
-class SignatureError(Exception):
+class SignatureError(MmchaosError):
     pass
 
 

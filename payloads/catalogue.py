@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mmchaos.errors import MmchaosError
+
 from .bodies import EMBEDDINGS_PATH, TOKENIZE_PATH
 from .mutations import MUTATIONS
 from .patches import NEEDS_MAX_MODEL_LEN, PLACEHOLDERS, walk_strings
@@ -25,7 +27,7 @@ _OPTIONAL = ("evidence", "confidence", "source", "endpoint", "mutation", "params
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")  # ends up in a comma-free table column
 
 
-class CaseFileError(ValueError):
+class CaseFileError(MmchaosError, ValueError):
     """A case file that cannot be used; the message names the file, the case and the key."""
 
 

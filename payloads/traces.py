@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from mmchaos import schema
+from mmchaos.errors import MmchaosError
 from mmchaos.tables import PartWriter, read_table, table_dir
 
 from . import generated
@@ -45,7 +46,7 @@ ROW_COLUMNS = (
 )
 
 
-class TraceError(ValueError):
+class TraceError(MmchaosError, ValueError):
     """A trace that cannot be read or sent again (one line)."""
 
 
