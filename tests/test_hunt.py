@@ -210,7 +210,7 @@ def test_a_target_without_openapi_json_cannot_be_hunted(tmp_path):
 def test_the_hunt_does_not_import_the_lists_it_must_not_need():
     # the search may not lean on what we already know fails: the malformed catalogue, the probes, the mix's kinds
     code = (
-        "import sys, mmchaos.harness.hunt, mmchaos.harness.cli_hunt; print([m for m in sys.modules if any(x in m "
+        "import sys, mmchaos.harness.hunt, mmchaos.harness.commands.hunt; print([m for m in sys.modules if any(x in m "
         "for x in ('malformed', 'catalogue', 'mutations', 'probes', 'locustfiles', 'repro_script_cases'))])"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=TESTS.parent, check=True)

@@ -1,18 +1,15 @@
-"""The trace commands of `mmchaos`: minimize a crash, export a trace as a request log, import a request log."""
+"""`mmchaos minimize`: shrink a crashing trial to a minimal standalone reproducer and an issue snippet."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from mmchaos.payloads import request_log, traces
-
-from . import arg_types
-
-COMMANDS = ("minimize", "trace")
+from .. import arg_types
+from .common import say
 
 
-def add_parsers(sub, parser_class) -> None:
+def add_parser(sub) -> None:
     m = sub.add_parser(
         "minimize",
         help="shrink a crashing trial to a minimal standalone reproducer and an "
@@ -42,35 +39,12 @@ def add_parsers(sub, parser_class) -> None:
     m.add_argument(
         "--startup-timeout", type=arg_types.positive_number, default=420, help="seconds for a server to start"
     )
-    t = sub.add_parser("trace", help="convert traces and request logs (JSONL; docs/request-log.md)")
-    tsub = t.add_subparsers(dest="trace_action", required=True, parser_class=parser_class)
-    te = tsub.add_parser("export", help="a run's trace as a JSONL request log (images as files beside it)")
-    te.add_argument("folder", help="a folder holding a trace: a trial, an ad-hoc run")
-    te.add_argument("log", help="the .jsonl file to write")
-    ti = tsub.add_parser("import", help="a JSONL request log as a trace folder (replay it, export it again)")
-    ti.add_argument("log", help="the .jsonl request log")
-    ti.add_argument("folder", help="the folder to write (must not hold a trace yet)")
+    m.set_defaults(func=run)
 
 
-def run(a, say) -> int:
-    if a.cmd == "minimize":
-        return _minimize(a, say)
-    if a.trace_action == "export":
-        n = request_log.write(traces.Trace.load(a.folder), a.log)
-        say(f"{a.log}: {n} requests (images in {Path(a.log).with_name(Path(a.log).stem + '.images')})")
-        return 0
-    folder = Path(a.folder)
-    if (folder / "trace").exists():
-        raise traces.TraceError(f"{folder} already holds a trace: pick a new folder")
-    trace = request_log.read(a.log)
-    traces.save(trace, folder)
-    say(f"{folder}: {len(trace)} requests of {len(trace.lanes())} sessions")
-    return 0
-
-
-def _minimize(a, say) -> int:
-    from . import bug_report
-    from .minimize import Minimizer
+def run(a) -> int:
+    from .. import bug_report
+    from ..minimize import Minimizer
 
     out = Path(a.out) if a.out else Path(a.trial) / "minimized"
     m = Minimizer(

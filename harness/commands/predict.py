@@ -6,13 +6,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import arg_types
-
-COMMANDS = ("predict",)
-
-
-class PredictError(Exception):
-    """One line: what is wrong, what to do."""
+from .. import arg_types
+from .common import CommandError, say
 
 
 def _share(text: str) -> float:
@@ -77,12 +72,12 @@ def traffic(a) -> dict | None:
             if v
         ]
         if given:
-            raise PredictError(
+            raise CommandError(
                 f"{', '.join(given)} {'need' if len(given) > 1 else 'needs'} --rps (your requests per second)"
             )
         return None
     if not a.post_render_4xx and not a.disconnects:
-        raise PredictError(
+        raise CommandError(
             "say how much of your traffic can poison the cache: --post-render-4xx and/or --disconnects (e.g. 0.5%)"
         )
     knobs = {}
@@ -93,10 +88,10 @@ def traffic(a) -> dict | None:
         except ValueError:
             k = ""
         if not sep or not k.strip():
-            raise PredictError(f"--at {pair!r}: write KNOB=NUMBER, e.g. users=32")
+            raise CommandError(f"--at {pair!r}: write KNOB=NUMBER, e.g. users=32")
     share_sum = (a.post_render_4xx or 0.0) + (a.disconnects or 0.0)
     if share_sum > 1:
-        raise PredictError(f"--post-render-4xx and --disconnects add up to {share_sum:.0%}: more than all requests")
+        raise CommandError(f"--post-render-4xx and --disconnects add up to {share_sum:.0%}: more than all requests")
     return {
         "rps": a.rps,
         "post_render_share": a.post_render_4xx or 0.0,
@@ -115,7 +110,7 @@ def _load_check(folder: str | None):
     try:
         return load_results(folder)
     except LoadError as e:
-        raise PredictError(f"--check: {e}") from e
+        raise CommandError(f"--check: {e}") from e
 
 
 def _rate_check(fits, check, folder: str) -> None:
@@ -124,7 +119,7 @@ def _rate_check(fits, check, folder: str) -> None:
 
     table = prediction.rate_check(fits, check)
     if not len(table):
-        raise PredictError(f"--check {folder}: none of its configurations is in the fit, or none has a trial")
+        raise CommandError(f"--check {folder}: none of its configurations is in the fit, or none has a trial")
     print(
         f"checked at a measured rate ({int(table['inside'].sum())} of {len(table)} inside): {folder}, not part "
         "of the fit"
@@ -138,7 +133,7 @@ def _rate_check(fits, check, folder: str) -> None:
         )
 
 
-def add_parsers(sub) -> None:
+def add_parser(sub) -> None:
     p = sub.add_parser(
         "predict",
         help="mean time between crashes at your traffic, per configuration, from a (sweep) campaign",
@@ -162,28 +157,30 @@ def add_parsers(sub) -> None:
         help="a campaign of the same configurations run at your rate (open loop: [workload] rate), not "
         "part of the fit: its crashes per hour, measured, against those the fit predicts there",
     )
+    p.set_defaults(func=run)
 
 
-def run(a, say) -> int:
+def run(a) -> int:
     from mmchaos.analysis import hazard, prediction
     from mmchaos.analysis.exposure import exposure
     from mmchaos.analysis.results import LoadError, load_results
     from mmchaos.schema import sweep_label
 
     kw = traffic(a)
+    assert kw is not None  # predict's --rps is required
     try:
         prediction.check_traffic(**kw)
     except ValueError as e:
-        raise PredictError(str(e)) from e
+        raise CommandError(str(e)) from e
     try:
         c = load_results(a.results_dir)
     except LoadError as e:
-        raise PredictError(str(e)) from e
+        raise CommandError(str(e)) from e
     check = _load_check(a.check)
     configs = [str(x) for x in c.configs]
     unknown = [n for n in a.config if n not in configs]
     if unknown:
-        raise PredictError(f"--config {unknown[0]}: no such configuration (have: {', '.join(configs)})")
+        raise CommandError(f"--config {unknown[0]}: no such configuration (have: {', '.join(configs)})")
     say(f"fitting the crash hazard of {len(a.config or configs)} configuration(s), {len(c.trials)} trials")
     exp = exposure(c)
     fits = hazard.fit_exposure(exp, a.config or configs)

@@ -7,17 +7,12 @@ from pathlib import Path
 
 from mmchaos import paths
 
-from . import arg_types
-from .server import Target
-
-COMMANDS = ("hunt",)
-
-
-class CommandError(Exception):
-    """One line: what is wrong, what to do."""
+from .. import arg_types
+from ..server import Target
+from .common import CommandError, say
 
 
-def add_parsers(sub) -> None:
+def add_parser(sub) -> None:
     h = sub.add_parser(
         "hunt",
         help="search for crashes and wrong answers nobody listed: requests generated from the "
@@ -53,11 +48,13 @@ def add_parsers(sub) -> None:
     )
     h.add_argument("--no-minimize", action="store_true", help="keep each crash's case, do not shrink it")
     h.add_argument("--timeout", type=float, default=420, help="seconds to wait for a server's /health")
+    h.set_defaults(func=run, passthrough=[])  # flags after -- go to vLLM verbatim
 
 
-def run(a, say, passthrough: list[str]) -> int:
-    from .hunt import Budget, Hunt, HuntError
+def run(a) -> int:
+    from ..hunt import Budget, Hunt, HuntError
 
+    passthrough = a.passthrough
     chosen = [x for x in (a.engine, a.command, a.url and not a.command and a.url) if x]
     if len(chosen) != 1:
         raise CommandError("give one target: --engine VERSION, --command CMD or --url URL")
@@ -88,5 +85,5 @@ def run(a, say, passthrough: list[str]) -> int:
         )
         say(f"hunt: {target.mode} {shlex.join([name, *passthrough])} -> {out}")
         return hunt.run()
-    except HuntError as e:
+    except HuntError as e:  # harness/hunt.py keeps its own error class; said here as the command's
         raise CommandError(str(e)) from e

@@ -1,0 +1,78 @@
+"""`mmchaos report`: the report of a campaign (Markdown and one HTML file), and its verdicts checked on request."""
+
+from __future__ import annotations
+
+import sys
+
+from mmchaos.verdict_rule import LEVELS
+
+from .common import CommandError, console
+from .predict import add_traffic_args, traffic
+
+
+def add_parser(sub) -> None:
+    r = sub.add_parser("report", help="write the report of a campaign (Markdown + one HTML file)")
+    r.add_argument("results_dir", help="a campaign folder: results/<campaign>")
+    r.add_argument(
+        "--baseline",
+        help="configuration the workaround cost is measured against "
+        "(default: the one without extra flags that did not crash, else the first)",
+    )
+    r.add_argument(
+        "--compare", metavar="OTHER_DIR", help="a second campaign folder to compare with (e.g. after an upgrade)"
+    )
+    r.add_argument("--out", metavar="DIR", help="where to write (default: RESULTS_DIR/report)")
+    r.add_argument("--window", type=float, default=10.0, help="attribution window in seconds (default 10)")
+    r.add_argument(
+        "--expect",
+        action="append",
+        default=[],
+        metavar="CONFIG=VERDICT",
+        help="exit 1 unless CONFIG's verdict is VERDICT (fails, retryable or clean); repeatable",
+    )
+    r.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    add_traffic_args(
+        r.add_argument_group(
+            "predict at your traffic (the crash-hazard section gives the mean time between crashes at it)"
+        ),
+        required=False,
+    )
+    r.set_defaults(func=run)
+
+
+def _expectations(pairs: list[str]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        cfg, sep, level = pair.partition("=")
+        if not sep or not cfg or level not in LEVELS:
+            raise CommandError(f"--expect {pair!r}: write CONFIG=VERDICT with VERDICT one of {', '.join(LEVELS)}")
+        out[cfg] = level
+    return out
+
+
+def run(a) -> int:
+    from mmchaos.analysis import report
+
+    expect = _expectations(a.expect)
+    progress = None if a.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+    res = report.write_report(
+        a.results_dir,
+        a.out,
+        a.baseline,
+        a.compare,
+        window_s=a.window,
+        progress=progress,
+        traffic=traffic(a),
+    )
+    print(res.html)
+    code = 0
+    for cfg, want in expect.items():
+        got = res.verdicts.get(cfg)
+        if got is None:
+            raise report.ReportError(f"--expect {cfg}: no such configuration (have: {', '.join(res.verdicts)})")
+        if got != want:
+            console.print(f"[red]mmchaos report: {cfg} is {got}, expected {want}[/red]")
+            code = 1
+        else:
+            console.print(f"{cfg} is {got}, as expected")
+    return code
