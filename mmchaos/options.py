@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import difflib
-from dataclasses import dataclass
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from mmchaos import arrivals
 from mmchaos.errors import MmchaosError
@@ -22,17 +24,49 @@ IMAGE_PRESETS: dict[str, tuple[int, int]] = {  # generated pools: range of the l
 RETRY_POLICIES = ("none", "openai")  # mmchaos.retry_policy defines them
 
 
-@dataclass(frozen=True)
-class Option:
-    name: str  # python name; the flag is --name-with-dashes
+OPTION_TYPES = (int, float, str, bool)
+
+
+class Option(BaseModel):
+    """One knob, checked as it is defined: a python name, one of the four types a flag and a TOML key both take,
+    a default that is a value of its own (``problem(default)`` is None; a ``positive`` knob's 0 means "not
+    given"), choices only for text, bounds in order. Made positionally as before: Option(name, type, default,
+    help, ...)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]*$")]  # python name; the flag is --name-with-dashes
     type: type
-    default: object
-    help: str
+    default: Any
+    help: Annotated[str, Field(min_length=1)]
     ui: bool = True  # shown in the web UI form
     choices: tuple | None = None
-    minimum: float | None = None  # the smallest value allowed
-    maximum: float | None = None
+    minimum: int | float | None = None  # the smallest value allowed (kept as written: 0 stays 0 in the schema)
+    maximum: int | float | None = None
     positive: bool = False  # a value given must be more than 0 (the default 0 means "not given")
+
+    def __init__(self, name: str, type: type, default: Any, help: str, **rest: Any):
+        super().__init__(name=name, type=type, default=default, help=help, **rest)
+
+    @field_validator("type")
+    @classmethod
+    def _one_of_ours(cls, kind: type) -> type:
+        if kind not in OPTION_TYPES:
+            raise ValueError(f"must be one of {', '.join(t.__name__ for t in OPTION_TYPES)}, not {kind.__name__}")
+        return kind
+
+    @model_validator(mode="after")
+    def _takes_its_default(self) -> Option:
+        if self.choices is not None and self.type is not str:
+            raise ValueError(f"option {self.name}: choices are for text options, not {self.type.__name__}")
+        if (self.minimum is not None or self.maximum is not None or self.positive) and self.type not in (int, float):
+            raise ValueError(f"option {self.name}: bounds are for numbers, not {self.type.__name__}")
+        if self.minimum is not None and self.maximum is not None and self.minimum > self.maximum:
+            raise ValueError(f"option {self.name}: minimum {self.minimum:g} is above maximum {self.maximum:g}")
+        why = None if self.positive and self.default == 0 else self.problem(self.default)
+        if why:
+            raise ValueError(f"option {self.name}: its default {why}")
+        return self
 
     @property
     def flag(self) -> str:
@@ -233,6 +267,30 @@ HARNESS_OWNED = {
     *OPEN_LOOP,
     *GATES,
 }
+
+
+class OptionTable(BaseModel):
+    """The table as a whole: each name once (one flag each), a weight option per request kind, and every name the
+    harness owns, gates or sets for an open loop one of the table's."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    options: list[Option]
+    named: frozenset[str]  # names the rest of mmchaos relies on
+
+    @model_validator(mode="after")
+    def _whole(self) -> OptionTable:
+        names = [o.name for o in self.options]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"options defined twice: {', '.join(twice)}")
+        missing = sorted(self.named - set(names))
+        if missing:
+            raise ValueError(f"options named but not defined: {', '.join(missing)}")
+        return self
+
+
+OptionTable(options=OPTIONS, named=frozenset({*HARNESS_OWNED, *(f"weight_{k}" for k in WEIGHTS)}))
 
 
 def register(parser) -> None:

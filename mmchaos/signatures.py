@@ -8,8 +8,13 @@ import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from mmchaos.errors import MmchaosError
+from mmchaos.options import did_you_mean
+from mmchaos.records import Says, first_error, says, words
 
 DEFAULT_FILE = Path(__file__).with_name("signatures.toml")
 UNKNOWN = "unknown"
@@ -17,21 +22,57 @@ CHAIN_SEP = " → "  # between the links of a crash's chain: cache_drift → det
 # Log lines read this long before the server was last seen healthy belong to its past, not to its crash's chain
 # (a server that answered drift with 503s for an hour and then ran out of memory died of the memory).
 CHAIN_LOOKBACK_S = 5.0
-_KEYS = {"name", "pattern", "fatal", "drift", "rank", "description"}
 
 
 class SignatureError(MmchaosError):
     pass
 
 
-@dataclass(frozen=True)
-class Signature:
-    name: str
-    pattern: re.Pattern
-    fatal: bool
-    rank: int
-    description: str
-    drift: bool = False  # the line means P0/P1 cache drift (logged or answered)
+def _regex(value: Any) -> Any:
+    if not isinstance(value, str):
+        return value  # the field's type says what it must be
+    try:
+        return re.compile(value)
+    except re.error as e:
+        raise ValueError(f"bad pattern ({e})") from None
+
+
+class Signature(BaseModel):
+    """One [[signature]] of a signature table (signatures.toml's header says what each key means)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    name: Annotated[str, Field(min_length=1)]
+    pattern: Annotated[re.Pattern, Says("a regular expression")]
+    fatal: Annotated[bool, Says("true or false")] = False
+    rank: Annotated[int, Says("an integer (lower: more specific)")] = 50
+    description: Annotated[str, Says("a string")] = ""
+    drift: Annotated[bool, Says("true or false")] = False  # the line means P0/P1 cache drift (logged or answered)
+
+    _compile = field_validator("pattern", mode="before")(_regex)
+
+
+class SignatureFile(BaseModel):
+    """A signature file: the patterns that pull an mm_hash and a request id out of a line, and [[signature]]
+    tables (each read as a Signature, told apart by its position)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    mm_hash_pattern: Annotated[re.Pattern | None, Says("a regular expression")] = None
+    request_id_pattern: Annotated[re.Pattern | None, Says("a regular expression")] = None
+    signature: Annotated[list[dict[str, Any]], Says("[[signature]] tables")] = []
+
+    _compile = field_validator("mm_hash_pattern", "request_id_pattern", mode="before")(_regex)
+
+
+def _problem(error: ValidationError, model: type[BaseModel], raw: dict) -> str:
+    """pydantic's first error in a signature file's words (a key, then what it must be)."""
+    kind, key, e = first_error(error, model)
+    if kind == "unknown":
+        return f"unknown key '{key}'; {did_you_mean(key, model.model_fields)}"
+    if e["type"] == "value_error":  # a pattern that does not compile
+        return words(e) if model is Signature else f"{key}: {words(e)}"
+    return f"'{key}' must be {says(model, key) or 'something else'}, not {raw.get(key)!r}"
 
 
 @dataclass(frozen=True)
@@ -43,7 +84,12 @@ class Match:
 
 
 class Signatures:
-    def __init__(self, signatures: list[Signature], mm_hash_pattern: str, request_id_pattern: str = r"$^"):
+    def __init__(
+        self,
+        signatures: list[Signature],
+        mm_hash_pattern: str | re.Pattern,
+        request_id_pattern: str | re.Pattern = r"$^",
+    ):
         self.signatures = signatures
         self.mm_hash = re.compile(mm_hash_pattern)
         self.request_id = re.compile(request_id_pattern)
@@ -64,26 +110,27 @@ class Signatures:
                 data = tomllib.loads(Path(f).read_text())
             except (OSError, tomllib.TOMLDecodeError) as e:
                 raise SignatureError(f"cannot read signature file {f}: {e}") from e
-            mm_hash_pattern = data.get("mm_hash_pattern", mm_hash_pattern)
-            request_id_pattern = data.get("request_id_pattern", request_id_pattern)
-            for i, s in enumerate(data.get("signature", [])):
-                unknown = set(s) - _KEYS
-                if unknown or not {"name", "pattern"} <= set(s):
-                    raise SignatureError(
-                        f"{f}: signature #{i + 1}: needs name and pattern; unknown keys: {sorted(unknown)}"
-                    )
+            try:
+                table = SignatureFile.model_validate(data)
+            except ValidationError as e:
+                raise SignatureError(f"{f}: {_problem(e, SignatureFile, data)}") from None
+            if "mm_hash_pattern" in table.model_fields_set:
+                mm_hash_pattern = table.mm_hash_pattern
+            if "request_id_pattern" in table.model_fields_set:
+                request_id_pattern = table.request_id_pattern
+            for i, s in enumerate(table.signature):
                 try:
-                    pat = re.compile(s["pattern"])
-                except re.error as e:
-                    raise SignatureError(f"{f}: signature {s['name']}: bad pattern ({e})") from e
-                by_name[s["name"]] = Signature(
-                    s["name"],
-                    pat,
-                    bool(s.get("fatal", False)),
-                    int(s.get("rank", 50)),
-                    s.get("description", ""),
-                    bool(s.get("drift", False)),
-                )
+                    sig = Signature.model_validate(s)
+                except ValidationError as e:
+                    kind, key, _ = first_error(e, Signature)
+                    if kind == "unknown" or (kind == "missing" and key in ("name", "pattern")):
+                        unknown = sorted(set(s) - set(Signature.model_fields))
+                        raise SignatureError(
+                            f"{f}: signature #{i + 1}: needs name and pattern; unknown keys: {unknown}"
+                        ) from None
+                    label = s["name"] if isinstance(s.get("name"), str) else f"#{i + 1}"
+                    raise SignatureError(f"{f}: signature {label}: {_problem(e, Signature, s)}") from None
+                by_name[sig.name] = sig
         return cls(
             sorted(by_name.values(), key=lambda s: s.rank), mm_hash_pattern or r"$^", request_id_pattern or r"$^"
         )

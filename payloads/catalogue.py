@@ -6,11 +6,13 @@ from __future__ import annotations
 import re
 import tomllib
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from mmchaos.errors import MmchaosError
+from mmchaos.records import Says, first_error, says, words
 
 from .bodies import EMBEDDINGS_PATH, TOKENIZE_PATH
 from .mutations import MUTATIONS
@@ -25,28 +27,65 @@ ENDPOINTS = (EMBEDDINGS_PATH, TOKENIZE_PATH)
 _REQUIRED = ("name", "stage", "expected_status", "carries_image", "description")
 _OPTIONAL = ("evidence", "confidence", "source", "endpoint", "mutation", "params", "patch", "unset")
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")  # ends up in a comma-free table column
+_NAME_WORDS = "'name' must be a non-empty string of letters, digits, '_', '.', '-'"
 
 
 class CaseFileError(MmchaosError, ValueError):
     """A case file that cannot be used; the message names the file, the case and the key."""
 
 
-@dataclass(frozen=True)
-class MalformedCase:
-    name: str
-    stage: str
-    expected_status: int
-    carries_image: bool
-    description: str
-    evidence: str = "expected"
-    confidence: str = "medium"
-    source: str = ""
-    endpoint: str = EMBEDDINGS_PATH
-    mutation: str | None = None
-    params: Mapping[str, Any] = field(default_factory=dict)
-    patch: Mapping[str, Any] = field(default_factory=dict)
-    unset: tuple[str, ...] = ()
-    origin: str = ""  # the file it was loaded from
+class MalformedCase(BaseModel):
+    """One [[case]] of a case file (the keys malformed_cases.toml's header documents), checked as it is read:
+    TOML's types as they are (a status written "400" is no status), every key named, and what needs more than
+    one key (params for the case's mutation, placeholders a patch may use, a case that changes something)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    name: Annotated[str, Field(pattern=_NAME_RE.pattern)]
+    stage: Annotated[Literal[STAGES], Says(f"one of {STAGES}")]  # type: ignore[valid-type]
+    expected_status: Annotated[int, Field(ge=100, le=599), Says("an HTTP status (integer 100-599)")]
+    carries_image: Annotated[bool, Says("true or false")]
+    description: Annotated[str, Says("a string")]
+    evidence: Annotated[Literal[EVIDENCE], Says(f"one of {EVIDENCE}")] = "expected"  # type: ignore[valid-type]
+    confidence: Annotated[Literal[CONFIDENCE], Says(f"one of {CONFIDENCE}")] = "medium"  # type: ignore[valid-type]
+    source: Annotated[str, Says("a string")] = ""
+    endpoint: Annotated[Literal[ENDPOINTS], Says(f"one of {ENDPOINTS}")] = EMBEDDINGS_PATH  # type: ignore[valid-type]
+    mutation: Annotated[Literal[tuple(MUTATIONS)] | None, Says(f"one of {sorted(MUTATIONS)}")] = None  # type: ignore[valid-type]
+    # the mutation's params: those given over the mutation's defaults (the defaults are filled in as it is read)
+    params: Annotated[dict[str, Any], Says("a table")] = {}
+    patch: Annotated[dict[str, Any], Says("a table")] = {}
+    unset: Annotated[
+        tuple[Annotated[str, Field(min_length=1)], ...], Field(strict=False), Says("a list of dotted key paths")
+    ] = ()
+    origin: str = ""  # the file it was loaded from (set by the reader, not a key of the file)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mutation_defaults(cls, raw: Any) -> Any:
+        """A mutation's params: its defaults, then those the case gives (checked after, key by key)."""
+        if isinstance(raw, dict) and raw.get("mutation") in MUTATIONS and isinstance(raw.get("params", {}), dict):
+            return {**raw, "params": {**MUTATIONS[raw["mutation"]].params, **raw.get("params", {})}}
+        return raw
+
+    @model_validator(mode="after")
+    def _keys_together(self) -> MalformedCase:
+        given = self.model_fields_set
+        if "params" in given:
+            if self.mutation is None:
+                raise ValueError("'params' given without a 'mutation'")
+            allowed = MUTATIONS[self.mutation].params
+            for k, v in self.params.items():
+                if k not in allowed:
+                    known = ", ".join(allowed) or "none"
+                    raise ValueError(f"unknown params key {k!r} for mutation {self.mutation!r} (allowed: {known})")
+                if not _same_type(v, allowed[k]):
+                    raise ValueError(f"params.{k} must be a {type(allowed[k]).__name__}, got {v!r}")
+        for s in walk_strings(self.patch):
+            if s.startswith("$") and s not in PLACEHOLDERS:
+                raise ValueError(f"unknown placeholder {s!r} in patch (known: {', '.join(PLACEHOLDERS)})")
+        if self.mutation is None and not self.patch and not self.unset:
+            raise ValueError("changes nothing: give a 'mutation', a 'patch' or 'unset'")
+        return self
 
     @property
     def poisons(self) -> bool:
@@ -114,6 +153,14 @@ class Catalogue(Mapping[str, MalformedCase]):
         return out
 
 
+class CaseFile(BaseModel):
+    """A case file: [[case]] tables, at least one (each read as a MalformedCase, told apart by its position)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    case: Annotated[list[Any], Field(min_length=1)]
+
+
 def _fail(origin: str, case: str | None, msg: str) -> CaseFileError:
     where = f"{origin}: case {case!r}" if case else origin
     return CaseFileError(f"{where}: {msg}")
@@ -132,85 +179,26 @@ def _parse_case(raw: Any, origin: str, position: int) -> MalformedCase:
         raise _fail(origin, None, f"[[case]] #{position} is not a table")
     name = raw.get("name")
     label = name if isinstance(name, str) else f"#{position}"
-    unknown = sorted(set(raw) - set(_REQUIRED) - set(_OPTIONAL))
-    if unknown:
-        raise _fail(origin, label, f"unknown key {unknown[0]!r} (allowed: {', '.join(_REQUIRED + _OPTIONAL)})")
-    missing = [k for k in _REQUIRED if k not in raw]
-    if missing:
-        raise _fail(origin, label, f"missing required key {missing[0]!r}")
-    if not isinstance(name, str) or not _NAME_RE.match(name):
-        raise _fail(origin, label, "'name' must be a non-empty string of letters, digits, '_', '.', '-'")
+    if "origin" in raw:  # ours, not the file's
+        raise _fail(origin, label, f"unknown key 'origin' (allowed: {', '.join(_REQUIRED + _OPTIONAL)})")
+    try:
+        return MalformedCase.model_validate({**raw, "origin": origin})
+    except ValidationError as e:
+        raise _fail(origin, label, _problem(e, raw)) from None
 
-    def check(key: str, ok: bool, want: str) -> None:
-        if not ok:
-            raise _fail(origin, name, f"{key!r} must be {want}, got {raw[key]!r}")
 
-    check("stage", raw["stage"] in STAGES, f"one of {STAGES}")
-    status = raw["expected_status"]
-    check(
-        "expected_status",
-        isinstance(status, int) and not isinstance(status, bool) and 100 <= status <= 599,
-        "an HTTP status (integer 100-599)",
-    )
-    check("carries_image", isinstance(raw["carries_image"], bool), "true or false")
-    check("description", isinstance(raw["description"], str), "a string")
-    if "evidence" in raw:
-        check("evidence", raw["evidence"] in EVIDENCE, f"one of {EVIDENCE}")
-    if "confidence" in raw:
-        check("confidence", raw["confidence"] in CONFIDENCE, f"one of {CONFIDENCE}")
-    if "source" in raw:
-        check("source", isinstance(raw["source"], str), "a string")
-    if "endpoint" in raw:
-        check("endpoint", raw["endpoint"] in ENDPOINTS, f"one of {ENDPOINTS}")
-    mutation = raw.get("mutation")
-    if mutation is not None:
-        check("mutation", mutation in MUTATIONS, f"one of {sorted(MUTATIONS)}")
-    params = raw.get("params", {})
-    if "params" in raw:
-        check("params", isinstance(params, dict), "a table")
-        if mutation is None:
-            raise _fail(origin, name, "'params' given without a 'mutation'")
-        allowed = MUTATIONS[mutation].params
-        for k, v in params.items():
-            if k not in allowed:
-                raise _fail(
-                    origin,
-                    name,
-                    f"unknown params key {k!r} for mutation {mutation!r} (allowed: {', '.join(allowed) or 'none'})",
-                )
-            if not _same_type(v, allowed[k]):
-                raise _fail(origin, name, f"params.{k} must be a {type(allowed[k]).__name__}, got {v!r}")
-    patch = raw.get("patch", {})
-    if "patch" in raw:
-        check("patch", isinstance(patch, dict), "a table")
-        for s in walk_strings(patch):
-            if s.startswith("$") and s not in PLACEHOLDERS:
-                raise _fail(origin, name, f"unknown placeholder {s!r} in patch (known: {', '.join(PLACEHOLDERS)})")
-    unset = raw.get("unset", [])
-    if "unset" in raw:
-        check(
-            "unset",
-            isinstance(unset, list) and all(isinstance(u, str) and u for u in unset),
-            "a list of dotted key paths",
-        )
-    if mutation is None and not patch and not unset:
-        raise _fail(origin, name, "changes nothing: give a 'mutation', a 'patch' or 'unset'")
-    return MalformedCase(
-        name=name,
-        stage=raw["stage"],
-        expected_status=status,
-        carries_image=raw["carries_image"],
-        description=raw["description"],
-        evidence=raw.get("evidence", "expected"),
-        confidence=raw.get("confidence", "medium"),
-        source=raw.get("source", ""),
-        endpoint=raw.get("endpoint", EMBEDDINGS_PATH),
-        mutation=mutation,
-        params={**(MUTATIONS[mutation].params if mutation else {}), **params},
-        patch=patch,
-        unset=tuple(unset),
-        origin=origin,
-    )
+def _problem(error: ValidationError, raw: dict) -> str:
+    """pydantic's first error as the case file's words."""
+    kind, key, e = first_error(error, MalformedCase)
+    if kind == "unknown":
+        return f"unknown key {key!r} (allowed: {', '.join(_REQUIRED + _OPTIONAL)})"
+    if kind == "missing":
+        return f"missing required key {key!r}"
+    if kind == "rule":
+        return words(e)
+    if key == "name":
+        return _NAME_WORDS
+    return f"{key!r} must be {says(MalformedCase, key)}, got {raw[key]!r}"
 
 
 def read_case_file(path: str | Path) -> list[MalformedCase]:
@@ -223,12 +211,15 @@ def read_case_file(path: str | Path) -> list[MalformedCase]:
         doc = tomllib.loads(p.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise _fail(origin, None, f"not valid TOML: {e}") from e
-    extra = sorted(set(doc) - {"case"})
-    if extra:
-        raise _fail(origin, None, f"unknown top-level key {extra[0]!r} (a case file holds [[case]] tables only)")
-    raw_cases = doc.get("case", [])
-    if not isinstance(raw_cases, list) or not raw_cases:
-        raise _fail(origin, None, "no cases (expected one or more [[case]] tables)")
+    try:
+        raw_cases = CaseFile.model_validate(doc).case
+    except ValidationError as e:
+        kind, key, _ = first_error(e, CaseFile)
+        if kind == "unknown":
+            raise _fail(
+                origin, None, f"unknown top-level key {key!r} (a case file holds [[case]] tables only)"
+            ) from None
+        raise _fail(origin, None, "no cases (expected one or more [[case]] tables)") from None
     return [_parse_case(raw, origin, i + 1) for i, raw in enumerate(raw_cases)]
 
 

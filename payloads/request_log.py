@@ -19,29 +19,77 @@ import json
 import re
 from datetime import datetime
 from pathlib import Path
+from typing import Annotated, Any, Literal
 
 import pandas as pd
 from PIL import Image, UnidentifiedImageError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from mmchaos import schema
+from mmchaos.records import Says, first_error, says, words
 
 from .bodies import EMBEDDINGS_PATH, TOKENIZE_PATH, body_template, fill_template
 from .pool import MIME, DataURL, ImageRef, ImageURL, content_hash
 from .traces import Trace, TraceError
 
-FIELDS = {
-    "t",
-    "endpoint",
-    "body",
-    "status",
-    "disconnect_after_ms",
-    "session",
-    "kind",
-    "case",
-    "expected_status",
-    "request_id",
-    "retry_of",
-}
+HTTPStatus = Annotated[int, Field(ge=100, le=599), Says("must be an HTTP status (100-599)")]
+
+
+class LogLine(BaseModel):
+    """One line of a request log (docs/request-log.md): only ``body`` is required. JSON's types as they are (a
+    status written "400" is no status); whether ``retry_of`` names an earlier line of the session is the reader's
+    check (it needs the lines before)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    t: Annotated[float, Says("must be seconds (a number) or an ISO 8601 time")] = 0.0
+    session: Annotated[str | int, Says("must be a name or a number")] = ""
+    endpoint: Annotated[str, Says(f"must be a path such as {EMBEDDINGS_PATH}")] = EMBEDDINGS_PATH
+    body: Annotated[dict[str, Any], Says("must be the request body, a JSON object")]
+    status: HTTPStatus | None = None
+    disconnect_after_ms: Annotated[float, Field(gt=0), Says("must be a positive number of ms")] | None = None
+    kind: Annotated[Literal[schema.KINDS], Says(f"must be one of {', '.join(schema.KINDS)}")] | None = None  # type: ignore[valid-type]
+    case: Annotated[str, Says("must be a case name (a string)")] | None = None
+    expected_status: HTTPStatus | None = None
+    request_id: Annotated[str | int, Says("must be a string or a number")] | None = None
+    retry_of: Annotated[str, Says("must be the request_id of an earlier line")] | None = None
+
+    @field_validator("t", mode="before")
+    @classmethod
+    def _seconds(cls, t: Any) -> Any:
+        """Seconds, or an ISO 8601 time (as seconds since the epoch)."""
+        if isinstance(t, str):
+            try:
+                return datetime.fromisoformat(t).timestamp()
+            except ValueError:
+                pass
+        if isinstance(t, bool) or not isinstance(t, (int, float)):
+            raise ValueError(f"'t' must be seconds (a number) or an ISO 8601 time, not {t!r}")
+        return float(t)
+
+    @field_validator("endpoint")
+    @classmethod
+    def _path(cls, endpoint: str) -> str:
+        if not endpoint.startswith("/"):
+            raise ValueError(f"'endpoint' must be a path such as {EMBEDDINGS_PATH}, not {endpoint!r}")
+        return endpoint
+
+
+FIELDS = set(LogLine.model_fields)
+
+
+def _problem(error: ValidationError, rec: dict) -> str:
+    """pydantic's first error as the log's words: the field, what it must be, what it was."""
+    kind, key, e = first_error(error, LogLine)
+    if kind == "unknown":
+        return f"unknown field(s) {sorted(set(rec) - FIELDS)}; known: {', '.join(sorted(FIELDS))}"
+    if e["type"] == "value_error":
+        return words(e)
+    if key == "body":
+        return f"'body' {says(LogLine, 'body')}"
+    return f"'{key}' {says(LogLine, key) or 'must be something else'}, not {rec.get(key)!r}"
+
+
 SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 DATA_URL = re.compile(r"^data:([^;,]+);base64,(.*)$", re.S)
 EXTENSION = {mime: fmt for fmt, mime in MIME.items()}  # image/jpeg -> jpeg: a file's name says its type
@@ -70,66 +118,58 @@ def read(path: Path | str) -> Trace:
             rec = json.loads(line)
         except ValueError as e:
             raise LogError(f"{path}:{n}: not JSON ({e})") from e
-        rows.append(_request(rec, f"{path}:{n}", path.parent, images, sessions, n))
-        _link_retry(rows[-1], rec, f"{path}:{n}", retries)
+        parsed = _line(rec, f"{path}:{n}")
+        rows.append(_request(parsed, f"{path}:{n}", path.parent, images, sessions, n))
+        _link_retry(rows[-1], parsed.retry_of, f"{path}:{n}", retries)
     if not rows:
         raise LogError(f"{path}: no requests")
     return Trace.of(pd.DataFrame(rows), images.values())
 
 
-def _request(rec, where: str, root: Path, images: dict, sessions: dict, n: int) -> dict:
+def _line(rec, where: str) -> LogLine:
     if not isinstance(rec, dict):
         raise LogError(f"{where}: a line is a JSON object, not {type(rec).__name__}")
-    unknown = sorted(set(rec) - FIELDS)
-    if unknown:
-        raise LogError(f"{where}: unknown field(s) {unknown}; known: {', '.join(sorted(FIELDS))}")
-    body = rec.get("body")
-    if not isinstance(body, dict):
-        raise LogError(f"{where}: 'body' must be the request body, a JSON object")
-    endpoint = rec.get("endpoint", EMBEDDINGS_PATH)
-    if not isinstance(endpoint, str) or not endpoint.startswith("/"):
-        raise LogError(f"{where}: 'endpoint' must be a path such as {EMBEDDINGS_PATH}, not {endpoint!r}")
-    status = _int(rec, "status", where)
-    expected = _int(rec, "expected_status", where)
-    after = rec.get("disconnect_after_ms")
-    if after is not None and (isinstance(after, bool) or not isinstance(after, (int, float)) or after <= 0):
-        raise LogError(f"{where}: 'disconnect_after_ms' must be a positive number of ms, not {after!r}")
-    session = str(rec.get("session", ""))
-    user = sessions.setdefault(session, len(sessions))
+    try:
+        return LogLine.model_validate(rec)
+    except ValidationError as e:
+        raise LogError(f"{where}: {_problem(e, rec)}") from None
+
+
+def _request(line: LogLine, where: str, root: Path, images: dict, sessions: dict, n: int) -> dict:
+    user = sessions.setdefault(str(line.session), len(sessions))
     hashes: list[str] = []
-    body = _with_images(body, where, root, images, hashes)
+    body = _with_images(line.body, where, root, images, hashes)
     template, urls = body_template(body)
-    kind, expected = _kind(rec, body, endpoint, status, expected, after, len(urls), where)
+    kind, expected = _kind(line, body, len(urls))
     return {
-        "request_id": str(rec.get("request_id") or f"log-{n}"),
+        "request_id": str(line.request_id or f"log-{n}"),
         "worker": "log",
         "user_id": user,
         "seq": n,
         "attempt": 1,
-        "t_start": _time(rec.get("t", 0.0), where),
-        "endpoint": endpoint,
+        "t_start": line.t,
+        "endpoint": line.endpoint,
         "kind": kind,
-        "case": rec.get("case"),
+        "case": line.case,
         "probe": None,
         "expected_status": expected,
-        "status": status,
+        "status": line.status,
         "outcome": None,
-        "abort_after_ms": None if after is None else float(after),
+        "abort_after_ms": line.disconnect_after_ms,
         "body": template,
         "images": ",".join(u.ref.hash for u in urls) or None,
         "image_hashes": ",".join(u.ref.hash for u in urls) or None,
     }
 
 
-def _link_retry(row: dict, rec: dict, where: str, groups: dict) -> None:
+def _link_retry(row: dict, of: str | None, where: str, groups: dict) -> None:
     """A line with ``retry_of`` is the client's retry of an earlier line of its session (named by its
     ``request_id``): one request group, attempts in file order. Replay sends such a group as recorded."""
-    of = rec.get("retry_of")
     if of is None:
         groups.setdefault(row["request_id"], [row["request_id"], row["user_id"], 1])
         row["request_group"] = row["request_id"]
         return
-    if not isinstance(of, str) or of not in groups:
+    if of not in groups:
         raise LogError(f"{where}: 'retry_of' must be the request_id of an earlier line, not {of!r}")
     group = groups[of]
     if group[1] != row["user_id"]:
@@ -139,33 +179,13 @@ def _link_retry(row: dict, rec: dict, where: str, groups: dict) -> None:
     groups.setdefault(row["request_id"], group)  # a retry of this retry is the same request
 
 
-def _int(rec: dict, key: str, where: str) -> int | None:
-    v = rec.get(key)
-    if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 100 <= v <= 599):
-        raise LogError(f"{where}: '{key}' must be an HTTP status (100-599), not {v!r}")
-    return v
-
-
-def _time(t, where: str) -> float:
-    if isinstance(t, (int, float)) and not isinstance(t, bool):
-        return float(t)
-    if isinstance(t, str):
-        try:
-            return datetime.fromisoformat(t).timestamp()
-        except ValueError:
-            pass
-    raise LogError(f"{where}: 't' must be seconds (a number) or an ISO 8601 time, not {t!r}")
-
-
-def _kind(rec, body, endpoint, status, expected, after, n_images, where) -> tuple[str, int | None]:
+def _kind(line: LogLine, body: dict, n_images: int) -> tuple[str, int | None]:
     """The request's kind: the line's own, else read from the request (a 4xx seen in production on a request
     with an image is taken as a failure after rendering: the kind that poisons)."""
-    kind = rec.get("kind")
-    if kind is not None:
-        if kind not in schema.KINDS:
-            raise LogError(f"{where}: 'kind' must be one of {', '.join(schema.KINDS)}, not {kind!r}")
-        return kind, expected
-    if after is not None:
+    status, expected, endpoint = line.status, line.expected_status, line.endpoint
+    if line.kind is not None:
+        return line.kind, expected
+    if line.disconnect_after_ms is not None:
         return "abort", expected
     if status is not None and 400 <= status < 500:
         return ("malformed_post" if n_images else "malformed_pre"), expected or status

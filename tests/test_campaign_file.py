@@ -110,3 +110,30 @@ def test_an_unknown_name_among_hundreds_gets_the_closest_few_not_all_of_them():
     assert hint.startswith(f"closest of {len(flags)} known: --mm-processor-cache-gb") and hint.count(",") <= 2, hint
     assert did_you_mean("--zzzzzzzzzzzzzzzzzzzzzzzz", flags) == f"none of the {len(flags)} known is close"
     assert did_you_mean("sawtooth", ["steady", "ramp"]) == "known: steady, ramp"  # a few: all of them
+
+
+def test_an_option_is_checked_as_it_is_defined_and_the_table_as_a_whole():
+    """The knobs every campaign key and Locust flag come from are a model too: a default that is no value of its
+    own, a type no flag takes, choices on a number, a name twice or a name the harness relies on missing is
+    refused where the table is written, not when a user first sets the knob."""
+    from pydantic import ValidationError
+
+    from mmchaos.options import BY_NAME, OPTIONS, Option, OptionTable
+
+    knob = BY_NAME["pool_size"]
+    assert Option("pool_size", int, 48, knob.help, minimum=1) == knob and knob.flag == "--pool-size"
+    assert Option("rate", float, 0.0, "open loop", positive=True).default == 0  # 0: not given
+    for kwargs, says in [
+        ({"minimum": 1}, "its default must be at least 1, not 0"),
+        ({"choices": (0, 1)}, "choices are for text options"),
+        ({"minimum": 2, "maximum": 1}, "minimum 2 is above maximum 1"),
+        ({"colour": "red"}, "colour"),
+    ]:
+        with pytest.raises(ValidationError, match=says):
+            Option("knob", int, 0, "a knob", **kwargs)
+    with pytest.raises(ValidationError, match="must be one of int, float, str, bool, not list"):
+        Option("knob", list, [], "a knob")
+    with pytest.raises(ValidationError, match="options defined twice: pool_size"):
+        OptionTable(options=[*OPTIONS, BY_NAME["pool_size"]], named=frozenset())
+    with pytest.raises(ValidationError, match="options named but not defined: nope"):
+        OptionTable(options=OPTIONS, named=frozenset({"nope", "seed"}))

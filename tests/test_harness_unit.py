@@ -203,3 +203,24 @@ def test_the_engine_launcher_ends_with_the_process_that_started_it(told, tmp_pat
     finally:
         if server.is_running():
             os.killpg(server.pid, signal.SIGKILL)  # its own group, recorded at launch
+
+
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        ('[[signature]]\nname = "x"\npattern = "("\n', "bad.toml: signature x: bad pattern (missing )"),
+        ('[[signature]]\nname = "x"\npattern = "a"\nfatal = "yes"\n', "signature x: 'fatal' must be true or false"),
+        ('[[signature]]\nname = "x"\npattern = "a"\nrank = 1.5\n', "signature x: 'rank' must be an integer"),
+        ('mm_hash_patern = "x"\n', "bad.toml: unknown key 'mm_hash_patern'; did you mean 'mm_hash_pattern'?"),
+        ('request_id_pattern = "("\n', "bad.toml: request_id_pattern: bad pattern"),
+        ('[[signature]]\npattern = "a"\n', "signature #1: needs name and pattern; unknown keys: []"),
+    ],
+)
+def test_a_signature_file_is_typed_and_its_errors_are_one_line(tmp_path, text, says):
+    """Each [[signature]] is a model (mmchaos/signatures.py Signature): a value of the wrong type is an error, not
+    read as true (``fatal = "yes"`` was), and a misspelt key of the file is named with the closest one."""
+    bad = tmp_path / "bad.toml"
+    bad.write_text(text)
+    with pytest.raises(SignatureError) as e:
+        Signatures.load(bad)
+    assert says in str(e.value) and "\n" not in str(e.value)

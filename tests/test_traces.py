@@ -219,6 +219,9 @@ def test_a_hand_written_request_log_replays_a_poison_then_reuse(tmp_path):
         ('{"body": 3}', "'body' must be the request body"),
         ('{"body": {}, "kind": "nope"}', "'kind' must be one of"),
         ('{"body": {}, "status": 999}', "'status' must be an HTTP status"),
+        ('{"body": {}, "status": "400"}', "'status' must be an HTTP status (100-599), not '400'"),  # JSON's type
+        ('{"body": {}, "t": true}', "'t' must be seconds (a number) or an ISO 8601 time, not True"),
+        ('{"body": {}, "case": 3}', "'case' must be a case name (a string), not 3"),
         ('{"body": {}, "bodyy": 1}', "unknown field(s) ['bodyy']"),
         (
             '{"body": {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "nope.png"}}]}]}}',
