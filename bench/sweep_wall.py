@@ -56,7 +56,7 @@ def main() -> int:
     runs = camp.runs()
     print(
         f"campaign {path}: {len(camp.configs)} configurations × {len(camp.points)} points × {camp.trials} "
-        f"trial(s) = {len(runs)} trials of {camp.workload['duration']} s; results under {root}",
+        f"trial(s) = {len(runs)} trials of {camp.workload.duration} s; results under {root}",
         flush=True,
     )
     t0 = time.perf_counter()

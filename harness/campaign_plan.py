@@ -13,7 +13,10 @@ import tomllib
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
+
+from pydantic import Field
 
 from mmchaos import arrivals, campaign_file, faults, options, paths, schema
 from mmchaos.errors import MmchaosError
@@ -30,6 +33,19 @@ MAX_SWEEP_KNOBS = 2
 
 class CampaignError(MmchaosError):
     """One line: the file, the line, what is wrong and a hint."""
+
+
+class PlannedWorkload(campaign_file.Workload):
+    """[workload] as the plan runs it: the file's model (mmchaos/campaign_file.py Workload), its paths made
+    absolute (trace, locustfile; cases_file and image_dir among the options), a trace's replay locustfile in place,
+    and mix and options as the keys the file set (what Locust is told; the rest keep their defaults)."""
+
+    mix: dict[str, int] = Field(default_factory=dict)
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    def table(self) -> dict:
+        """As written to campaign.json, a trial's manifest and a rendered campaign file: every key."""
+        return self.model_dump()
 
 
 @dataclass(frozen=True)
@@ -56,8 +72,8 @@ class CampaignPlan:
     url: str
     model: str
     seed: int
-    workload: dict
-    crash: dict
+    workload: PlannedWorkload
+    crash: campaign_file.Crash  # with a [sweep] or a [[fault]], policy "restart" unless the file says otherwise
     configs: list[Config] = field(default_factory=list)
     sweep: dict[str, list] = field(default_factory=dict)  # knob -> values, as in [sweep]
     faults: list[faults.Fault] = field(default_factory=list)  # [[fault]]: injected into every trial
@@ -78,17 +94,13 @@ class CampaignPlan:
             for i, pt in enumerate(pts)
         ]
 
-    def workload_at(self, point: dict) -> dict:
-        """The workload with a sweep point's values in place (users, a kind's weight, an option)."""
-        w = {**self.workload, "mix": dict(self.workload["mix"]), "options": dict(self.workload["options"])}
-        for knob, value in point.items():
-            if knob in ("users", "rate"):
-                w[knob] = value
-            elif knob in options.WEIGHTS:
-                w["mix"][knob] = value
-            else:
-                w["options"][knob] = value
-        return w
+    def workload_at(self, point: dict) -> PlannedWorkload:
+        """The workload with a sweep point's values in place (users, a kind's weight, an option; each checked by
+        the sweep)."""
+        top = {k: v for k, v in point.items() if k in ("users", "rate")}
+        mix = {**self.workload.mix, **{k: v for k, v in point.items() if k in options.WEIGHTS}}
+        opts = {**self.workload.options, **{k: v for k, v in point.items() if k not in (*top, *options.WEIGHTS)}}
+        return self.workload.model_copy(update={**top, "mix": mix, "options": opts})
 
 
 @dataclass(frozen=True)
@@ -150,10 +162,10 @@ def load(path: str | Path, check_flags: bool = True) -> CampaignPlan:
         "mix": model.workload.mix.model_dump(exclude_unset=True),
         "options": model.workload.options.model_dump(exclude_unset=True),
     }
-    crash = model.crash.model_dump()
+    crash = model.crash
     if (SWEEP in data or data.get("fault")) and "policy" not in data.get("crash", {}):
         # a sweep measures crashes per exposure, a fault what follows it: keep loading after a crash
-        crash["policy"] = "restart"
+        crash = crash.model_copy(update={"policy": "restart"})
     raw_configs = [cfg.model_dump() for cfg in model.config]
     if c["target"] == "command" and not c["command"] and not all(r["command"] for r in raw_configs):
         raise ck.fail(
@@ -219,7 +231,7 @@ def load(path: str | Path, check_flags: bool = True) -> CampaignPlan:
         url=c["url"],
         model=c["model"],
         seed=c["seed"],
-        workload=w,
+        workload=PlannedWorkload.model_validate(w),
         crash=crash,
         configs=configs,
         sweep=sweep,

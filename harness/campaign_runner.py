@@ -136,7 +136,7 @@ def locust_argv(
     w = camp.workload_at(point or {})
     # the same seed for the same repeat at every sweep point: points differ by their knobs, not by chance
     seed = camp.seed + (trial if repeat is None else repeat)
-    locustfile = w["locustfile"]  # made absolute by the plan
+    locustfile = w.locustfile  # made absolute by the plan
     argv = [
         sys.executable,
         "-m",
@@ -146,11 +146,11 @@ def locust_argv(
         "--headless",
         "--only-summary",
         "-u",
-        str(w["users"]),
+        str(w.users),
         "-r",
-        str(w["spawn_rate"]),
+        str(w.spawn_rate),
         "-t",
-        f"{int(w['duration'])}s",
+        f"{int(w.duration)}s",
         "--stop-timeout",
         "5",
         "--host",
@@ -172,26 +172,26 @@ def locust_argv(
         "--model",
         model,
         "--shape",
-        w["shape"],
+        w.shape,
         "--max-requests",
-        str(w["max_requests"]),
+        str(w.max_requests),
     ]
-    argv += locust_options.to_argv(w["mix"], w["options"])
-    if w["rate"]:  # open loop; the campaign's report judges whether the rate was held, not Locust's gate
+    argv += locust_options.to_argv(w.mix, w.options)
+    if w.rate:  # open loop; the campaign's report judges whether the rate was held, not Locust's gate
         argv += [
             "--rate",
-            str(w["rate"]),
+            str(w.rate),
             "--arrival",
-            w["arrival"],
+            w.arrival,
             "--burstiness",
-            str(w["burstiness"]),
+            str(w.burstiness),
             "--max-concurrency",
-            str(w["max_concurrency"]),
+            str(w.max_concurrency),
             "--min-rate-ratio",
             "0",
         ]
-    if w["trace"]:
-        argv += ["--replay", w["trace"], "--replay-speed", str(w["replay_speed"])]
+    if w.trace:
+        argv += ["--replay", w.trace, "--replay-speed", str(w.replay_speed)]
     if watch_url and watch_url != base_url:
         argv += ["--watch-url", watch_url]
     return argv
@@ -256,8 +256,8 @@ class CampaignRunner:
                 "file": str(self.camp.path),
                 "configs": [c.name for c in self.camp.configs],
                 "trials": self.camp.trials,
-                "workload": self.camp.workload,
-                "crash": self.camp.crash,
+                "workload": self.camp.workload.table(),
+                "crash": self.camp.crash.model_dump(),
                 "target": self.camp.target,
                 "sweep": self.camp.sweep,
                 "faults": [f.to_dict() for f in self.camp.faults],
@@ -301,12 +301,12 @@ class CampaignRunner:
             env=self.redactor.env(cfg.env),
             target=target.mode,
             target_detail=target.describe(self.redactor),
-            workload={**(w := self.camp.workload_at(point or {})), "mix": locust_options.effective_mix(w["mix"])},
+            workload={**(w := self.camp.workload_at(point or {})).table(), "mix": locust_options.effective_mix(w.mix)},
             sweep=dict(point or {}),
             repeat=trial if repeat is None else repeat,
             faults=[f.to_dict() for f in self.camp.faults],
             seed=self.camp.seed + (trial if repeat is None else repeat),
-            crash_policy=self.camp.crash,
+            crash_policy=self.camp.crash.model_dump(),
             git_rev=provenance.git_revision(),
             machine=provenance.machine(),
             tools=provenance.tool_versions(),
@@ -358,7 +358,7 @@ class CampaignRunner:
                 server.start()
                 self._record_pgid(manifest, folder, "server_pgids", server.pgid)
                 server.wait_healthy(
-                    crash_cfg["startup_timeout"],
+                    crash_cfg.startup_timeout,
                     progress=lambda t, _: self._report(
                         config=cfg.name, trial=trial, phase=f"starting server ({t:.0f} s)"
                     ),
@@ -367,7 +367,7 @@ class CampaignRunner:
             except (ServerError, OSError, ValueError, KeyError) as e:
                 result.status, result.error = FAILED, str(e).splitlines()[0]
                 return result
-            watch = crash_watch.CrashWatch(server, folder, self.sigs, hang_after=crash_cfg["hang_after"])
+            watch = crash_watch.CrashWatch(server, folder, self.sigs, hang_after=crash_cfg.hang_after)
             watch.healthy_at(server.healthy_at)
             load_url = server.base_url
             if self.camp.faults:
@@ -399,7 +399,7 @@ class CampaignRunner:
                     env=env,
                 )
                 self._record_pgid(manifest, folder, "locust_pgids", locust.pid)
-                workers_argv = dist.local_workers_argv(self.camp.workload["locustfile"]) if dist else None
+                workers_argv = dist.local_workers_argv(self.camp.workload.locustfile) if dist else None
                 if workers_argv:
                     local_workers = subprocess.Popen(
                         workers_argv,
@@ -414,7 +414,7 @@ class CampaignRunner:
             t_load = time.time()
             manifest.t_load_start = t_load
             overran = False
-            deadline = t_load + self.camp.workload["duration"] + LOCUST_OVERRUN + (dist.max_wait if dist else 0)
+            deadline = t_load + self.camp.workload.duration + LOCUST_OVERRUN + (dist.max_wait if dist else 0)
             while locust.poll() is None:
                 if time.time() > deadline:
                     overran = True
@@ -427,7 +427,7 @@ class CampaignRunner:
                 if crash:
                     result.crashes.append(crash)
                     self._report(config=cfg.name, trial=trial, phase=f"crash: {crash.signature}")
-                    if crash_cfg["policy"] == "stop" or len(result.crashes) > crash_cfg["max_restarts"]:
+                    if crash_cfg.policy == "stop" or len(result.crashes) > crash_cfg.max_restarts:
                         break
                     new = self._restart(server, target, folder, watch, cfg, trial, result)
                     if new is None:
@@ -459,19 +459,19 @@ class CampaignRunner:
             elif locust.poll() not in (None, 0) and not counter.requests and not result.crashes:
                 # Locust could not start (a bad option, a locustfile that does not load): its own reason
                 result.status, result.error = FAILED, f"Locust could not run: {locust_reason(folder)}"
-            elif self.camp.workload["trace"]:
+            elif self.camp.workload.trace:
                 pass  # judged by what it sent, once Locust has written it (below)
             elif (
                 locust.poll() is not None
                 and not result.crashes
-                and not self.camp.workload["max_requests"]
-                and ran < self.camp.workload["duration"]
+                and not self.camp.workload.max_requests
+                and ran < self.camp.workload.duration
             ):
                 # Locust ended before its run time (-t counts from after its start-up): stopped (SIGINT) or
                 # gave up; a re-run must not skip this trial as completed
                 result.status = INTERRUPTED
                 result.error = (
-                    f"Locust ended after {ran:.1f} s of {self.camp.workload['duration']} s "
+                    f"Locust ended after {ran:.1f} s of {self.camp.workload.duration} s "
                     f"(exit code {locust.returncode}; see locust.log)"
                 )
             return result
@@ -501,7 +501,7 @@ class CampaignRunner:
                 proxy.stop()
             if locust_code is not None and locust_code < 0 and result.status == COMPLETED and not result.crashes:
                 result.status = INTERRUPTED  # Locust was killed by a signal, not by the end of its run
-            if self.camp.workload["trace"] and locust is not None and result.status == COMPLETED:
+            if self.camp.workload.trace and locust is not None and result.status == COMPLETED:
                 self._replay_status(folder, result, locust_code, manifest)
             self._finish(folder, manifest, result, locust_code)
 
@@ -518,7 +518,7 @@ class CampaignRunner:
             return
         if replay is not None and replay.cut_by_run_time:
             result.error = (
-                f"replay cut at the {self.camp.workload['duration']} s duration: "
+                f"replay cut at the {self.camp.workload.duration} s duration: "
                 f"{replay.not_sent:,} of {replay.requests:,} requests not sent"
             )
         elif result.crashes:
@@ -543,7 +543,7 @@ class CampaignRunner:
         try:
             new.start()
             new.wait_healthy(
-                self.camp.crash["startup_timeout"],
+                self.camp.crash.startup_timeout,
                 progress=lambda t, _: self._report(
                     config=cfg.name, trial=trial, phase=f"restarting server ({t:.0f} s)"
                 ),

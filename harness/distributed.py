@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mmchaos import schema
+from mmchaos.campaign_file import Workload
 
 from .processes import LOOPBACK, free_port
 
@@ -27,19 +28,19 @@ class Distribution:
     max_wait: float  # seconds the master waits for all its workers before the trial fails
 
     @classmethod
-    def of(cls, workload: dict) -> Distribution | None:
+    def of(cls, workload: Workload) -> Distribution | None:
         """None: one Locust process, no master."""
-        processes, remote = workload.get("processes", 0), workload.get("expect_workers", 0)
+        processes, remote = workload.processes, workload.expect_workers
         if not processes and not remote:
             return None
         if not remote:  # only workers of ours: a free loopback port, no other Locust of the machine disturbed
-            return cls(processes, 0, LOOPBACK, free_port(), workload["expect_workers_max_wait"])
+            return cls(processes, 0, LOOPBACK, free_port(), workload.expect_workers_max_wait)
         return cls(
             processes,
             remote,
-            workload["master_bind_host"],
-            workload["master_bind_port"],
-            workload["expect_workers_max_wait"],
+            workload.master_bind_host,
+            workload.master_bind_port,
+            workload.expect_workers_max_wait,
         )
 
     def master_args(self) -> list[str]:

@@ -69,9 +69,9 @@ def render(
         if not name or any(c.isspace() for c in name):
             raise ValueError(f"the {what} {name!r} is not an image reference, e.g. registry.example.com/mmchaos:0.1.0")
     for name in PATH_OPTIONS:
-        if plan.workload["options"].get(name):
+        if plan.workload.options.get(name):
             raise ValueError(f"[workload.options] {name} is a local path the pods do not have: remove it")
-    if not plan.workload["locustfile"].endswith("embeddings.py"):
+    if not plan.workload.locustfile.endswith("embeddings.py"):
         raise ValueError(
             "the workers run mmchaos.locustfiles.embeddings: the campaign's locustfile must be embeddings.py"
         )
@@ -98,7 +98,7 @@ def render(
         _master_job(plan, cfg, namespace, image, api_key),
         _service(MASTER, namespace, "master", MASTER_PORT, "locust"),
         _workers(namespace, image, workers, api_key),
-        _vllm(namespace, vllm_image, model, [*base, *flags], cfg.env, api_key, gpus, plan.crash["startup_timeout"]),
+        _vllm(namespace, vllm_image, model, [*base, *flags], cfg.env, api_key, gpus, plan.crash.startup_timeout),
         _service(VLLM, namespace, "vllm", VLLM_PORT, "http"),
     ]
     return _header(plan, cfg, namespace, workers, image, model, secret_keys) + yaml.dump_all(
@@ -170,7 +170,7 @@ def campaign_toml(plan: CampaignPlan, cfg: Config, workers: int, flags: list[str
     }
     # the load comes from the worker pods (processes = 0: none beside the master in its own pod)
     workload = {
-        **plan.workload,
+        **plan.workload.table(),
         "locustfile": LOCUSTFILE,
         "processes": 0,
         "expect_workers": workers,
@@ -187,7 +187,7 @@ def campaign_toml(plan: CampaignPlan, cfg: Config, workers: int, flags: list[str
         "# Change the source file and render again rather than editing this.",
         "",
     ]
-    for name, table in (("campaign", campaign), ("workload", workload), ("crash", plan.crash)):
+    for name, table in (("campaign", campaign), ("workload", workload), ("crash", plan.crash.model_dump())):
         lines += [*_toml_table(f"[{name}]", name, table), ""]
     return "\n".join([*lines, *_toml_table("[[config]]", "config", config)]) + "\n"
 

@@ -46,7 +46,7 @@ class CampaignProgress:
         per = (
             sum(self.run_times) / len(self.run_times)
             if self.run_times
-            else STARTUP_GUESS_S.get(self.camp.target, 60.0) + float(self.camp.workload["duration"]) + STOP_GUESS_S
+            else STARTUP_GUESS_S.get(self.camp.target, 60.0) + float(self.camp.workload.duration) + STOP_GUESS_S
         )
         current = time.time() - self.trial_t0 if self.state else 0.0
         return max(per - current, 0.0) + per * (left - 1)

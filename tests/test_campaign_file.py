@@ -65,10 +65,10 @@ def test_the_nth_config_table_is_named_by_its_line(tmp_path):
 
 def test_values_keep_the_type_they_were_written_in(tmp_path):
     _, plan = _load(tmp_path, HEAD + "[workload]\nspawn_rate = 2\nduration = 2.5\n[workload.mix]\nabort = 0\n" + CONFIG)
-    assert plan.workload["spawn_rate"] == 2 and isinstance(plan.workload["spawn_rate"], int)
-    assert plan.workload["duration"] == 2.5
-    assert plan.workload["mix"] == {"abort": 0} and plan.workload["options"] == {}  # only what the file set
-    assert plan.workload["users"] == campaign_file.Workload.model_fields["users"].default
+    assert plan.workload.spawn_rate == 2 and isinstance(plan.workload.spawn_rate, int)
+    assert plan.workload.duration == 2.5
+    assert plan.workload.mix == {"abort": 0} and plan.workload.options == {}  # only what the file set
+    assert plan.workload.users == campaign_file.Workload.model_fields["users"].default
 
 
 def test_the_shipped_schema_is_the_one_the_command_prints_and_every_shipped_file_names_and_meets_it(capsys):

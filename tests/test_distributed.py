@@ -172,7 +172,7 @@ def test_the_master_and_its_workers_are_decided_by_the_workload(tmp_path):
     # only workers of this machine: loopback and a free port, whatever the file says
     assert (local.bind_host, local.processes, local.remote) == ("127.0.0.1", 2, 0) and local.port != 5557
     assert local.master_args()[:3] == ["--master", "--expect-workers", "2"]
-    argv = local.local_workers_argv(plan.workload["locustfile"])
+    argv = local.local_workers_argv(plan.workload.locustfile)
     assert argv[argv.index("--processes") + 1] == "2" and argv[argv.index("--master-port") + 1] == str(local.port)
     plan = campaign_plan.load(write_campaign(tmp_path, processes=1, expect_workers=3, port=6000))
     both = Distribution.of(plan.workload)

@@ -128,7 +128,7 @@ def test_a_fault_table_defaults_the_crash_policy_to_restart(tmp_path):
     assert plan.faults[0].role() == "engine_core" and plan.faults[0].name == "kill engine_core at 5 s"
     f = tmp_path / "f.toml"
     f.write_text(f.read_text().replace('policy = "restart"\n', ""))
-    assert campaign_plan.load(f).crash["policy"] == "restart"
+    assert campaign_plan.load(f).crash.policy == "restart"
 
 
 @pytest.mark.integration

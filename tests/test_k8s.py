@@ -153,7 +153,7 @@ def test_the_cluster_campaign_is_the_configuration_in_attach_mode(tmp_path):
     raw = tomllib.loads(text)
     assert raw["campaign"]["target"] == "attach" and "command" not in raw["campaign"]
     assert raw["workload"]["locustfile"] == k8s.LOCUSTFILE
-    assert raw["workload"]["options"] == plan.workload["options"]
+    assert raw["workload"]["options"] == plan.workload.options
     cfg = next(c for c in plan.configs if c.name == "cache-off")
     assert [c["name"] for c in raw["config"]] == ["cache-off"]
     assert raw["config"][0]["flags"] == list(cfg.flags) and "--mm-processor-cache-gb" in cfg.flags
@@ -162,9 +162,9 @@ def test_the_cluster_campaign_is_the_configuration_in_attach_mode(tmp_path):
     local.write_text(text.replace(k8s.LOCUSTFILE, str(ROOT / "locustfiles" / "embeddings.py")))
     cluster = campaign_plan.load(local)
     assert (cluster.target, cluster.url, cluster.trials) == ("attach", k8s.VLLM_URL, plan.trials)
-    assert cluster.workload["expect_workers"] == EXAMPLE_ARGS["workers"]
+    assert cluster.workload.expect_workers == EXAMPLE_ARGS["workers"]
     assert [(c.name, c.flags, c.env) for c in cluster.configs] == [("cache-off", cfg.flags, {})]
-    assert (cluster.workload["master_bind_host"], cluster.workload["master_bind_port"]) == ("*", k8s.MASTER_PORT)
+    assert (cluster.workload.master_bind_host, cluster.workload.master_bind_port) == ("*", k8s.MASTER_PORT)
 
 
 def test_the_server_image_is_the_configuration_version():
@@ -202,7 +202,8 @@ def test_what_the_cluster_cannot_have_is_refused():
     plan = template()
     with pytest.raises(ValueError, match="no configuration 'nope'"):
         k8s.render(plan, "nope", workers=1, image="x")
-    local = dataclasses.replace(plan, workload={**plan.workload, "options": {"image_dir": "/home/me/images"}})
+    paths = plan.workload.model_copy(update={"options": {"image_dir": "/home/me/images"}})
+    local = dataclasses.replace(plan, workload=paths)
     with pytest.raises(ValueError, match="image_dir"):
         k8s.render(local, "cache-off", workers=1, image="x")
 

@@ -76,7 +76,7 @@ engine = "{REPORT_VERSION}"
 
 def test_the_points_ran_where_they_say(sweep):
     camp, plan, results = sweep
-    assert plan.crash["policy"] == "restart"
+    assert plan.crash.policy == "restart"
     assert [(r.point, r.status) for r in results] == [
         ({"malformed_post": 0}, "completed"),
         ({"malformed_post": 10}, "completed"),

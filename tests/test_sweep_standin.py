@@ -72,7 +72,7 @@ flags = {flags}
 def test_sweep_points_run_in_their_own_folders_and_carry_their_knobs(tmp_path):
     f = sweep_campaign(tmp_path)
     plan = campaign_plan.load(f)
-    assert plan.crash["policy"] == "restart"  # a sweep measures crashes per exposure: restart is its default
+    assert plan.crash.policy == "restart"  # a sweep measures crashes per exposure: restart is its default
     results = campaign_runner.CampaignRunner(plan, tmp_path / "results").run()
     assert [(r.point, r.trial, r.status) for r in results] == [
         ({"malformed_post": 0}, 0, "completed"),
