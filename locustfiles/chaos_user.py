@@ -27,7 +27,7 @@ from mmchaos.auth import auth_headers
 from mmchaos.outcomes import as_built, outcome_of
 from mmchaos.payloads.bodies import BuiltRequest, fill_template, slot_hashes
 
-from . import connections, consistency, plugin
+from . import connections, plugin
 
 # vLLM takes X-Request-Id as the request's id and names it in its log lines (drift warnings included), so a
 # log event can be joined to the exact request row
@@ -47,13 +47,14 @@ class ChaosUser(FastHttpUser):
         o = environment.parsed_options
         self.network_timeout = self.connection_timeout = o.request_timeout
         super().__init__(environment)
-        self.user_id = plugin.next_user_id()
+        state = environment.mmchaos  # this process's run state (run_state.py)
+        self.user_id = state.next_user_id()
         self.worker_index = getattr(environment.runner, "worker_index", 0) or 0
         self.seq = 0
         self.run_id = o.run_id
         self.headers = {"Content-Type": "application/json", **auth_headers()}
         self.retry_policy = o.retry_policy
-        self.oracle = consistency.for_process(o.consistency_sample)
+        self.oracle = state.oracle_for(o.consistency_sample)
         self.refused_backoff = o.refused_backoff_ms / 1000
         # the jitter of retry delays: its own stream, so the requests a seed gives do not depend on outcomes
         self.jitter = np.random.default_rng([o.seed, self.worker_index, self.user_id, 0x7E7])
@@ -215,7 +216,7 @@ class ChaosUser(FastHttpUser):
             t0 = time.time()
             if t_sched is not None and retries == 0:  # a retry is the client's, not an arrival
                 ctx.update(t_sched=t_sched, sched_lag_ms=max(0.0, (t0 - t_sched) * 1000))
-            plugin.trace(ctx, template, urls, after * 1000 if abort else None)
+            plugin.trace(self.environment, ctx, template, urls, after * 1000 if abort else None)
             try:
                 if abort:
                     status, resp, retry = self._abort(

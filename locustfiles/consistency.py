@@ -4,7 +4,8 @@ A sample of the inputs (``--consistency-sample``, by input key, so an input samp
 comes back) has its first answer kept; each later answer to it is compared with that one by the rules of
 mmchaos/sameness.py (same input key; cosine at least ``sameness.COSINE_MIN``). The row of every checked answer
 says so in its ``consistent`` column (null: not checked, or the input's first answer), and a wrong answer is a
-failure in Locust's stats. Per Locust process; the first answers kept are bounded (the oldest forgotten first).
+failure in Locust's stats. One oracle per Locust process and run (its run state's: run_state.py); the first
+answers kept are bounded (the oldest forgotten first).
 """
 
 from __future__ import annotations
@@ -75,18 +76,3 @@ class Oracle:
             self.checked += 1
             self.wrong += verdict is False
         return verdict, why
-
-
-_ORACLES: dict[float, Oracle] = {}
-
-
-def for_process(sample: float) -> Oracle:
-    """This process's oracle (one store of first answers for all its users)."""
-    if sample not in _ORACLES:
-        _ORACLES.clear()
-        _ORACLES[sample] = Oracle(sample)
-    return _ORACLES[sample]
-
-
-def reset() -> None:
-    _ORACLES.clear()

@@ -57,8 +57,10 @@ class Pacer:
 
 
 def pacer(environment) -> Pacer | None:
-    """The pacer of this process's current run (None: closed loop, or the master, which sends nothing)."""
-    return getattr(environment, "mmchaos_pacer", None)
+    """The pacer of this process's current run, in its run state (None: closed loop, or the master, which sends
+    nothing)."""
+    state = getattr(environment, "mmchaos", None)
+    return state.pacer if state is not None else None
 
 
 def lanes_of(runner) -> list[str]:
@@ -71,7 +73,8 @@ def test_start(environment) -> None:
     """At the start of a run: the master lists the lanes; a process that sends makes its pacer."""
     o = environment.parsed_options
     runner = environment.runner
-    environment.mmchaos_pacer = None
+    state = environment.mmchaos
+    state.pacer = None
     if o is None or not getattr(o, "rate", 0):
         return
     if isinstance(runner, MasterRunner):
@@ -85,7 +88,7 @@ def test_start(environment) -> None:
             log.warning("mmchaos: this worker joined the open-loop run after its start: it sends nothing")
             return
         lane, lanes = order.index(runner.client_id), len(order)
-    environment.mmchaos_pacer = Pacer(o.rate, o.arrival, o.burstiness, o.seed, lane, lanes)
+    state.pacer = Pacer(o.rate, o.arrival, o.burstiness, o.seed, lane, lanes)
 
 
 def test_stopping(environment, **_) -> None:

@@ -1,7 +1,8 @@
 """The mmchaos plugin for Locust: custom arguments, the recorder, the watchers, the request budget, the live state
 (live.py) with its web UI panel, and the gates that set the run's exit code. A locustfile calls :func:`register`
 once, at import (Locust parses its command line after importing the locustfile); a second call, from another
-locustfile of the same process, does nothing.
+locustfile of the same process, does nothing. At Locust's init the plugin makes the process's run state
+(run_state.py) and keeps it on the Environment: ``environment.mmchaos``.
 
 Roles: the process that owns the test (master or standalone) resolves the run's ids, results folder and model,
 runs the watchers and judges the gates; the processes that send requests (workers or standalone) record them.
@@ -11,7 +12,6 @@ Where a table's rows go is decided once, in :func:`table_writer`: a worker ships
 
 from __future__ import annotations
 
-import itertools
 import logging
 import signal
 import time
@@ -22,7 +22,6 @@ import gevent
 import gevent.util
 import requests
 from locust import events
-from locust.event import EventHook
 from locust.exception import StopUser
 from locust.runners import STATE_INIT, MasterRunner, WorkerRunner
 
@@ -31,58 +30,41 @@ from mmchaos.auth import api_key, auth_headers
 from mmchaos.redact import Redactor
 from mmchaos.tables import PartWriter, table_dir
 
-from . import consistency, gates, live, open_loop, shipping, webui
+from . import gates, open_loop, shipping, webui
 from .recorder import Recorder
+from .run_state import RunState
 from .tracing import Tracer
 from .watchers import Watchers
 
 log = logging.getLogger("mmchaos")
 
 
-class Session:
-    """This process's part of the current test run."""
-
-    registered = False
-    recorder: Recorder | None = None
-    tracer: Tracer | None = None
-    watchers: Watchers | None = None
-    outbox: shipping.Outbox | None = None  # a worker's parts on their way to the master
-    inbox: shipping.Inbox | None = None  # a master's end of them
-    main = None  # the greenlet of Locust's main()
-    auto_results_dir = False
-    auto_run_id = False
-    sent = 0  # requests started by this process in this run (the --max-requests budget)
-    user_ids = itertools.count()
-    # requests cut by the end of the run: (context, start_time, response_time); they are no Locust request
-    cut_hook = EventHook()
-    redactor = Redactor()  # this process's secrets (its MMCHAOS_API_KEY), masked in rows and the web UI
-
-
-def register() -> None:
-    """Add mmchaos's arguments and listeners to Locust's events, in order: ours, then the web UI panel's (it
-    shows the live state, which ours make)."""
-    if Session.registered:
+def register(hooks=events) -> None:
+    """Add mmchaos's arguments and listeners to Locust's events (``hooks``: Locust's own, which its main() gives
+    the Environment), in order: ours, then the web UI panel's (it shows the live state, which ours make). Once
+    per set of events: the mark is kept on them."""
+    if getattr(hooks, "mmchaos_registered", False):
         return
-    Session.registered = True
-    events.init_command_line_parser.add_listener(_add_arguments)
-    events.init.add_listener(_init)
-    events.test_start.add_listener(_test_start)
-    events.test_stopping.add_listener(open_loop.test_stopping)
-    events.test_stop.add_listener(_test_stop)
-    events.quitting.add_listener(_quitting)
-    events.quit.add_listener(_quit)
-    webui.register(Session)
+    hooks.mmchaos_registered = True
+    hooks.init_command_line_parser.add_listener(_add_arguments)
+    hooks.init.add_listener(_init)
+    hooks.test_start.add_listener(_test_start)
+    hooks.test_stopping.add_listener(open_loop.test_stopping)
+    hooks.test_stop.add_listener(_test_stop)
+    hooks.quitting.add_listener(_quitting)
+    webui.register(hooks)
 
 
 def cut(environment, context: dict, start_time: float, response_time: float) -> None:
     """A request still in flight when Locust stopped its user: it keeps its row, and is no Locust failure."""
-    Session.cut_hook.fire(context=context, start_time=start_time, response_time=response_time)
+    environment.mmchaos.cut_hook.fire(context=context, start_time=start_time, response_time=response_time)
 
 
-def trace(context: dict, template: bytes, urls, abort_after_ms: float | None) -> None:
+def trace(environment, context: dict, template: bytes, urls, abort_after_ms: float | None) -> None:
     """Keep what a request attempt sends, as it goes out (when this run keeps a trace)."""
-    if Session.tracer is not None:
-        Session.tracer.record(context, template, urls, abort_after_ms)
+    tracer = environment.mmchaos.tracer
+    if tracer is not None:
+        tracer.record(context, template, urls, abort_after_ms)
 
 
 def opts(environment):
@@ -93,26 +75,24 @@ def table_writer(environment, table: str) -> PartWriter:
     """The writer of ``table`` (a name of mmchaos.schema.TABLES) for this process's current run: on a Locust
     worker its parts go to the master over Locust's messages, elsewhere into the run's results folder."""
     o = opts(environment)
-    if Session.outbox is not None:
-        return PartWriter(None, schema.TABLES[table], sink=Session.outbox.sink(o.run_id, o.results_dir, table))
+    outbox = environment.mmchaos.outbox
+    if outbox is not None:
+        return PartWriter(None, schema.TABLES[table], sink=outbox.sink(o.run_id, o.results_dir, table))
     return PartWriter(table_dir(o.results_dir, table), schema.TABLES[table])
-
-
-def next_user_id() -> int:
-    return next(Session.user_ids)
 
 
 def take_budget(environment) -> None:
     """Count one request against --max-requests; stop this user once the budget is spent."""
     budget = opts(environment).max_requests
-    if budget and Session.sent >= budget:
+    state = environment.mmchaos
+    if budget and state.sent >= budget:
         runner = environment.runner
         if runner is not None and not isinstance(runner, WorkerRunner):
             # in a greenlet of its own: stopping the users kills this one, which would leave a quit half done (a
             # run without a shape, e.g. the probes, then went on to its run time)
             gevent.spawn(runner.quit if opts(environment).headless else runner.stop)
         raise StopUser()
-    Session.sent += 1
+    state.sent += 1
 
 
 def _add_arguments(parser):
@@ -120,6 +100,17 @@ def _add_arguments(parser):
 
 
 def _init(environment, **_):
+    state = environment.mmchaos = RunState(
+        environment,
+        redactor=Redactor.from_environment([api_key() or ""]),
+        main=gevent.getcurrent(),  # Locust's main(), which a headless master's wait for workers blocks
+    )
+
+    def on_quit(**_):  # the last event of a Locust process; it names no Environment: this one's, taken off after
+        _quit(environment)
+        environment.events.quit.remove_listener(on_quit)
+
+    environment.events.quit.add_listener(on_quit)
     # Locust installs its SIGTERM handler only after a headless shape test has finished, so until then SIGTERM
     # kills the process with rows unflushed. End the shape instead: Locust then quits its usual way.
     gevent.signal_handler(signal.SIGTERM, lambda: _end_shape_on_sigterm(environment))
@@ -128,14 +119,12 @@ def _init(environment, **_):
         signal.SIGUSR2,
         lambda: log.error("mmchaos: greenlets on SIGUSR2:\n%s", "\n".join(gevent.util.format_run_info())),
     )
-    Session.main = gevent.getcurrent()  # Locust's main(), which a headless master's wait for workers blocks
-    Session.redactor = Redactor.from_environment([api_key() or ""])
-    live.init(environment, Session.cut_hook, Session.redactor)
+    state.live.init(environment, state.cut_hook, state.redactor)
     runner = environment.runner
     if isinstance(runner, WorkerRunner):
-        Session.outbox = shipping.Outbox(environment)
+        state.outbox = shipping.Outbox(environment)
     elif isinstance(runner, MasterRunner):
-        Session.inbox = shipping.Inbox(environment)
+        state.inbox = shipping.Inbox(environment)
     o = opts(environment)
     if o is None:
         return
@@ -143,10 +132,10 @@ def _init(environment, **_):
     if why and not isinstance(runner, WorkerRunner):  # a worker's own options are not the run's (the master's are)
         log.error("mmchaos: %s", why)
         raise SystemExit(2)
-    if Session.inbox is not None and o.run_id and o.results_dir:
-        Session.inbox.open_run(o.run_id, o.results_dir)  # a master started again for a run takes its parts
-    Session.auto_results_dir = not o.results_dir
-    Session.auto_run_id = not o.run_id
+    if state.inbox is not None and o.run_id and o.results_dir:
+        state.inbox.open_run(o.run_id, o.results_dir)  # a master started again for a run takes its parts
+    state.auto_results_dir = not o.results_dir
+    state.auto_run_id = not o.run_id
 
 
 def open_loop_problem(environment) -> str | None:
@@ -167,11 +156,12 @@ def _end_shape_on_sigterm(environment) -> None:
         runner.shape_greenlet.kill(block=False)  # main() joins it, then quits the runner and shuts down
     elif runner.state == STATE_INIT:
         runner.quit()  # the shape has not started yet (and the workers connected so far are told to quit)
-        if isinstance(runner, MasterRunner) and opts(environment).headless and Session.main is not None:
+        main = environment.mmchaos.main
+        if isinstance(runner, MasterRunner) and opts(environment).headless and main is not None:
             # a headless master waits for its workers in main(), deaf to SIGTERM: end that wait (nothing started,
             # no row to keep)
             log.error("mmchaos: stopped while waiting for the workers to connect")
-            Session.main.throw(SystemExit(2))
+            main.throw(SystemExit(2))
 
 
 def resolve_model(host: str) -> str:
@@ -183,8 +173,8 @@ def resolve_model(host: str) -> str:
 def _test_start(environment, **_):
     o = opts(environment)
     runner = environment.runner
-    Session.sent = 0
-    consistency.reset()  # a run's first answers are its own (the web UI may point the next one elsewhere)
+    state = environment.mmchaos
+    state.new_run()
     owner = not isinstance(runner, WorkerRunner)
     if owner and (why := open_loop_problem(environment)):  # the web form's values
         log.error("mmchaos: %s", why)
@@ -193,9 +183,9 @@ def _test_start(environment, **_):
         return
     if owner:
         # decided here, once: the master sends its options to the workers with the spawn message
-        if Session.auto_run_id:
+        if state.auto_run_id:
             o.run_id = uuid.uuid4().hex[:12]
-        if Session.auto_results_dir:
+        if state.auto_results_dir:
             o.results_dir = str(paths.results_dir() / "adhoc" / f"{time.strftime('%Y%m%d-%H%M%S')}-{o.run_id}")
         if not o.model:
             try:
@@ -203,10 +193,10 @@ def _test_start(environment, **_):
             except (requests.RequestException, KeyError, IndexError, ValueError) as e:
                 log.error("cannot read the model name from %s/v1/models (%s): pass --model", environment.host, e)
         Path(o.results_dir).mkdir(parents=True, exist_ok=True)
-        if Session.inbox is not None:
-            Session.inbox.open_run(o.run_id, o.results_dir)
+        if state.inbox is not None:
+            state.inbox.open_run(o.run_id, o.results_dir)
         if not o.no_watch and environment.host:
-            Session.watchers = Watchers(
+            state.watchers = Watchers(
                 o.watch_url or environment.host,
                 lambda table: table_writer(environment, table),
                 headers=auth_headers(),
@@ -215,47 +205,49 @@ def _test_start(environment, **_):
             ).start()
     open_loop.test_start(environment)  # after the run's options are final: the master's go to its workers next
     if not isinstance(runner, MasterRunner):
-        Session.recorder = Recorder(
+        state.recorder = Recorder(
             environment,
             table_writer(environment, "requests"),
             o.run_id,
             o.config_name,
             o.trial,
-            Session.cut_hook,
-            Session.redactor,
+            state.cut_hook,
+            state.redactor,
         )
         if not o.no_trace:
-            Session.tracer = Tracer(table_writer(environment, "trace"), table_writer(environment, "trace_images"))
-    live.test_start(environment, Session.watchers)
+            state.tracer = Tracer(table_writer(environment, "trace"), table_writer(environment, "trace_images"))
+    state.live.test_start(environment, state.watchers)
 
 
-def _stop_all():
-    if Session.tracer:
-        Session.tracer.close()
-        Session.tracer = None
-    if Session.recorder:
-        Session.recorder.close()
-        Session.recorder = None
-    if Session.watchers:
-        Session.watchers.stop()
-        Session.watchers = None
+def _stop_all(state: RunState):
+    if state.tracer:
+        state.tracer.close()
+        state.tracer = None
+    if state.recorder:
+        state.recorder.close()
+        state.recorder = None
+    if state.watchers:
+        state.watchers.stop()
+        state.watchers = None
 
 
 def _test_stop(environment, **_):
-    _stop_all()
-    if Session.outbox is not None:
-        Session.outbox.run_ended()
-    live.test_stop()
+    state = environment.mmchaos
+    _stop_all(state)
+    if state.outbox is not None:
+        state.outbox.run_ended()
+    state.live.test_stop()
 
 
 def _quitting(environment, **_):
     """Locust decides its exit code right after this: the gates decide it (a code set already, 2 when the run
     could not run, stands)."""
-    if Session.inbox is not None:
+    state = environment.mmchaos
+    if state.inbox is not None:
         # the workers' last parts and stats reports come after Locust stopped reading them: read them first
-        Session.inbox.drain(timeout=(environment.stop_timeout or 0) + shipping.DRAIN_S)
-    live.quitting()
-    panel = live.Live.panel
+        state.inbox.drain(timeout=(environment.stop_timeout or 0) + shipping.DRAIN_S)
+    state.live.quitting()
+    panel = state.live.panel
     if panel is None or isinstance(environment.runner, WorkerRunner) or opts(environment) is None:
         return
     if environment.process_exit_code is not None:
@@ -278,9 +270,12 @@ def _quitting(environment, **_):
     environment.process_exit_code = gates.exit_code(judged)
 
 
-def _quit(exit_code, **_):
+def _quit(environment) -> None:
     # the last event of a Locust process, after its runner has stopped every user; not `quitting`, which
     # Locust fires before it stops the users (rows of requests still in flight would be lost)
-    _stop_all()
-    if Session.outbox is not None:
-        Session.outbox.finish()
+    state = environment.mmchaos
+    _stop_all(state)
+    if state.outbox is not None:
+        state.outbox.finish()
+    state.encoders.close()
+    state.live.quit()

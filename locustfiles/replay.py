@@ -49,73 +49,86 @@ def _options(parser):
 
 
 class Replay:
-    """This process's replay: the plan, which lanes are taken, and when the last one is done."""
+    """This process's replay: the plan, which lanes are taken, and when the last one is done. One per Locust
+    Environment, in its run state (``environment.mmchaos.replay``)."""
 
-    plan: ReplayPlan | None = None
-    source: str | None = None
-    failed = False
-    taken = 0
-    done = 0
-    sent = 0  # recorded requests sent (attempts of a recorded retry each count; added retries do not)
-    cut = False  # -t ended the run before the last request was sent
-    t0: float | None = None
-    t_done: float | None = None
-    finished = Event()
+    def __init__(self):
+        self.plan: ReplayPlan | None = None
+        self.source: str | None = None
+        self.failed = False
+        self.new_run()
 
-    @classmethod
-    def ensure(cls, environment) -> ReplayPlan | None:
+    def new_run(self) -> None:
+        self.taken = 0
+        self.done = 0
+        self.sent = 0  # recorded requests sent (attempts of a recorded retry each count; added retries do not)
+        self.cut = False  # -t ended the run before the last request was sent
+        self.t0: float | None = None
+        self.t_done: float | None = None
+        self.finished = Event()
+
+    def ensure(self, environment) -> ReplayPlan | None:
         """The plan of --replay, loaded once (the shape asks before the test starts); None when it cannot be
         read, said in one line, with exit code 2."""
         o = environment.parsed_options
         if o is None:
             return None
-        if cls.source != o.replay:
-            cls.source, cls.failed = o.replay, False
+        if self.source != o.replay:
+            self.source, self.failed = o.replay, False
             try:
                 if o.replay_speed < 0:
                     raise ReplayError(f"--replay-speed must be >= 0, not {o.replay_speed}")
                 if isinstance(environment.runner, (MasterRunner, WorkerRunner)):
                     raise ReplayError("replay runs in one process (no master/workers)")
-                cls.plan = ReplayPlan.load(o.replay)
+                self.plan = ReplayPlan.load(o.replay)
                 log.info(
-                    "mmchaos: replaying %d requests of %d users from %s", len(cls.plan), len(cls.plan.lanes), o.replay
+                    "mmchaos: replaying %d requests of %d users from %s", len(self.plan), len(self.plan.lanes), o.replay
                 )
             except (ReplayError, OSError) as e:
                 log.error("mmchaos: %s", e)
-                cls.plan, cls.failed = None, True
+                self.plan, self.failed = None, True
                 environment.process_exit_code = 2
-        return cls.plan
+        return self.plan
+
+
+def replay_of(environment) -> Replay:
+    """The replay of this Environment's run state, made at Locust's init."""
+    return environment.mmchaos.replay
+
+
+@events.init.add_listener
+def _init(environment, **_):
+    environment.mmchaos.replay = Replay()  # after the plugin's init, which made the run state
 
 
 @events.test_start.add_listener
 def _start(environment, **_):
-    Replay.taken = Replay.done = Replay.sent = 0
-    Replay.t0 = Replay.t_done = None
-    Replay.cut = False
-    Replay.finished = Event()
-    if Replay.plan is not None:
+    replay = replay_of(environment)
+    replay.new_run()
+    if replay.plan is not None:
         # the server's model name (given, or read from /v1/models when the test started): a body recorded for
         # another name gets this one
-        Replay.plan.model = environment.parsed_options.model or None
+        replay.plan.model = environment.parsed_options.model or None
 
 
 @events.test_stop.add_listener
 def _stop(environment, **_):
     """What was sent of the log: a campaign's trial is completed when all of it was, whatever ``-t`` was."""
-    plan, o = Replay.plan, environment.parsed_options
-    if plan is None or not getattr(o, "results_dir", None) or Replay.t0 is None:
+    replay, o = replay_of(environment), environment.parsed_options
+    plan = replay.plan
+    if plan is None or not getattr(o, "results_dir", None) or replay.t0 is None:
         return
     write_json_atomic(
         Path(o.results_dir) / schema.REPLAY,
         {
-            "source": Replay.source,
+            "source": replay.source,
             "requests": len(plan),
-            "sent": Replay.sent,
-            "not_sent": len(plan) - Replay.sent,
-            "complete": Replay.finished.is_set(),
-            "cut_by_run_time": Replay.cut and not Replay.finished.is_set(),
-            "t_first": Replay.t0,
-            "t_done": Replay.t_done,
+            "sent": replay.sent,
+            "not_sent": len(plan) - replay.sent,
+            "complete": replay.finished.is_set(),
+            "cut_by_run_time": replay.cut and not replay.finished.is_set(),
+            "t_first": replay.t0,
+            "t_done": replay.t_done,
             "speed": o.replay_speed,
         },
     )
@@ -126,36 +139,38 @@ class ReplayUser(ChaosUser):
 
     def on_start(self):
         self.groups: dict[str, str] = {}  # recorded request_group -> the request_group of its replayed rows
-        plan = Replay.plan
-        if plan is None or Replay.taken >= len(plan.lanes):
+        self.replay = replay = replay_of(self.environment)
+        plan = replay.plan
+        if plan is None or replay.taken >= len(plan.lanes):
             self.lane = None
         else:
-            self.lane = plan.lanes[Replay.taken]
-            Replay.taken += 1
-            Replay.t0 = Replay.t0 or time.time()
+            self.lane = plan.lanes[replay.taken]
+            replay.taken += 1
+            replay.t0 = replay.t0 or time.time()
 
     @task
     def replay_lane(self):
         o = self.environment.parsed_options
+        replay = self.replay
         if self.lane is not None:
             for step in self.lane:
                 if o.replay_speed > 0:  # the recorded schedule, not a synchronisation
-                    gevent.sleep(max(0.0, Replay.t0 + step.offset / o.replay_speed - time.time()))
+                    gevent.sleep(max(0.0, replay.t0 + step.offset / o.replay_speed - time.time()))
                 self.send(
                     step.request,
                     abort=step.abort_after_ms is not None,
                     abort_after_ms=step.abort_after_ms,
                     recorded=self._recorded(step.recorded),
                 )
-                Replay.sent += 1
+                replay.sent += 1
                 if step.recorded is not None and step.recorded.attempt == 1:
                     self.groups[step.recorded.group] = self.last_group
             self.lane = None
-            Replay.done += 1
-            if Replay.done >= len(Replay.plan.lanes):
-                Replay.t_done = time.time()
-                Replay.finished.set()
-        Replay.finished.wait()  # a user whose lane is done waits for the others (the shape then ends the run)
+            replay.done += 1
+            if replay.done >= len(replay.plan.lanes):
+                replay.t_done = time.time()
+                replay.finished.set()
+        replay.finished.wait()  # a user whose lane is done waits for the others (the shape then ends the run)
         raise StopUser()
 
     def _recorded(self, r):
@@ -170,11 +185,12 @@ class ReplayShape(LoadTestShape):
 
     def tick(self):
         environment = self.runner.environment
-        plan = Replay.ensure(environment)
+        replay = replay_of(environment)
+        plan = replay.ensure(environment)
         run_time = environment.parsed_options.run_time
-        if plan is None or Replay.finished.is_set():
+        if plan is None or replay.finished.is_set():
             return None
         if run_time and self.get_run_time() >= run_time:
-            Replay.cut = True
+            replay.cut = True
             return None
         return len(plan.lanes), max(1, len(plan.lanes))

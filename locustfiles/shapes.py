@@ -14,8 +14,6 @@ from locust import LoadTestShape
 
 from mmchaos import arrivals
 
-from . import live
-
 DEFAULT_RUN_TIME = 60.0  # when the user gave no run time: loads here are always bounded
 
 
@@ -47,7 +45,8 @@ class ChaosShape(LoadTestShape):
         if dn > 0:
             self._seen = (n, rt)
         cap = opts.max_concurrency or arrivals.AUTO_MAX_CONCURRENCY
-        self._pool = opts.max_concurrency or arrivals.pool_size(opts.rate, latency, self._pool, cap, live.backlog())
+        backlog = self.runner.environment.mmchaos.live.backlog()
+        self._pool = opts.max_concurrency or arrivals.pool_size(opts.rate, latency, self._pool, cap, backlog)
         return self._pool
 
     def tick(self):

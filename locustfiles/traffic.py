@@ -67,10 +67,20 @@ class Traffic:
 
 
 class UserTraffic:
-    """One user's stream of requests."""
+    """One user's stream of requests. ``offload``: where the whole re-encodes of its fresh images run
+    (fresh.Offload; its Locust process's run state owns the threads)."""
 
-    def __init__(self, traffic: Traffic, seed: int, worker_index: int, user_id: int, model: str):
+    def __init__(
+        self,
+        traffic: Traffic,
+        seed: int,
+        worker_index: int,
+        user_id: int,
+        model: str,
+        offload: fresh.Offload | None = None,
+    ):
         self.t = traffic
+        self.offload = offload
         ss = np.random.SeedSequence([seed, worker_index, user_id])
         self.rng = np.random.default_rng(ss)
         self.sampler = traffic.reuse.sampler(ss.spawn(1)[0])
@@ -84,7 +94,8 @@ class UserTraffic:
         d = self.sampler.draw()
         if d.fresh:
             self.fresh_n += 1  # unique per user and worker: fresh images never repeat across the run
-            return fresh.fresh_image(self.t.pool[d.index], f"{self.worker_index}-{self.user_id}-{self.fresh_n}")
+            token = f"{self.worker_index}-{self.user_id}-{self.fresh_n}"
+            return fresh.fresh_image(self.t.pool[d.index], token, self.offload)
         return self.t.pool[d.index]
 
     def video(self) -> video.Video:

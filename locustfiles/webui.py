@@ -13,7 +13,8 @@ It uses the extension points of Locust's own (React) web UI:
   reads the state JSON and sets every text with ``textContent``), both linked from the UI's "Download Data"
   tab (``extended_csv_files``) and from the verdict tab.
 
-The state itself is kept by live.py, with or without the web UI.
+The state itself is kept by live.py, with or without the web UI, in the process's run state
+(``environment.mmchaos``, run_state.py).
 """
 
 from __future__ import annotations
@@ -23,10 +24,8 @@ import logging
 from pathlib import Path
 
 from flask import Blueprint, Response, jsonify, request
-from locust import events
 from locust.runners import STATE_INIT, STATE_SPAWNING
 
-from . import live
 from .panel_tables import TABLES, TABS, tables
 from .web_form import apply_mangled_form_fields
 
@@ -34,14 +33,10 @@ log = logging.getLogger("mmchaos")
 TIMELINE_PAGE = Path(__file__).with_name("timeline.html")
 
 
-class _Web:
-    session = None  # the plugin's Session (given to register): the results-folder choice of the form
-
-
-def register(session) -> None:
-    """Wire the panel into Locust's web UI (called once per process by the plugin, after its own listeners)."""
-    _Web.session = session
-    events.init.add_listener(_init)
+def register(hooks) -> None:
+    """Wire the panel into Locust's web UI (called once per set of Locust's events by the plugin, after its own
+    listeners: the run state is made then)."""
+    hooks.init.add_listener(_init)
 
 
 def _runner_state(environment) -> str | None:
@@ -59,7 +54,8 @@ def _runner_state(environment) -> str | None:
 
 
 def _init(environment, web_ui=None, **_):
-    panel = live.Live.panel
+    run_state = environment.mmchaos
+    panel = run_state.live.panel
     if web_ui is None or panel is None:
         return
     web_ui.template_args["extended_tabs"] = TABS
@@ -93,7 +89,7 @@ def _init(environment, web_ui=None, **_):
             # the plugin decides "generate a results folder per run" once, from the command line; a folder typed
             # in the form is this run's, an empty field asks for a generated one
             if "results_dir" in request.form:
-                _Web.session.auto_results_dir = not request.form["results_dir"].strip()
+                run_state.auto_results_dir = not request.form["results_dir"].strip()
 
     @web_ui.app.after_request
     def _extend_stats(response):

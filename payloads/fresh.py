@@ -32,6 +32,8 @@ import threading
 import uuid
 import zlib
 from collections import OrderedDict
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import numpy as np
@@ -368,9 +370,9 @@ def _fresh_jpeg(base, digest: bytes) -> bytes | None:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def fresh_data(base, digest: bytes) -> tuple[bytes, str, str]:
+def fresh_data(base, digest: bytes, offload: Offload | None = None) -> tuple[bytes, str, str]:
     """(encoded bytes, format, mode) of the fresh variant of ``base`` for ``digest`` (the full re-encode for the
-    formats without a fast path)."""
+    formats without a fast path; with ``offload``, a large one runs where it says)."""
     if base.format == "png":
         done = _fresh_png(base, digest)
         if done is not None:
@@ -383,8 +385,8 @@ def fresh_data(base, digest: bytes) -> tuple[bytes, str, str]:
     mode = "RGBA" if src.shape[2] == 4 else "RGB"
     fmt = base.format if base.format in ("jpeg", "png", "webp") else "png"
     run, slot = (
-        _offload
-        if _offload is not None and src.shape[0] * src.shape[1] >= OFFLOAD_MIN_PIXELS
+        (offload.run, offload.slot)
+        if offload is not None and src.shape[0] * src.shape[1] >= OFFLOAD_MIN_PIXELS
         else (None, contextlib.nullcontext())
     )
     with slot:  # the copies are made only when their encode can start
@@ -397,20 +399,23 @@ def fresh_data(base, digest: bytes) -> tuple[bytes, str, str]:
 
 
 # The whole-image encodes left (WebP, mostly: ~10 ms per Mpx) can run on another core: Pillow releases the GIL
-# while libwebp / libjpeg / zlib work. A Locust process (locustfiles/embeddings.py) sets a gevent thread pool (a
-# thread per core), so the greenlet waits for the encode as for I/O while the other users go on, and a semaphore of
-# as many slots: a greenlet waiting for a thread holds no copy of its image (~30 MB at 2,048 px; copies queued for
-# the pool in bursts of fresh images raised the heap of a long run at a server-like rate). Only the encode runs
-# there: no cache, no lock, nothing shared (the copy and the stamp hold the GIL: in a thread they cost more).
+# while libwebp / libjpeg / zlib work. A Locust process's run state (locustfiles/run_state.py) owns a gevent thread
+# pool (a thread per core), so the greenlet waits for the encode as for I/O while the other users go on, and a
+# semaphore of as many slots: a greenlet waiting for a thread holds no copy of its image (~30 MB at 2,048 px; copies
+# queued for the pool in bursts of fresh images raised the heap of a long run at a server-like rate). Only the
+# encode runs there: no cache, no lock, nothing shared (the copy and the stamp hold the GIL: in a thread they cost
+# more).
 OFFLOAD_MIN_PIXELS = 256 * 256
-_offload = None
 
 
-def set_offload(run, slot) -> None:
-    """``run(fn, *args)`` -> fn(*args), run elsewhere; ``slot``, a context manager held from an image's copy to the
-    end of its encode (one per place ``run`` runs things). ``run=None``: encodes run in the caller."""
-    global _offload
-    _offload = (run, slot) if run is not None else None
+@dataclass(frozen=True)
+class Offload:
+    """Where the whole-image encodes of fresh images run: ``run(fn, *args)`` -> fn(*args), run elsewhere; ``slot``,
+    a context manager held from an image's copy to the end of its encode (one per place ``run`` runs things). Made
+    by whoever owns the threads, handed to :func:`fresh_image`; without one, encodes run in the caller."""
+
+    run: Callable[..., bytes]
+    slot: AbstractContextManager
 
 
 def stamp_digest(token: bytes) -> bytes:
@@ -418,18 +423,18 @@ def stamp_digest(token: bytes) -> bytes:
     return hashlib.sha256(token).digest()
 
 
-def fresh_image(base: PoolImage, token: str | bytes | None = None) -> PoolImage:
+def fresh_image(base: PoolImage, token: str | bytes | None = None, offload: Offload | None = None) -> PoolImage:
     """``base`` with a unique 16x8-cell black/white stamp (128 bits of sha256(token)) in its top-left corner,
     re-encoded in the same format. Different tokens give different pixels, so the server sees a new item
     whether it hashes the bytes or the decoded pixels. ``token=None`` -> a random one (uuid4); pass a token
     such as ``f"{run}/{worker}/{user}/{seq}"`` for reproducible runs. The pixels are those of decoding the
     base, pasting the stamp and encoding again, got without re-encoding the whole image where the format allows
-    (PNG, JPEG: a fraction of a millisecond instead of 5-50 ms)."""
+    (PNG, JPEG: a fraction of a millisecond instead of 5-50 ms). ``offload``: where a whole re-encode runs."""
     if token is None:
         token = uuid.uuid4().bytes
     token = token.encode() if isinstance(token, str) else token
     digest = stamp_digest(token)
-    data, fmt, mode = fresh_data(base, digest)
+    data, fmt, mode = fresh_data(base, digest, offload)
     return PoolImage(
         id=f"{base.id}~{digest.hex()[:12]}",
         format=fmt,

@@ -162,6 +162,10 @@ def test_the_runner_state_we_read_and_end(inprocess_locust):
         assert hasattr(env, "process_exit_code"), moved(
             "locust", "Environment.process_exit_code", "locustfiles/plugin.py (the gates' exit code)"
         )
+        env.mmchaos = "run state"  # the plugin keeps its run state on the Environment (run_state.py)
+        assert env.mmchaos == "run state", moved(
+            "locust", "Environment taking attributes of a plugin", "locustfiles/run_state.py (environment.mmchaos)"
+        )
     finally:
         runner.quit()
     assert WorkerNode("w").state == STATE_INIT, moved(

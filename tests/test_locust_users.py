@@ -224,6 +224,43 @@ def test_a_bad_request_left_unanswered_is_a_timeout_of_the_server(inprocess_locu
     assert len(df) >= 4 and (df["outcome"] == schema.TIMEOUT).all() and (df["cause"] == schema.SERVER).all()
 
 
+# --- run state --------------------------------------------------------------------------------------------------
+
+
+def _first_kinds(df) -> dict[int, list[str]]:
+    """Each user's kinds in the order it built its requests (first attempts: retries are the client's)."""
+    first = df[df["attempt"] == 1].sort_values("seq")
+    return {int(u): list(g["kind"]) for u, g in first.groupby("user_id")}
+
+
+def test_two_environments_of_one_process_share_no_run_state(inprocess_locust, standin_here, tmp_path):
+    """Each Environment has its run state (environment.mmchaos, made at its init): two runs of one process, one
+    after the other, the first one's Environment kept. Each counts its own requests (its panel, its budget), its
+    users are numbered from 0 (so a seed gives each user the same requests in both), and the first one's state
+    is not touched by the second run (its listeners left Locust's events at its quit; Locust's own stats of the
+    first, whose listener stays on the events both Environments share, count the second run's requests too)."""
+    with standin_here() as s:
+        a = inprocess_locust.run("embeddings", s.base_url, tmp_path / "a", "--seed", "5", users=3, max_requests=60)
+        a_state, a_requests = a.environment.mmchaos, a.requests
+        a_attempts = a_state.live.panel.counts().attempts
+        b = inprocess_locust.run("embeddings", s.base_url, tmp_path / "b", "--seed", "5", users=3, max_requests=90)
+    b_state = b.environment.mmchaos
+    assert a_state is not b_state and a_state.live is not b_state.live and a_state.cut_hook is not b_state.cut_hook
+    assert (a_state.sent, b_state.sent) == (60, 90)  # each its own budget
+    # each panel counted its own run's requests, and the first kept its count through the second run
+    assert a_state.live.panel.counts().attempts == a_attempts == a_requests
+    assert b_state.live.panel.counts().attempts == b.requests
+    rows_a, rows_b = inprocess_locust.locust_rows(a.rows()), inprocess_locust.locust_rows(b.rows())
+    assert (len(rows_a), len(rows_b)) == (a_requests, b.requests)
+    assert rows_a["run_id"].nunique() == rows_b["run_id"].nunique() == 1
+    assert set(rows_a["run_id"]).isdisjoint(rows_b["run_id"])
+    kinds_a, kinds_b = _first_kinds(a.rows()), _first_kinds(b.rows())
+    assert set(kinds_a) == set(kinds_b) == {0, 1, 2}  # each run's users numbered from 0
+    for user, seq in kinds_a.items():  # the same seed, the same requests per user (as far as both went)
+        n = min(len(seq), len(kinds_b[user]))
+        assert seq[:n] == kinds_b[user][:n], user
+
+
 # --- gates and exit codes ---------------------------------------------------------------------------------------
 
 
