@@ -110,7 +110,9 @@ def test_a_replay_sends_the_same_bytes_in_each_users_order(recorded, tmp_path):
     assert replayed["request_group"].nunique() == t["request_group"].nunique() == (t["attempt"] == 1).sum()
     recorded = collections.Counter(n for n in t.groupby("request_group").size() if n > 1)
     sizes = collections.Counter(replayed.groupby("request_group").size())
-    assert recorded and all(sizes[n] >= k for n, k in recorded.items()), (recorded, sizes)
+    # (whether this short recording holds a retry depends on the machine's speed: a retry waits out its back-off,
+    # ~0.5 s; test_a_log_that_records_its_clients_retries_is_replayed_as_recorded pins it on a log that holds one)
+    assert all(sizes[n] >= k for n, k in recorded.items()), (recorded, sizes)
     # rows beyond the recording are retries the replaying client added, as its policy says, of requests the
     # recording holds no retry of (here: the run that recorded them ended before their retry)
     assert (replayed["attempt"] > 1).sum() - (t["attempt"] > 1).sum() == len(replayed) - len(t) >= 0
