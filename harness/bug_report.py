@@ -25,10 +25,10 @@ def write(m: Minimizer, result: Result) -> dict[str, Path]:
 
 def issue_markdown(m: Minimizer, result: Result, script: str) -> str:
     manifest = m.manifest
-    version = manifest.get("engine") or "(a server started by a command)"
-    packages = manifest.get("engine_packages") or {}
+    version = manifest.engine or "(a server started by a command)"
+    packages = manifest.engine_packages or {}
     dist = next((f"{k} {v}" for k, v in packages.items() if k.startswith("vllm") and v), f"vLLM {version}")
-    model = (manifest.get("target_detail") or {}).get("model") or str(paths.default_model_dir())
+    model = (manifest.target_detail.model if manifest.target_detail else None) or str(paths.default_model_dir())
     tiny = Path(model).resolve() == paths.default_model_dir().resolve()
     model_text = (
         "a tiny random-weight Qwen3-VL embedding model (Qwen3VLForConditionalGeneration, 64-dim output, "

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mmchaos import schema
+from mmchaos.manifest import TargetDetail, TrialManifest
 from mmchaos.signatures import Signatures
 
 from . import crash_watch
@@ -88,11 +89,11 @@ def _name(crash: crash_watch.Crash) -> str:
     return getattr(crash, "chain", None) or crash.signature
 
 
-def target_of(manifest: dict) -> Target:
+def target_of(manifest: TrialManifest) -> Target:
     """The server a trial ran, from its manifest (secrets there are masked: a masked key is a key all the same,
     since our client sends the same mask)."""
-    detail = manifest.get("target_detail") or {}
-    mode = detail.get("mode") or manifest.get("target")
+    detail = manifest.target_detail or TargetDetail()
+    mode = detail.mode or manifest.target
     if mode == "attach" or mode is None:
         raise ServerError(
             "this trial ran against a server mmchaos did not start (attach): minimizing needs fresh "
@@ -100,10 +101,10 @@ def target_of(manifest: dict) -> Target:
         )
     return Target(
         mode=mode,
-        engine=manifest.get("engine"),
-        model=detail.get("model"),
-        flags=list(manifest.get("flags") or []),
-        env=dict(manifest.get("env") or {}),
-        command=detail.get("command"),
-        url=detail.get("url"),
+        engine=manifest.engine,
+        model=detail.model,
+        flags=list(manifest.flags),
+        env=dict(manifest.env),
+        command=detail.command,
+        url=detail.url,
     )

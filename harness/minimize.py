@@ -32,6 +32,8 @@ import pandas as pd
 from mmchaos import schema
 from mmchaos.errors import MmchaosError
 from mmchaos.files import write_json_atomic
+from mmchaos.manifest import ManifestError
+from mmchaos.manifest import read as read_manifest
 from mmchaos.payloads import trace_edits
 from mmchaos.payloads.traces import Trace
 from mmchaos.signatures import Signatures
@@ -98,8 +100,8 @@ class Minimizer:
         self.sigs = signatures or Signatures.load()
         self.budget = Budget(max_starts, max_minutes * 60)
         try:
-            self.manifest = json.loads((self.trial / schema.MANIFEST).read_text())
-        except (OSError, ValueError) as e:
+            self.manifest, _ = read_manifest(self.trial / schema.MANIFEST)
+        except (OSError, ManifestError) as e:
             raise MinimizeError(f"{self.trial} is not a trial folder (no readable {schema.MANIFEST})") from e
         self.target: Target = target_of(self.manifest)
         crashes = read_table(self.trial, "crashes").to_pandas().sort_values("t_detected")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -40,7 +40,7 @@ class Record(BaseModel):
 class TargetDetail(Record):
     """The server a trial ran (harness/server.py ``Target.describe``), every secret masked."""
 
-    mode: TargetMode = "engine"
+    mode: TargetMode | None = None
     engine: str | None = None
     model: str | None = None
     flags: list[str] = []
@@ -54,11 +54,11 @@ class ProcessRow(Record):
     only pids a fault may go to."""
 
     role: str
-    pid: int = Field(ge=1)
+    pid: Annotated[int, Field(ge=1)]
     create_time: float
     title: str = ""
-    ppid: int = Field(0, ge=0)
-    restart: int = Field(0, ge=0)
+    ppid: Annotated[int, Field(ge=0)] = 0
+    restart: Annotated[int, Field(ge=0)] = 0
 
 
 class ReplayAccount(BaseModel):
@@ -68,8 +68,8 @@ class ReplayAccount(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     source: str | None = None
-    requests: int = Field(0, ge=0)
-    sent: int = Field(0, ge=0)
+    requests: Annotated[int, Field(ge=0)] = 0
+    sent: Annotated[int, Field(ge=0)] = 0
     not_sent: int = 0
     complete: bool = False  # every request of the log was sent (and answered)
     cut_by_run_time: bool = False  # -t ended it first
@@ -94,7 +94,7 @@ class TrialManifest(Record):
 
     campaign: str = ""
     config: str = ""  # the folder's name is the truth (a reader notes a manifest that says otherwise)
-    trial: int | None = Field(None, ge=0)  # None: numbered by its folder
+    trial: Annotated[int | None, Field(ge=0)] = None  # None: numbered by its folder
     run_id: str = ""  # stamped on every row Locust wrote
     engine: str | None = None  # the engine version (target = "engine")
     engine_packages: dict[str, Any] | None = None  # the engine's key packages and their versions
@@ -106,7 +106,7 @@ class TrialManifest(Record):
     # point's values in place, the effective mix): checked when the campaign was loaded, kept as a table here
     workload: dict[str, Any] = {}
     sweep: dict[str, Any] = {}  # knob -> value of the trial's sweep point ({} outside sweeps)
-    repeat: int | None = Field(None, ge=0)  # which repeat at its sweep point
+    repeat: Annotated[int | None, Field(ge=0)] = None  # which repeat at its sweep point
     faults: list[dict[str, Any]] = []  # mmchaos/faults.py Fault.to_dict of each [[fault]]
     seed: int | None = None  # the campaign's seed + the trial's repeat
     crash_policy: Crash | None = None  # the campaign's [crash] as run
@@ -126,10 +126,10 @@ class TrialManifest(Record):
     workers: list[dict[str, Any]] = []  # Locust workers (harness/distributed.py ledger)
     workers_lost: list[str] = []  # those lost mid-trial
     locust_exit_code: int | None = None
-    requests: int | None = Field(None, ge=0)  # rows in the requests table
-    cut: int | None = Field(None, ge=0)  # of which still in flight when the run ended
-    locust_requests: int | None = Field(None, ge=0)  # Locust's own count (None: it died before writing it)
-    crashes: int | None = Field(None, ge=0)
+    requests: Annotated[int | None, Field(ge=0)] = None  # rows in the requests table
+    cut: Annotated[int | None, Field(ge=0)] = None  # of which still in flight when the run ended
+    locust_requests: Annotated[int | None, Field(ge=0)] = None  # Locust's own count (None: it died before writing it)
+    crashes: Annotated[int | None, Field(ge=0)] = None
     error: str | None = None
 
     def load_window(self) -> tuple[float | None, float | None]:
@@ -165,12 +165,12 @@ def read_data(data: Any, where: str = "manifest") -> tuple[TrialManifest, list[s
     if not isinstance(data, dict):
         raise ManifestError(f"{where}: a manifest is a JSON object, not {type(data).__name__}")
     known = {k: v for k, v in data.items() if k in TrialManifest.model_fields}
-    notes = []
+    notes: list[str] = []
     while True:
         try:
             return TrialManifest.model_validate(known), notes
         except ValidationError as e:
-            first = {}  # the first error of each key (a union's members each say why)
+            first: dict[str, Any] = {}  # the first error of each key (a union's members each say why)
             for x in e.errors():
                 first.setdefault(str(x["loc"][0]) if x["loc"] else "", x)
             unreadable = [k for k in first if k in known]

@@ -4,6 +4,7 @@ in the web UI's start form and work headless), and mapped from a campaign file's
 from __future__ import annotations
 
 import argparse
+import builtins
 import difflib
 from typing import Annotated, Any
 
@@ -36,7 +37,7 @@ class Option(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]*$")]  # python name; the flag is --name-with-dashes
-    type: type
+    type: builtins.type
     default: Any
     help: Annotated[str, Field(min_length=1)]
     ui: bool = True  # shown in the web UI form
@@ -45,12 +46,12 @@ class Option(BaseModel):
     maximum: int | float | None = None
     positive: bool = False  # a value given must be more than 0 (the default 0 means "not given")
 
-    def __init__(self, name: str, type: type, default: Any, help: str, **rest: Any):
+    def __init__(self, name: str, type: builtins.type, default: Any, help: str, **rest: Any):
         super().__init__(name=name, type=type, default=default, help=help, **rest)
 
     @field_validator("type")
     @classmethod
-    def _one_of_ours(cls, kind: type) -> type:
+    def _one_of_ours(cls, kind: builtins.type) -> builtins.type:
         if kind not in OPTION_TYPES:
             raise ValueError(f"must be one of {', '.join(t.__name__ for t in OPTION_TYPES)}, not {kind.__name__}")
         return kind

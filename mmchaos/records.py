@@ -10,7 +10,7 @@ than one key (a model validator's own words, :func:`words`).
 
 from __future__ import annotations
 
-from typing import get_args
+from typing import Any, get_args
 
 from pydantic import BaseModel, ValidationError
 
@@ -34,7 +34,7 @@ def says(model: type[BaseModel], key: str) -> str | None:
     return found[0] if found else None
 
 
-def first_error(error: ValidationError, model: type[BaseModel]) -> tuple[str, str, dict]:
+def first_error(error: ValidationError, model: type[BaseModel]) -> tuple[str, str, Any]:
     """(kind, key, pydantic's error) of the error to report: kind is "unknown" (the first unknown key, sorted),
     "missing" (the first missing key in the model's order), "value" (the first bad value in the model's order) or
     "rule" (a model validator's: key is "")."""
@@ -53,7 +53,7 @@ def first_error(error: ValidationError, model: type[BaseModel]) -> tuple[str, st
     return "rule", "", keyed[0][1]
 
 
-def words(error: dict) -> str:
+def words(error: Any) -> str:
     """A model validator's own words (what it raised), without pydantic's "Value error, " before them."""
     ctx = error.get("ctx") or {}
     return str(ctx["error"]) if "error" in ctx else error["msg"]
