@@ -11,17 +11,35 @@ matplotlib.use("Agg")  # before pyplot: no display, no GUI toolkit
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullLocator
 
 from mmchaos import schema as S
 from mmchaos.outcomes import unexpected
 
 from .results import CampaignResults
-from .stats import drift_events, pick_bin
+from .stats import drift_events, round_bin
 
 DPI = 96
 RUNNING_METRIC = r"num_requests_running$"  # vllm:num_requests_running (the prefix varies between versions)
+RUNNING_LABEL = "requests running on the server (vLLM /metrics)"
 MAX_TIMELINE_TRIALS = 10  # per configuration; the rest are listed in the text
+SECONDS_UP_TO = 180.0  # a time axis spanning up to 3 minutes is in seconds, a longer one in minutes
+
+
+def time_unit(span_s: float) -> tuple[float, str]:
+    """The divisor and name of the unit of a time axis spanning ``span_s`` seconds, the one rule of every time axis
+    in the report: seconds up to ``SECONDS_UP_TO`` (a trial that crashed in 5 s is not squashed near 0), minutes
+    beyond (a 30-minute trial is not read in thousands of seconds)."""
+    if not np.isfinite(span_s) or span_s <= SECONDS_UP_TO:
+        return 1.0, "seconds"
+    return 60.0, "minutes"
+
+
+def _span(*times) -> tuple[float, float]:
+    """(earliest, latest) of the finite times given (arrays or scalars), 0 included; (0, 0) when there are none."""
+    t = np.concatenate([np.atleast_1d(np.asarray(x, dtype=float)) for x in times] + [np.zeros(1)])
+    t = t[np.isfinite(t)]
+    return float(t.min()), float(t.max())
 
 
 def colors(configs: list[str]) -> dict[str, tuple]:
@@ -77,7 +95,8 @@ def survival(curves: dict[str, dict[str, pd.DataFrame]], durations: pd.DataFrame
     """Kaplan–Meier: share of trials still without a crash, by time and by requests sent."""
     col, sty = colors(configs), styles(configs)
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
-    panels = (("time_s", "minutes of load", 60.0), ("requests", "requests sent", 1.0))
+    scale, unit = time_unit(_span(durations["time_s"])[1])
+    panels = (("time_s", f"{unit} of load", scale), ("requests", "requests sent", 1.0))
     for ax, (what, xlabel, scale) in zip(axes, panels):
         for cfg in configs:
             if cfg not in curves:
@@ -151,11 +170,16 @@ def latency_ecdf(grid: pd.DataFrame, configs: list[str]) -> bytes:
 def throughput_over_time(tp: pd.DataFrame, configs: list[str]) -> bytes:
     col, sty = colors(configs), styles(configs)
     fig, ax = plt.subplots(figsize=(11, 3.4))
+    starts = np.unique(tp["t"].to_numpy(float))
+    bin_s = float(np.diff(starts).min()) if len(starts) > 1 else 0.0
+    scale, unit = time_unit(_span(starts)[1] + bin_s)  # the end of the last bin: the longest trial, rounded up
     for cfg in configs:
         s = tp[tp["config"] == cfg]
         if len(s):
-            ax.plot(s["t"] / 60, s["ok_per_s"], color=col[cfg], ls=sty[cfg], label=cfg, lw=1.3, drawstyle="steps-post")
-    ax.set_xlabel("minutes since trial start")
+            ax.plot(
+                s["t"] / scale, s["ok_per_s"], color=col[cfg], ls=sty[cfg], label=cfg, lw=1.3, drawstyle="steps-post"
+            )
+    ax.set_xlabel(f"{unit} since trial start")
     ax.set_ylabel("successful requests / s")
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
@@ -169,19 +193,29 @@ def timelines(c: CampaignResults, cfg: str, max_trials: int = MAX_TIMELINE_TRIAL
     /health polls, drift lines, and requests running on the server. Returns (png, trials not drawn)."""
     trials = c.trials[c.trials["config"] == cfg].sort_values("trial")
     shown, hidden = trials.head(max_trials), trials["trial"].iloc[max_trials:].tolist()
-    bin_s = pick_bin(c, target_bins=120)
     r = c.requests
     r = r.loc[r["config"] == cfg, ["trial", "t_rel", "outcome", "status", "expected_status", "kind"]]
-    good = r["outcome"] == S.OK
-    # an expected failure (a malformed request answered with its expected status, an abort) is not news
-    r = r.assign(bin=(r["t_rel"] // bin_s).astype(int), good=good, bad=~good & unexpected(r))
-    per_bin = r.groupby(["trial", "bin"])[["good", "bad"]].sum()
     h = c.health[(c.health["config"] == cfg) & ~c.health["ok"].fillna(False).astype(bool)]
     cr = c.crashes[c.crashes["config"] == cfg]
     dr = drift_events(c)
     dr = dr[dr["config"] == cfg]
     m = c.metrics[(c.metrics["config"] == cfg) & c.metrics["name"].astype(str).str.contains(RUNNING_METRIC)]
-    running = m.groupby(["trial", "t_rel"])["value"].sum()
+    running = m.groupby(["trial", "t_rel"])["value"].sum()  # summed over its labels (model, engine)
+    # one unit for all panels (they share the x axis): the longest trial drawn, or the latest thing drawn in it
+    ids = set(shown["trial"])
+    t_lo, t_hi = _span(
+        shown["duration_s"],
+        *(f.loc[f["trial"].isin(ids), "t_rel"] for f in (r, h, cr, dr)),
+        running[running.index.get_level_values(0).isin(ids)].index.get_level_values(1),
+    )
+    scale, unit = time_unit(t_hi)
+    t_hi = max(t_hi, t_lo + 1)
+    x_lo, x_hi = t_lo / scale, (t_hi + 0.02 * (t_hi - t_lo)) / scale  # a little room: a crash at the end shows
+    bin_s = round_bin(t_hi, target_bins=120)  # these trials' bins (a 5 s trial's are not a 30-minute one's)
+    good = r["outcome"] == S.OK
+    # an expected failure (a malformed request answered with its expected status, an abort) is not news
+    r = r.assign(bin=(r["t_rel"] // bin_s).astype(int), good=good, bad=~good & unexpected(r))
+    per_bin = r.groupby(["trial", "bin"])[["good", "bad"]].sum()
 
     n = max(len(shown), 1)
     height = 1.9 * n + 1.1
@@ -193,27 +227,27 @@ def timelines(c: CampaignResults, cfg: str, max_trials: int = MAX_TIMELINE_TRIAL
         if t in per_bin.index.get_level_values(0):
             pb = per_bin.loc[t]
             pb = pb.reindex(np.arange(pb.index.max() + 1), fill_value=0)
-            edges = np.arange(len(pb) + 1) * bin_s / 60
+            edges = np.arange(len(pb) + 1) * bin_s / scale
             # stairs: one artist per series (a bar per bin is hundreds of patches and slow to draw)
             ax.stairs(pb["good"] / bin_s, edges, color="tab:green", lw=1, label="ok / s", baseline=None)
             ax.stairs(pb["bad"] / bin_s, edges, fill=True, color="tab:red", alpha=0.7, label="unexpected failures / s")
-        ct = cr.loc[cr["trial"] == t, "t_rel"].to_numpy() / 60
+        ct = cr.loc[cr["trial"] == t, "t_rel"].to_numpy() / scale
         for x in ct:
             ax.axvline(x, color="darkred", ls="--", lw=1.5)
             if len(ct) <= 3:  # with many crashes the labels only overlap; the legend says what the line is
                 ax.annotate(
-                    "crash",
+                    " crash ",
                     (x, 1),
                     xycoords=("data", "axes fraction"),
                     color="darkred",
                     fontsize=7,
-                    ha="left",
+                    ha="right" if x > x_lo + 0.9 * (x_hi - x_lo) else "left",  # near the end: inside the panel
                     va="top",
                 )
-        ht = h.loc[h["trial"] == t, "t_rel"].to_numpy() / 60
+        ht = h.loc[h["trial"] == t, "t_rel"].to_numpy() / scale
         if len(ht):
             ax.plot(ht, np.zeros(len(ht)), "|", color="black", markersize=8, label="failed /health poll")
-        dt = dr.loc[dr["trial"] == t, "t_rel"].to_numpy() / 60
+        dt = dr.loc[dr["trial"] == t, "t_rel"].to_numpy() / scale
         if len(dt):
             ax.plot(
                 dt,
@@ -227,9 +261,12 @@ def timelines(c: CampaignResults, cfg: str, max_trials: int = MAX_TIMELINE_TRIAL
         if t in running.index.get_level_values(0):
             rs = running.loc[t]
             ax2 = ax.twinx()
-            ax2.plot(rs.index.to_numpy() / 60, rs.to_numpy(), color="tab:blue", lw=0.7, alpha=0.6)
-            ax2.set_ylabel("running", fontsize=7, color="tab:blue")
-            ax2.tick_params(labelsize=7, colors="tab:blue")
+            ax2.plot(rs.index.to_numpy() / scale, rs.to_numpy(), color="tab:blue", lw=1.0, alpha=0.8)
+            # what it counts, in the line's colour and the size of the left axis' label
+            ax2.set_ylabel("requests running\n(vLLM /metrics)", fontsize=8, color="tab:blue")
+            ax2.tick_params(axis="y", labelsize=8, colors="tab:blue")
+            ax2.spines["right"].set_color("tab:blue")
+            ax2.yaxis.set_major_locator(MaxNLocator(nbins=4, integer=True))  # a count: whole numbers
             ax2.set_ylim(bottom=0)
         ax.set_ylim(bottom=0)
         ax.set_ylabel(f"trial {t}\nreq/s", fontsize=8)
@@ -237,13 +274,14 @@ def timelines(c: CampaignResults, cfg: str, max_trials: int = MAX_TIMELINE_TRIAL
         ax.grid(alpha=0.25)
         if tr["status"] != "completed":
             ax.text(0.99, 0.8, str(tr["status"]), transform=ax.transAxes, ha="right", fontsize=8, color="grey")
-    axes[-1, 0].set_xlabel("minutes since trial start")
+    axes[0, 0].set_xlim(x_lo, x_hi)  # shared: the whole of the longest trial, from its start
+    axes[-1, 0].set_xlabel(f"{unit} since trial start")
     handles: dict = {}
     for ax in axes[:, 0]:
         for hd, lb in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(lb, hd)
     handles["crash detected"] = plt.Line2D([], [], color="darkred", ls="--")
-    handles["requests running (/metrics)"] = plt.Line2D([], [], color="tab:blue", lw=0.7)
+    handles[RUNNING_LABEL] = plt.Line2D([], [], color="tab:blue", lw=1.0, alpha=0.8)
     axes[0, 0].set_title(f"{cfg}: timeline per trial ({bin_s:g} s bins)", fontsize=10)
     fig.legend(
         list(handles.values()),

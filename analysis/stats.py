@@ -304,9 +304,13 @@ def throughput(c: CampaignResults, n_boot: int = I.BOOTSTRAP_RESAMPLES) -> pd.Da
 
 def pick_bin(c: CampaignResults, target_bins: int = 60) -> float:
     """A round bin width (s) giving about ``target_bins`` bins over the longest trial."""
-    longest = float(np.nanmax(c.trials["duration_s"].to_numpy())) if len(c.trials) else 60.0
+    return round_bin(float(np.nanmax(c.trials["duration_s"].to_numpy())) if len(c.trials) else 60.0, target_bins)
+
+
+def round_bin(span_s: float, target_bins: int = 60) -> float:
+    """A round bin width (s) giving about ``target_bins`` bins over ``span_s`` seconds."""
     for w in (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 1800, 3600):
-        if longest / w <= target_bins:
+        if span_s / w <= target_bins:
             return float(w)
     return 3600.0
 

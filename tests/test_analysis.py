@@ -17,7 +17,7 @@ from cli_inprocess import mmchaos
 from mmchaos import manifest as M
 from mmchaos import schema as S
 from mmchaos.analysis import intervals as I
-from mmchaos.analysis import report, stats
+from mmchaos.analysis import plots, report, stats
 from mmchaos.analysis.attribution import SAME_IMAGE, WINDOW, attribute
 from mmchaos.analysis.results import LoadError, load_results
 from mmchaos.analysis.survival import first_crash_durations, kaplan_meier, median_survival
@@ -340,6 +340,97 @@ def test_latency_percentiles_per_kind(hand):
     cost = stats.workaround_cost(c, "buggy").set_index(["config", "kind"])
     assert cost.loc[("buggy", "text"), "p50_ratio"] == 1.0
     assert cost.loc[("fixed", "text"), "p50_ratio"] == pytest.approx(30 / 100)
+
+
+# --- figures: the unit of a time axis, the timeline's second axis --------------------------------------
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """The figures a plotting function makes, kept open to be read instead of turned into PNG bytes."""
+    figs: list = []
+    monkeypatch.setattr(plots, "to_png", lambda fig, tight=True: figs.append(fig) or b"")
+    yield figs
+    for fig in figs:
+        plots.plt.close(fig)
+
+
+def test_a_trial_that_crashed_in_seconds_is_drawn_in_seconds(tmp_path, drawn):
+    """A trial whose server died 5 s into its load: its timeline, the throughput and the survival figures are
+    in seconds over those 5 s (not squashed near 0 of a minutes axis); the timeline's second axis says what it
+    counts, in the line's colour, as large as the left axis' label."""
+    camp = tmp_path / "short"
+    write_trial(
+        camp,
+        "v",
+        0,
+        manifest={"t_start": T0, "t_end": T0 + 5},
+        requests=[req(0.5 * i) for i in range(9)] + [req(4.6, "valid_image", S.CONNECTION_ERROR, None)],
+        health=health([1, 3]) + health([4.8], ok=False),
+        metrics=[
+            {"t": T0 + t, "name": "vllm:num_requests_running", "labels": "{}", "value": float(n)}
+            for t, n in ((1, 2), (2, 3), (3, 4), (4, 1))
+        ],
+        crashes=[
+            {
+                "t_detected": T0 + 5,
+                "t_last_healthy": T0 + 3,
+                "reason": "health_failed",
+                "signature": "detokenizer_assert",
+                "exit_code": None,
+                "restart": 0,
+            }
+        ],
+    )
+    c = load_results(camp)
+
+    _, hidden = plots.timelines(c, "v")
+    (fig,) = drawn
+    ax, ax2 = fig.axes  # the trial's panel and its second (right) axis
+    assert hidden == []
+    assert ax.get_xlabel() == "seconds since trial start"
+    lo, hi = ax.get_xlim()
+    assert lo == 0 and 5 <= hi <= 5.5  # the whole trial, a crash at its very end in sight
+    assert [list(x.get_xdata()) for x in ax.get_lines() if x.get_linestyle() == "--"] == [[5, 5]]  # the crash
+    assert ax2.get_ylabel() == "requests running\n(vLLM /metrics)"
+    assert ax2.yaxis.label.get_fontsize() >= ax.yaxis.label.get_fontsize() >= 8
+    assert ax2.yaxis.label.get_color() == ax2.get_lines()[0].get_color()
+    assert list(ax2.get_lines()[0].get_xdata()) == [1, 2, 3, 4]
+    assert plots.RUNNING_LABEL in [t.get_text() for t in fig.legends[0].get_texts()]
+
+    plots.throughput_over_time(stats.throughput_over_time(c), c.configs)
+    durations = first_crash_durations(c.trials, c.requests, c.crashes)
+    km = {"v": {w: kaplan_meier(durations[w], durations["crashed"]) for w in ("time_s", "requests")}}
+    plots.survival(km, durations, c.configs)
+    throughput, (time_panel, _) = drawn[1].axes[0], drawn[2].axes
+    assert throughput.get_xlabel() == "seconds since trial start"
+    assert 4 <= throughput.get_xlim()[1] < 6
+    assert time_panel.get_xlabel() == "seconds of load"
+    assert 5 <= time_panel.get_xlim()[1] < 6
+
+    # beside a configuration of 30-minute trials: each timeline follows its own trials (in seconds, 1 s bins, not
+    # one 30 s bin for the whole crashed trial); the figures of the whole campaign, in minutes
+    write_trial(camp, "long", 0, manifest={"t_start": T0 + 100, "t_end": T0 + 1900}, requests=[req(110)])
+    c = load_results(camp)
+    drawn.clear()
+    plots.timelines(c, "v")
+    plots.timelines(c, "long")
+    plots.throughput_over_time(stats.throughput_over_time(c), c.configs)
+    (short, _), (long,), (throughput,) = (f.axes for f in drawn)
+    assert short.get_xlabel() == "seconds since trial start" and short.get_title() == "v: timeline per trial (1 s bins)"
+    assert max(short.patches[0].get_data().edges) == 5  # the ok / s stairs: five 1 s bins
+    assert long.get_xlabel() == throughput.get_xlabel() == "minutes since trial start"
+    assert 30 <= long.get_xlim()[1] <= 31
+
+
+def test_a_trial_of_half_an_hour_is_drawn_in_minutes(hand, drawn):
+    c = load_results(hand)
+    plots.timelines(c, "buggy")
+    axes = drawn[0].axes  # one panel per trial, sharing the x axis; the bottom one is labelled
+    assert [a.get_xlabel() for a in axes] == ["", "minutes since trial start"]
+    lo, hi = axes[0].get_xlim()
+    assert lo == 0 and 30 <= hi <= 31  # two 1800 s trials, drawn whole (their requests stop at 12 minutes)
+    assert plots.time_unit(180) == (1.0, "seconds") and plots.time_unit(181) == (60.0, "minutes")
 
 
 # --- loading incomplete trials -------------------------------------------------------------------------
