@@ -1,7 +1,9 @@
 """A small stand-in for a vLLM embedding server, for plumbing tests only (not a product target).
 
 Answers /health, /v1/models, /v1/embeddings, /tokenize and /metrics. ``--die-after N`` makes the process print
-the report's crash lines and exit after N embedding requests, so crash detection can be tested without vLLM.
+the report's crash lines and exit after N embedding requests, so crash detection can be tested without vLLM;
+``--die-on-file FILE`` at the first embedding request after FILE appears (it removes FILE: one death each time a
+test creates it, at a moment the test chooses, e.g. once a restarted server has taken load).
 ``--error-text`` sets the message of its 400 answers (and logs it); ``--api-key`` (or STANDIN_API_KEY) makes
 POSTs without that bearer token get 401. It handles SIGTERM (graceful shutdown) as vLLM does.
 
@@ -129,7 +131,7 @@ class Handler(BaseHTTPRequestHandler):
         poisoned = self.opts.crash_after_poison and own.poisoned & set(
             _image_urls(body) if isinstance(body, dict) else []
         )
-        if (self.opts.die_after and count > self.opts.die_after) or late or poisoned:
+        if (self.opts.die_after and count > self.opts.die_after) or late or poisoned or self._told_to_die():
             self._drift_line(poisoned)
             self.say("    assert req_state.detokenizer is not None\nAssertionError")
             return self.die()
@@ -181,6 +183,16 @@ class Handler(BaseHTTPRequestHandler):
                 vector = [1.0 if i == n % DIM else 0.0 for i in range(DIM)]
         data = [{"index": i, "object": "embedding", "embedding": vector} for i in range(n_inputs)]
         self._send(200, {"object": "list", "data": data, "model": "standin"})
+
+    def _told_to_die(self) -> bool:
+        """--die-on-file: the file is there; taken (removed) by the one request that dies of it."""
+        if not self.opts.die_on_file:
+            return False
+        try:
+            os.unlink(self.opts.die_on_file)
+        except FileNotFoundError:
+            return False
+        return True
 
 
 def _image_urls(body: dict) -> list[str]:
@@ -255,6 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--die-after", type=int, default=0, help="die at the Nth embedding request")
     p.add_argument("--die-after-s", type=float, default=0, help="die this long after the first embedding request")
+    p.add_argument("--die-on-file", default="", help="die at the first embedding request after this file appears")
     p.add_argument("--delay-ms", type=float, default=0)
     p.add_argument("--unhealthy", action="store_true")
     p.add_argument("--api-key", default=os.environ.get("STANDIN_API_KEY"))

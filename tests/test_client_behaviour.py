@@ -8,7 +8,6 @@ from __future__ import annotations
 import email.utils
 import json
 import math
-import time
 from types import SimpleNamespace
 
 import pytest
@@ -192,13 +191,16 @@ def test_the_live_verdict_on_the_web_ui_state(tmp_path, args, level):
     assert page.status_code == 200 and "<svg" in page.text
 
 
-def test_retry_after_as_an_http_date_is_honoured_as_the_sdk_does():
+def test_retry_after_as_an_http_date_is_honoured_as_the_sdk_does(monkeypatch):
     """RFC 9110 lets Retry-After be a date; the OpenAI SDK waits until it (within its 120 s), and so do we."""
     now = 1_800_000_000.0
     in_30s = email.utils.formatdate(now + 30, usegmt=True)
     assert retry_policy.retry_after({"retry-after": in_30s}, now=now) == 30.0
-    in_an_hour = email.utils.formatdate(time.time() + 3600, usegmt=True)
+    # the rule reads the date against the clock: a clock that stands still, so that no pause of a busy machine
+    # between writing the date and reading it moves the answer
+    monkeypatch.setattr(retry_policy, "time", SimpleNamespace(time=lambda: now))
+    in_an_hour = email.utils.formatdate(now + 3600, usegmt=True)
     assert not retry_policy.should_retry("openai", 0, 503, schema.HTTP_ERROR, {"retry-after": in_an_hour})
-    soon = email.utils.formatdate(time.time() + 5, usegmt=True)
-    assert 3 < retry_policy.delay(0, 0.5, {"retry-after": soon}) <= 5
+    soon = email.utils.formatdate(now + 5, usegmt=True)
+    assert retry_policy.delay(0, 0.5, {"retry-after": soon}) == 5.0
     assert retry_policy.retry_after({"retry-after": "not a date"}) is None

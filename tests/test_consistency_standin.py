@@ -56,7 +56,8 @@ def test_a_server_that_answers_the_same_passes(tmp_path):
 def test_a_wrong_answer_makes_the_configuration_fail(tmp_path):
     f = write_campaign(
         tmp_path,
-        duration=4,
+        duration=120,  # only a hung trial reaches it: each ends at its budget
+        max_requests=150,
         configs='[[config]]\nname = "same"\n\n[[config]]\nname = "wrong"\nflags = ["--wrong-on-repeat"]\n',
     )
     f.write_text(

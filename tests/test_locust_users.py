@@ -46,9 +46,12 @@ def test_think_time_spaces_each_users_requests(inprocess_locust, standin_here, t
     with standin_here() as s:
         run = inprocess_locust.run("embeddings", s.base_url, tmp_path, "--wait-ms", "200", users=2, max_requests=40)
     df = inprocess_locust.locust_rows(run.rows()).sort_values("t_start")
-    gaps = df.groupby("user_id")["t_start"].diff().dropna()
+    # the pause: from a request's answer to the user's next request (the answer's own time is the machine's)
+    answered = df["t_start"] + df["latency_ms"] / 1000
+    gaps = (df["t_start"] - answered.groupby(df["user_id"]).shift()).dropna()
     assert df.groupby("user_id").size().min() >= 10  # both users went on, neither stuck
-    assert 0.06 < gaps.median() < 0.3 and gaps.quantile(0.9) < 0.5, gaps.describe()  # one slow answer may stand out
+    # uniform in [0, 0.2] s: a busy machine only lengthens a pause, which the upper bounds leave room for
+    assert 0.06 < gaps.median() < 0.3 and gaps.quantile(0.9) < 0.5, gaps.describe()
 
 
 def test_kinds_follow_their_weights(inprocess_locust, standin_here, tmp_path):
@@ -175,8 +178,12 @@ def test_a_cache_miss_is_retried_as_the_openai_sdk_does(inprocess_locust, standi
     ended = last[last["final"]]  # the others: the run ended during their backoff
     assert len(ended) > 3 and (ended["status"] == 200).all() and (ended["attempt"] == 2).all()
     assert (df.groupby("request_group")["seq"].count() <= 3).all()
-    gaps = retried.sort_values("attempt").groupby("request_group")["t_start"].diff().dropna()
-    assert (gaps >= 0.375).all() and (gaps < 2).all()  # 0.5 s minus up to 25 % jitter, plus the request
+    # the back-off: from an attempt's answer to the next attempt, 0.5 s minus up to 25 % jitter (a busy machine
+    # only lengthens it; the answer's own time is the machine's)
+    retried = retried.sort_values("attempt")
+    answered = retried["t_start"] + retried["latency_ms"] / 1000
+    gaps = (retried["t_start"] - answered.groupby(retried["request_group"]).shift()).dropna()
+    assert (gaps >= 0.375).all() and (gaps < 2).all(), gaps.describe()
     assert run.exit_code == 0  # every valid request succeeded in the end
 
 

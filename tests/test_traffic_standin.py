@@ -11,6 +11,7 @@ import sys
 
 import pytest
 from locust_run import ROOT, locust_request_count, locust_rows, rows
+from test_webui import wait_for
 
 pytestmark = pytest.mark.integration  # every test here starts processes (stand-in servers, Locust, campaigns)
 
@@ -41,7 +42,7 @@ def test_master_with_two_workers_records_rows_from_both(standin, tmp_path):
             "-r",
             "4",
             "-t",
-            "4s",
+            "120s",  # only a hung run reaches it: the test stops the run once both workers' rows are in
             "--host",
             standin.base_url,
             "--only-summary",
@@ -81,6 +82,14 @@ def test_master_with_two_workers_records_rows_from_both(standin, tmp_path):
         for _ in range(2)
     ]
     try:
+        # the master writes each worker's rows as it takes them (its parts are named by the worker's pid); then a
+        # SIGTERM ends the run as the campaign runner ends one: the workers quit, their last rows on the master
+        wait_for(
+            lambda: all(list((out / "requests").glob(f"part-*-{w.pid}-*.parquet")) for w in workers),
+            90,
+            "rows of both workers",
+        )
+        master.send_signal(signal.SIGTERM)
         stdout, _ = master.communicate(timeout=120)
         for w in workers:
             w.wait(timeout=30)

@@ -187,7 +187,7 @@ def test_master_gets_the_counts_from_its_workers(standin, tmp_path):
         "-r",
         "4",
         "-t",
-        "5s",
+        "120s",  # only a hung run reaches it: the test stops the run once both workers' rows are in
         "--autoquit",
         "120",
         "--results-dir",
@@ -217,6 +217,14 @@ def test_master_gets_the_counts_from_its_workers(standin, tmp_path):
     ]
     try:
         ui.wait_up()
+        # the master writes each worker's rows as it takes them (its parts are named by the worker's pid): once
+        # both have rows, the run is stopped as the UI's Stop button does
+        wait_for(
+            lambda: all(list((tmp_path / "requests").glob(f"part-*-{w.pid}-*.parquet")) for w in workers),
+            90,
+            "rows of both workers",
+        )
+        requests.post(ui.url + "/stop", timeout=10).raise_for_status()
         # workers report every 3 s, the last time after the stop
         st, df = wait_for(lambda: run_finished_and_flushed(ui, tmp_path), 90, "the workers' final reports")
         assert df["worker"].nunique() == 2
