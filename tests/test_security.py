@@ -89,7 +89,8 @@ command = "{STANDIN} --port {{port}} --echo-key --api-key {keys["command"]} --li
 [workload]
 users = 3
 spawn_rate = 3
-duration = 3
+duration = 120  # only a hung trial reaches it: the trial ends at its budget
+max_requests = 300  # ~5 % are a dimensions case (its 400 echoes the key): none of 300, p < 1e-6
 
 [workload.options]
 image_preset = "small"
@@ -317,10 +318,12 @@ def test_a_bad_port_is_one_line(port):
 
 def _small_campaign(tmp_path: Path) -> Path:
     f = tmp_path / "c.toml"
+    # the server dies at its 31st embedding request; the budget ends the trial however busy the machine (the
+    # duration only bounds a hung one)
     f.write_text(
-        BASE.format(standin=STANDIN).replace(
-            '[[config]]\nname = "a"\n', '[[config]]\nname = "a"\nflags = ["--die-after", "30"]\n'
-        )
+        BASE.format(standin=STANDIN)
+        .replace('[[config]]\nname = "a"\n', '[[config]]\nname = "a"\nflags = ["--die-after", "30"]\n')
+        .replace("duration = 2\n", "duration = 120\nmax_requests = 100\n")
     )
     r = cli("campaign", "run", str(f), "--results", str(tmp_path / "results"))
     assert r.returncode == 0, r.stderr

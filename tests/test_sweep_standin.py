@@ -26,7 +26,8 @@ MMCHAOS = [sys.executable, "-m", "mmchaos.harness.cli"]
 def sweep_campaign(
     tmp_path: Path,
     sweep: str = "malformed_post = [0, 30]",
-    duration: int = 5,
+    duration: int = 120,
+    max_requests: int = 200,
     flags: str = '["--crash-after-poison"]',
     crash: str = "max_restarts = 3",
     name: str = "c.toml",
@@ -43,7 +44,8 @@ command = "{STANDIN}"
 locustfile = "{TESTS.parent / "locustfiles/embeddings.py"}"
 users = 3
 spawn_rate = 3
-duration = {duration}
+duration = {duration}  # only a hung trial reaches it: each ends at its budget, or the poisoned one at its crashes
+max_requests = {max_requests}
 
 [workload.mix]
 abort = 0            # one poison kind: the post-render 400
