@@ -258,6 +258,7 @@ def _stopped(pid: int) -> bool:
 
 
 def _on_sigterm(*_):
+    print("standin: SIGTERM, shutting down", flush=True)  # a stopped server says so only once continued
     raise KeyboardInterrupt
 
 

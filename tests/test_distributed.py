@@ -216,7 +216,10 @@ def test_campaign_on_local_and_remote_workers_a_killed_worker_is_recorded_and_a_
     monkeypatch.setenv("MMCHAOS_TEST_WORKER_COUNTS", str(counts))
     port = free_port()
     root = tmp_path / "results"
-    f = write_campaign(tmp_path, processes=2, expect_workers=1, port=port, server_flags="--die-after-s 8")
+    die = tmp_path / "die"  # the server dies when the test creates it (--die-on-file): after the kill, not at a time
+    f = write_campaign(
+        tmp_path, processes=2, expect_workers=1, port=port, duration=120, server_flags=f"--die-on-file {die}"
+    )
     remote = subprocess.Popen(
         [
             PY,
@@ -257,16 +260,28 @@ def test_campaign_on_local_and_remote_workers_a_killed_worker_is_recorded_and_a_
                 ),
                 None,
             ),
-            6,
+            60,
             "a local worker's first rows",
         )
         killed.append(victim)
         os.kill(victim, signal.SIGKILL)
 
+    kill = Fault(root, kill_a_local_worker, after_rows=150)
+    rows_at_kill: list[int] = []
+
+    def progress(state):
+        kill(state)
+        # once the load went on without the victim (100 rows more), the server is told to die: one crash, which
+        # ends the trial (policy stop)
+        if kill.at is None or state.get("phase") != "load":
+            return
+        rows_at_kill[:] = rows_at_kill or [state["requests"]]
+        if state["requests"] >= rows_at_kill[0] + 100 and len(rows_at_kill) == 1:
+            rows_at_kill.append(state["requests"])
+            die.touch()
+
     try:
-        [res] = campaign_runner.CampaignRunner(
-            campaign_plan.load(f), root, progress=Fault(root, kill_a_local_worker, after_rows=150)
-        ).run()
+        [res] = campaign_runner.CampaignRunner(campaign_plan.load(f), root, progress=progress).run()
         trial = root / CAMP / "a" / "t000"
         m = manifest(trial)
         # the remote worker's Locust quit with the master; `mmchaos worker` waits for the next master's run
@@ -302,7 +317,7 @@ def test_campaign_on_local_and_remote_workers_a_killed_worker_is_recorded_and_a_
 @pytest.mark.integration
 def test_ctrl_c_of_a_campaign_with_workers_stops_them_and_keeps_every_row(tmp_path, reaper):
     root = tmp_path / "results"
-    f = write_campaign(tmp_path, processes=2, duration=40)
+    f = write_campaign(tmp_path, processes=2, duration=120)  # the Ctrl-C ends it, once both workers' rows are in
     cli = subprocess.Popen(
         [PY, "-m", "mmchaos.harness.cli", "campaign", "run", str(f), "--results", str(root)],
         cwd=ROOT,

@@ -28,6 +28,7 @@ import requests as http
 from cli_inprocess import mmchaos
 from conftest import REPORT_VERSION, TESTS, require_engine_and_model, standin_server
 from locust_run import ROOT, locust
+from test_webui import wait_for
 
 from mmchaos import schema
 from mmchaos.analysis import report
@@ -54,6 +55,7 @@ def write_campaign(
     target: str = "command",
     url: str = "",
     duration: float = 4,
+    max_requests: int = 0,
     users: int = 3,
     trials: int = 1,
     policy: str = "stop",
@@ -77,6 +79,7 @@ locustfile = "{LOCUSTFILE}"
 users = {users}
 spawn_rate = {users}
 duration = {duration}
+max_requests = {max_requests}
 
 [workload.options]
 image_preset = "small"
@@ -196,7 +199,9 @@ def killpg(pgid: int, sig: int) -> None:
 @pytest.mark.integration
 def test_server_sigkill_mid_load_is_a_crash_and_the_restarted_server_takes_the_load(tmp_path, reaper):
     root = tmp_path / "results"
-    f = write_campaign(tmp_path, policy="restart", duration=6)
+    # the kill comes with the first rows on disk (~1 s in); the restarted server then takes load until the budget
+    # ends the trial, however busy the machine (the duration only bounds a hung trial)
+    f = write_campaign(tmp_path, policy="restart", duration=120, max_requests=5000)
     killed = []
 
     def kill_server(trial):
@@ -212,7 +217,9 @@ def test_server_sigkill_mid_load_is_a_crash_and_the_restarted_server_takes_the_l
     assert res.status == campaign_runner.COMPLETED and res.error is None
     [crash] = res.crashes
     assert crash.reason == "process_exit" and crash.exit_code == -signal.SIGKILL and crash.restart == 0
-    assert 0 <= crash.t_detected - killed[0] < 4  # detection within a tick, plus the wait for a traceback
+    # detected after the kill, before the restart (how soon: bench/detect_latency.py, not a time a busy machine
+    # may miss)
+    assert killed[0] <= crash.t_detected
     rows = assert_counts_match(trial)
     assert (rows["outcome"] == schema.CONNECTION_ERROR).any()  # refused while the server was down
     assert (rows.loc[rows["t_start"] > crash.t_detected, "outcome"] == schema.OK).any()  # the restart took load
@@ -225,7 +232,7 @@ def test_server_sigkill_mid_load_is_a_crash_and_the_restarted_server_takes_the_l
 @pytest.mark.integration
 def test_port_taken_while_restarting_fails_the_restart_cleanly(tmp_path, reaper):
     root = tmp_path / "results"
-    f = write_campaign(tmp_path, policy="restart", duration=6)
+    f = write_campaign(tmp_path, policy="restart", duration=120)  # the failed restart ends it; 120 s: a hang
     squatter = socket.socket()
     squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # the dead server's TIME_WAITs do not count
 
@@ -234,7 +241,7 @@ def test_port_taken_while_restarting_fails_the_restart_cleanly(tmp_path, reaper)
         reaper.add(pgid)
         port = server_port(trial)
         killpg(pgid, signal.SIGKILL)
-        deadline = time.time() + 5
+        deadline = time.time() + 30  # only a process that never exits reaches it
         while True:  # the port is free once the killed process has finished exiting
             try:
                 squatter.bind(("127.0.0.1", port))
@@ -264,7 +271,8 @@ def test_port_taken_while_restarting_fails_the_restart_cleanly(tmp_path, reaper)
 def test_server_sigstop_hang_is_detected_after_hang_after_and_cleaned_up(tmp_path, reaper):
     root = tmp_path / "results"
     hang_after = 1.5
-    f = write_campaign(tmp_path, duration=12, hang_after=hang_after, options="request_timeout = 1.0")
+    # the detected hang ends the trial (policy stop): 120 s only bounds a hang of the runner's own
+    f = write_campaign(tmp_path, duration=120, hang_after=hang_after, options="request_timeout = 1.0")
 
     def stop_server(trial):
         [pgid] = manifest(trial)["server_pgids"]
@@ -273,13 +281,14 @@ def test_server_sigstop_hang_is_detected_after_hang_after_and_cleaned_up(tmp_pat
 
     fault = Fault(root, stop_server)
     [res] = run(f, root, progress=fault)
-    done = time.time()
     trial = trial_dir(root)
     [crash] = res.crashes
     assert crash.reason == "hang" and crash.signature == "hang" and crash.exit_code is None
-    assert hang_after <= crash.t_detected - fault.at < hang_after + 3
-    # the stopped server is stopped for good in seconds (SIGTERM alone waits for it to be continued: 15 s)
-    assert done - crash.t_detected < 10
+    # not before hang_after (how soon after it: the runner's tick, not a time a busy machine may miss)
+    assert hang_after <= crash.t_detected - fault.at
+    # the stopped server is continued to take its SIGTERM (SIGTERM alone would wait out the 15-s grace, then
+    # SIGKILL it: no line)
+    assert "standin: SIGTERM, shutting down" in (trial / schema.SERVER_LOG).read_text()
     rows = assert_counts_match(trial)
     assert (rows["outcome"] == schema.TIMEOUT).any()  # requests to the stopped server timed out, as rows
     crashes = read_table(trial, "crashes").to_pandas()
@@ -324,7 +333,8 @@ def test_server_never_healthy_fails_its_trial_and_the_next_one_runs(tmp_path, re
     root = tmp_path / "results"
     f = write_campaign(
         tmp_path,
-        duration=2,
+        duration=60,  # "well" ends at its budget, however busy the machine
+        max_requests=100,
         startup_timeout=1,
         configs="""
 [[config]]
@@ -368,7 +378,7 @@ def test_port_in_use_by_another_server_is_refused_not_loaded(tmp_path, reaper):
 @pytest.mark.integration
 def test_locust_stopped_with_sigint_keeps_every_row_and_the_trial_is_interrupted(tmp_path, reaper):
     root = tmp_path / "results"
-    f = write_campaign(tmp_path, duration=8)
+    f = write_campaign(tmp_path, duration=120)  # the SIGINT ends it (after 60 rows); 120 s: a hang
 
     def interrupt_locust(trial):
         [pgid] = manifest(trial)["locust_pgids"]
@@ -391,7 +401,7 @@ def test_locust_stopped_with_sigint_keeps_every_row_and_the_trial_is_interrupted
 def test_ctrl_c_of_the_campaign_stops_everything_and_keeps_valid_results(tmp_path, reaper):
     """Ctrl-C reaches `mmchaos campaign run` (Locust and the server run in sessions of their own)."""
     root = tmp_path / "results"
-    f = write_campaign(tmp_path, duration=20)
+    f = write_campaign(tmp_path, duration=120)  # the Ctrl-C ends it, once rows are recorded; 120 s: a hang
     cli = subprocess.Popen(
         [PY, "-m", "mmchaos.harness.cli", "campaign", "run", str(f), "--results", str(root)],
         cwd=ROOT,
@@ -402,9 +412,7 @@ def test_ctrl_c_of_the_campaign_stops_everything_and_keeps_valid_results(tmp_pat
     reaper.add(cli.pid)
     trial = trial_dir(root)
     try:
-        deadline = time.time() + 30
-        while not list((trial / "requests").glob("part-*.parquet")) and time.time() < deadline:
-            time.sleep(0.1)  # until rows are being recorded
+        wait_for(lambda: list((trial / "requests").glob("part-*.parquet")), 60, "rows being recorded")
         reaper.update(recorded_pgids(trial))
         cli.send_signal(signal.SIGINT)
         out, _ = cli.communicate(timeout=60)
@@ -421,7 +429,7 @@ def test_ctrl_c_of_the_campaign_stops_everything_and_keeps_valid_results(tmp_pat
 @pytest.mark.integration
 def test_locust_sigkill_keeps_rows_up_to_the_last_second_and_the_trial_is_interrupted(tmp_path, reaper):
     root = tmp_path / "results"
-    f = write_campaign(tmp_path, duration=8)
+    f = write_campaign(tmp_path, duration=120)  # the kill ends it (after 200 rows); 120 s: a hang
 
     killed = []
 
@@ -484,7 +492,7 @@ def test_killed_worker_keeps_its_rows_and_the_run_goes_on(tmp_path, reaper):
                 "-r",
                 "4",
                 "-t",
-                "7s",
+                "120s",  # only a hung run reaches it: the test stops the run once the survivor went on
                 "--host",
                 s.base_url,
                 "--only-summary",
@@ -522,14 +530,22 @@ def test_killed_worker_keeps_its_rows_and_the_run_goes_on(tmp_path, reaper):
         reaper.update(p.pid for p in (master, *workers))
         victim, survivor = workers
         try:
-            deadline = time.time() + 30
-            while time.time() < deadline:  # until the victim has flushed rows of its own
-                parts = list((out / "requests").glob(f"part-*-{victim.pid}-*.parquet"))
-                if len(parts) >= 2:
-                    break
-                time.sleep(0.05)
+
+            def parts_of(worker):
+                return list((out / "requests").glob(f"part-*-{worker.pid}-*.parquet"))
+
+            wait_for(lambda: len(parts_of(victim)) >= 2, 60, "the victim's rows of its own")
             killpg(victim.pid, signal.SIGKILL)
             t_kill = time.time()
+
+            def went_on():  # the survivor's rows of requests started more than 2 s after the kill
+                rows = read_table(out, "requests").to_pandas()
+                return (
+                    rows["worker"].astype(str).str.endswith(f"-{survivor.pid}") & (rows["t_start"] > t_kill + 2)
+                ).any()
+
+            wait_for(went_on, 60, "the survivor's rows after the kill")
+            master.send_signal(signal.SIGTERM)  # the run's end, as the campaign runner ends one
             stdout, _ = master.communicate(timeout=60)
             survivor.wait(timeout=30)
         finally:
@@ -698,7 +714,8 @@ def test_api_key_is_sent_as_bearer_and_never_written_anywhere(tmp_path, via, rea
         )
 
     root = tmp_path / "results"
-    f = write_campaign(tmp_path, duration=3, configs='[[config]]\nname = "keyed"\n')
+    # ends at its budget, however busy the machine (the duration only bounds a hung trial)
+    f = write_campaign(tmp_path, duration=120, max_requests=200, configs='[[config]]\nname = "keyed"\n')
     env = {**os.environ, "STANDIN_API_KEY": key}  # the server's own configuration; Server passes it on
     env.pop("MMCHAOS_API_KEY", None)
     env.pop("MMCHAOS_API_KEY_FILE", None)
@@ -721,7 +738,7 @@ def test_api_key_is_sent_as_bearer_and_never_written_anywhere(tmp_path, via, rea
     assert run_out.returncode == 0, run_out.stderr.decode()[-2000:]
     rows = assert_counts_match(trial)
     posts = rows[rows["endpoint"].isin(["/v1/embeddings", "/tokenize"])]
-    # the bearer was sent: no 401, and answers (how many depends on the machine's load: 21 in a loaded CI run)
+    # the bearer was sent: no 401, and answers
     assert (posts["status"] != 401).all() and (posts["outcome"] == schema.OK).any()
     rep = subprocess.run(
         [PY, "-m", "mmchaos.harness.cli", "report", str(root / CAMP)],
@@ -760,13 +777,16 @@ def test_api_key_is_sent_as_bearer_and_never_written_anywhere(tmp_path, via, rea
 def test_report_renders_server_text_as_text(tmp_path, reaper):
     """A server error message and server log lines carrying HTML end up in report.html escaped."""
     root = tmp_path / "results"
+    # the server dies at its 301st embedding request, ending the trial (policy stop) however busy the machine;
+    # ~5 % of requests are a dimensions case, answered with the error text: none of 300, p < 1e-6
     f = write_campaign(
         tmp_path,
-        duration=4,
+        duration=120,
+        max_requests=2000,
         configs=f'''
 [[config]]
 name = "xss"
-flags = ["--error-text", "{XSS}", "--die-after-s", "1.5"]  # by time: a loaded machine sends fewer
+flags = ["--error-text", "{XSS}", "--die-after", "300"]
 ''',
     )
     [res] = run(f, root)
