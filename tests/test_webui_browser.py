@@ -187,7 +187,7 @@ def test_server_text_is_shown_as_text_not_markup(tmp_path):
                     ui.url + "/",
                     users=2,
                     spawn_rate=2,
-                    run_time="20s",
+                    run_time="200s",  # the test stops it once the page has shown the texts; 200 s: a hang
                     malformedCases="dimensions_unsupported",
                     **weights,
                 )
