@@ -274,7 +274,7 @@ def _with_causes(c: CampaignResults, events: pd.DataFrame, index: _ImageIndex) -
     for i, (cfg, trial, t) in enumerate(events[["config", "trial", "t"]].itertuples(index=False)):
         same = crash_t[(crash_t["config"] == cfg) & (crash_t["trial"] == trial) & (crash_t["t"] < t)]
         life[i] = same["t"].max() if len(same) else -np.inf
-    for i in np.flatnonzero((events["event"] == "crash").to_numpy()):
+    for i in np.flatnonzero((events["event"] == "crash").to_numpy()).tolist():
         # a crash takes the image of the drift line that opened its chain: the last of its server's life
         cfg, trial, t = events.at[i, "config"], events.at[i, "trial"], events.at[i, "t"]
         d = events[

@@ -194,7 +194,7 @@ def outside_faults(df: pd.DataFrame, effects: pd.DataFrame, time_col: str) -> pd
 
 def fault_axis(effects: pd.DataFrame) -> dict[str, tuple[str, list[str]]]:
     """config -> (fails | recovers | not_exercised, one sentence per fault) for the verdict."""
-    out = {}
+    out: dict[str, tuple[str, list[str]]] = {}
     if effects.empty:
         return out
     for cfg, g in effects.groupby("config", sort=False):

@@ -96,7 +96,7 @@ def read_truth(campaign: str | Path) -> pd.DataFrame:
 class _World:
     """One trial, simulated event by event (poison requests, reuses) in time order."""
 
-    def __init__(self, cfg, point, duration, poison_per_s, reuse, valid_per_s, restart_s, rng):
+    def __init__(self, cfg, point, duration, poison_per_s, reuse, valid_per_s, restart_s, rng) -> None:
         self.cfg, self.point, self.duration, self.restart_s, self.rng = cfg, point, duration, restart_s, rng
         self.p = cfg.p_at(point)
         self.reuse = 1.0 - point["fresh_fraction"] if "fresh_fraction" in point else reuse
@@ -105,7 +105,8 @@ class _World:
         self.rows: list[dict] = []
         self.crashes: list[tuple[float, float]] = []  # (t_detected, back up)
         self.poison_requests = self.poison_events = 0
-        events = []  # heap of (t, order, what, image, life it poisoned)
+        # heap of (t, order, what, image, life it poisoned)
+        events: list[tuple[float, int, str, str | None, int | None]] = []
         for kind, rate in (("malformed_post", poison_per_s * w_post), ("abort", poison_per_s * w_abort)):
             for t in _arrivals(rate, duration, rng):
                 events.append((t, len(events), kind, None, None))

@@ -40,8 +40,9 @@ class PlannedWorkload(campaign_file.Workload):
     absolute (trace, locustfile; cases_file and image_dir among the options), a trace's replay locustfile in place,
     and mix and options as the keys the file set (what Locust is told; the rest keep their defaults)."""
 
-    mix: dict[str, int] = Field(default_factory=dict)
-    options: dict[str, Any] = Field(default_factory=dict)
+    # of another type than the file's model (pydantic allows it; to mypy, a base class's attribute changed)
+    mix: dict[str, int] = Field(default_factory=dict)  # type: ignore[assignment]
+    options: dict[str, Any] = Field(default_factory=dict)  # type: ignore[assignment]
 
     def table(self) -> dict:
         """As written to campaign.json, a trial's manifest and a rendered campaign file: every key."""
@@ -426,9 +427,9 @@ def _check_sweep(raw, raw_workload: dict, w: dict, ck: _Checker) -> dict[str, li
         if not isinstance(values, list) or not values:
             raise ck.fail(f"[sweep] {knob} must be a list of values, e.g. {knob} = [1, 5]", knob, SWEEP)
         for v in values:
-            why = _sweep_value_problem(knob, v)
-            if why:
-                raise ck.fail(f"[sweep] {knob} = {v!r}: {why}", knob, SWEEP)
+            problem = _sweep_value_problem(knob, v)
+            if problem:
+                raise ck.fail(f"[sweep] {knob} = {v!r}: {problem}", knob, SWEEP)
         if len({schema.sweep_value(v) for v in values}) < len(values):
             raise ck.fail(f"[sweep] {knob} lists a value twice: {values}", knob, SWEEP)
     sweep = {k: list(v) for k, v in raw.items()}
@@ -458,7 +459,7 @@ def _sweep_value_problem(knob: str, value) -> str | None:
 def _check_faults(raw: list, tables: list, c: dict, configs: list[Config], w: dict, ck: _Checker) -> list[faults.Fault]:
     """[[fault]] tables: each well-formed (mmchaos.faults.problem), due within the load, and aimed at a process
     every configuration's server has and mmchaos starts (never an attached server's)."""
-    out = []
+    out: list[faults.Fault] = []
     for i, (table, model) in enumerate(zip(raw, tables)):
         f = model.model_dump()
         params = {p: f[p] for kind in faults.PARAMETERS.values() for p in kind if f[p] != -1}
@@ -520,6 +521,7 @@ def _check_fault_process(f: faults.Fault, where: str, c: dict, configs: list[Con
 def check_engine_flags(camp: CampaignPlan, ck: _Checker | None = None) -> None:
     """Reject flags the config's engine does not accept (needs the engine installed: its --help is the truth)."""
     for cfg in camp.configs:
+        assert cfg.engine is not None  # called for an engine target: its configurations each name one
         try:
             known = engines.require(cfg.engine).serve_flags()
         except engines.EngineError as e:

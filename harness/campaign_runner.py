@@ -18,6 +18,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pandas  # noqa: F401  (imported up front: a Ctrl-C must never land in its first, lazy import)
 import pyarrow.parquet as pq
@@ -26,7 +27,7 @@ from mmchaos import options as locust_options
 from mmchaos import paths, schema
 from mmchaos.auth import API_KEY_ENV
 from mmchaos.files import write_files_atomic, write_json_atomic
-from mmchaos.manifest import ReplayAccount, TrialManifest
+from mmchaos.manifest import ProcessRow, ReplayAccount, TrialManifest
 from mmchaos.manifest import read as read_manifest
 from mmchaos.outcomes import unexpected
 from mmchaos.redact import Redactor
@@ -289,6 +290,7 @@ class CampaignRunner:
     ) -> TrialManifest:
         engine_info = None
         if target.mode == "engine":
+            assert cfg.engine is not None  # an engine target's configurations each name one (the plan)
             engine_info = engines.require(cfg.engine).manifest().get("packages")
         return TrialManifest(
             campaign=self.camp.name,
@@ -327,7 +329,7 @@ class CampaignRunner:
         injector.bind(identities, restart)
         manifest.processes = [
             *manifest.processes,
-            *({**i.row(), "restart": restart} for i in identities.values()),
+            *(ProcessRow(**i.row(), restart=restart) for i in identities.values()),
         ]
         self._write(folder / schema.MANIFEST, manifest)
 
@@ -356,7 +358,8 @@ class CampaignRunner:
             self._report(config=cfg.name, trial=trial, phase="starting server")
             try:
                 server.start()
-                self._record_pgid(manifest, folder, "server_pgids", server.pgid)
+                if server.pgid is not None:  # an attached server is no process group of ours
+                    self._record_pgid(manifest, folder, "server_pgids", server.pgid)
                 server.wait_healthy(
                     crash_cfg.startup_timeout,
                     progress=lambda t, _: self._report(
@@ -372,8 +375,11 @@ class CampaignRunner:
             load_url = server.base_url
             if self.camp.faults:
                 if any(not f.is_process for f in self.camp.faults):
+                    # in front of where the load would go: the server's url (an attached server's, a command's own)
+                    up = urlsplit(server.base_url)
+                    up_port = up.port or (443 if up.scheme == "https" else 80)
                     try:
-                        proxy = FaultProxy(server.host, server.port, seed=self.camp.seed + trial).start()
+                        proxy = FaultProxy(up.hostname or server.host, up_port, seed=self.camp.seed + trial).start()
                     except ProxyError as e:
                         result.status, result.error = FAILED, str(e)
                         return result
@@ -433,7 +439,8 @@ class CampaignRunner:
                     if new is None:
                         break
                     server = new
-                    self._record_pgid(manifest, folder, "server_pgids", server.pgid)
+                    if server.pgid is not None:
+                        self._record_pgid(manifest, folder, "server_pgids", server.pgid)
                     if injector is not None:
                         self._bind_processes(injector, server, manifest, folder, watch.restart)
                 counter.update()

@@ -13,6 +13,7 @@ import os
 import signal
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from mmchaos import schema
 from mmchaos.faults import KILL, STOP, Fault
@@ -68,7 +69,7 @@ class FaultInjector:
     def fire(self, f: Fault, now: float, source: str | None = None) -> dict:
         """Inject ``f`` at once (the campaign's plan when due, or by hand)."""
         self._n += 1
-        row = {
+        row: dict[str, Any] = {
             "fault": f.name,
             "kind": f.kind,
             "target": f.role(),
@@ -119,6 +120,7 @@ class FaultInjector:
                 else:
                     row["detail"] += "; the process ended before its SIGCONT"
             else:
+                assert self.proxy is not None  # a fault without a process lasts only where a proxy switched it on
                 self.proxy.switch_off(row.pop("id"))
                 row["t_cleared"] = now
             self._write(row)

@@ -63,7 +63,7 @@ class FaultProxy:
         self._thread: threading.Thread | None = None
         self._server: asyncio.AbstractServer | None = None
         self._conns: set[_Conn] = set()
-        self._changed: asyncio.Event | None = None
+        self._changed = asyncio.Event()  # set when the faults change; bound to the loop at its first wait
 
     @property
     def url(self) -> str:
@@ -105,7 +105,6 @@ class FaultProxy:
 
     # -- in the loop -------------------------------------------------------------------------------------------
     async def _listen(self) -> None:
-        self._changed = asyncio.Event()
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, 0))
@@ -211,6 +210,8 @@ class FaultProxy:
 
     def _set_rcvbuf(self, conn: _Conn, small: bool) -> None:
         up = conn.upstream
+        if up is None:
+            return
         if small and conn.rcvbuf is None:
             conn.rcvbuf = up.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
             up.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SLOW_RCVBUF)

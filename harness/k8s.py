@@ -364,7 +364,8 @@ def _vllm(
 ) -> dict:
     envs = [_secret_env("VLLM_API_KEY", "api-key")] if api_key else []
     envs += [_secret_env(k, k) if k in secret_env(env) else {"name": k, "value": v} for k, v in env.items()]
-    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}]  # tensor parallel workers share memory through it
+    # tensor parallel workers share memory through /dev/shm
+    mounts: list[dict[str, str | bool]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
     volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}}]
     if model.startswith("/"):
         mounts.append({"name": "models", "mountPath": model.rsplit("/", 1)[0] or "/", "readOnly": True})

@@ -68,7 +68,7 @@ class LookedUpOnce:
     a connection of its own every time, and gevent answers each lookup in a thread of its hub's pool (a thread hop
     per abort, and threads that keep a malloc arena each). Connecting to the numeric address looks nothing up."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.addresses: list = []
 
     def __call__(self, address, timeout: float, source_address=None) -> socket.socket:

@@ -47,7 +47,7 @@ def valid_p95_ms(stats) -> float | None:
 class Live:
     """This process's live state: one per Locust Environment, in its run state (run_state.py)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.panel: Panel | None = None  # the owner's
         self.sigs = Signatures.default()
         self.log_greenlet: gevent.Greenlet | None = None

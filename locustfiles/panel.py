@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import asdict
 
 from mmchaos import arrivals, cause_rule, schema
@@ -44,8 +45,10 @@ class Panel:
         self.sigs = sigs
         self.counts_source = counts_source
         self.redact = redact  # what the state shows of server text: never a secret
-        self.p95_ms = lambda: None  # the p95 latency of valid requests, from Locust's stats (set by the wiring)
-        self.due = lambda: 0  # open loop: the requests due so far, from the pacers (set by the wiring)
+        # set by the wiring: the p95 latency of valid requests, from Locust's stats; open loop: the requests due so
+        # far, from the pacers
+        self.p95_ms: Callable[[], float | None] = lambda: None
+        self.due: Callable[[], int] = lambda: 0
         self.reset(None)
 
     def reset(self, run_id: str | None) -> None:
@@ -171,6 +174,7 @@ class Panel:
             self.health_state, self.health_since = state, t
         if state == OK:
             if was_down:
+                assert self.open_crash is not None  # down only after a crash, which opened one
                 self._event(t, "recovered", "", "health", f"/health ok again after {t - self.open_crash['t']:.1f} s")
                 self.open_crash = None
                 self.epoch_fatal = []
@@ -320,6 +324,7 @@ class Panel:
         }
         out["cumulative"] = last["hits"] / last["queries"] if last["queries"] else None
         first = self.first_scrape
+        assert first is not None  # kept with the first of the scrapes
         dq = last["queries"] - first["queries"]
         out["run"] = (last["hits"] - first["hits"]) / dq if dq > 0 else None
         older = [s for s in self.scrapes if s["t"] <= last["t"] - RECENT_S]

@@ -114,7 +114,7 @@ def cut_attempt(context, start_time=None) -> Attempt:
 class Outcomes:
     """Counts of outcome categories per kind, the last error per kind, drift answers, and the verdict's counts."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.counts: dict[str, dict[str, int]] = {}
         self.last_error: dict[str, str] = {}
         self.drift: deque[dict] = deque(maxlen=WORKER_DRIFT_PER_REPORT)  # latest samples: {"t", "kind", ...}

@@ -141,8 +141,8 @@ def _init(environment, **_):
 def open_loop_problem(environment) -> str | None:
     """Why this run's open-loop options cannot run (one phrase), or None."""
     o = opts(environment)
-    why = arrivals.problem(o.rate, o.arrival, o.burstiness, o.max_concurrency, o.shape)
-    why = why[1] if why else None
+    problem = arrivals.problem(o.rate, o.arrival, o.burstiness, o.max_concurrency, o.shape)
+    why = problem[1] if problem else None
     if why is None and o.rate and not all(getattr(u, "open_loop_capable", False) for u in environment.user_classes):
         why = "--rate paces the realistic mix (locustfiles/embeddings.py); this locustfile's users set their own pace"
     return why

@@ -52,7 +52,7 @@ class Replay:
     """This process's replay: the plan, which lanes are taken, and when the last one is done. One per Locust
     Environment, in its run state (``environment.mmchaos.replay``)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.plan: ReplayPlan | None = None
         self.source: str | None = None
         self.failed = False
@@ -137,7 +137,7 @@ def _stop(environment, **_):
 class ReplayUser(ChaosUser):
     wait_time = constant(0)
 
-    def on_start(self):
+    def on_start(self) -> None:
         self.groups: dict[str, str] = {}  # recorded request_group -> the request_group of its replayed rows
         self.replay = replay = replay_of(self.environment)
         plan = replay.plan

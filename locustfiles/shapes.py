@@ -14,6 +14,8 @@ from locust import LoadTestShape
 
 from mmchaos import arrivals
 
+from . import run_state
+
 DEFAULT_RUN_TIME = 60.0  # when the user gave no run time: loads here are always bounded
 
 
@@ -38,14 +40,16 @@ class ChaosShape(LoadTestShape):
         self._pool, self._seen = 0, (0, 0.0)
 
     def open_loop_users(self, opts) -> int:
-        total = self.runner.stats.total
+        runner = self.runner
+        assert runner is not None  # Locust gives a shape its runner before the first tick
+        total = runner.stats.total
         n, rt = total.num_requests, total.total_response_time
         dn = n - self._seen[0]
         latency = (rt - self._seen[1]) / dn / 1000 if dn > 0 else None
         if dn > 0:
             self._seen = (n, rt)
         cap = opts.max_concurrency or arrivals.AUTO_MAX_CONCURRENCY
-        backlog = self.runner.environment.mmchaos.live.backlog()
+        backlog = run_state.of(runner.environment).live.backlog()
         self._pool = opts.max_concurrency or arrivals.pool_size(opts.rate, latency, self._pool, cap, backlog)
         return self._pool
 

@@ -88,7 +88,7 @@ class _Part:
 class Outbox:
     """A worker's parts on their way to the master, each kept until the master acknowledges it."""
 
-    def __init__(self, environment):
+    def __init__(self, environment) -> None:
         self.environment = environment
         self.worker = process_tag()  # as the rows' worker column
         self.pending: dict[tuple[str, str, str], _Part] = {}
@@ -136,7 +136,7 @@ class Outbox:
         if d.get("done"):
             self._done_heard.set()
             return
-        part = self.pending.pop((d.get("run"), d.get("table"), d.get("name")), None)
+        part = self.pending.pop((d.get("run", ""), d.get("table", ""), d.get("name", "")), None)
         if part is not None and d.get("refused"):
             log.error("mmchaos: the master refused %d rows of %s: %s", part.rows, part.table, d["refused"])
         if not self.pending:
@@ -247,7 +247,7 @@ class Inbox:
     """The master's end: each worker's parts written into the folder of their run and acknowledged, and the ledger
     of which worker handed over everything."""
 
-    def __init__(self, environment):
+    def __init__(self, environment) -> None:
         self.environment = environment
         self.folders: dict[str, Path] = {}  # run id -> results folder, for every run this master has run
         self.ledgers: dict[str, dict[str, WorkerRecord]] = {}
@@ -278,11 +278,10 @@ class Inbox:
     def _on_part(self, environment, msg, **_) -> None:
         d = msg.data if isinstance(msg.data, dict) else {}
         run, table, name, data = d.get("run"), d.get("table"), d.get("name"), d.get("data")
-        folder = self.folders.get(run)
-        if folder is None:
+        if not isinstance(run, str) or (folder := self.folders.get(run)) is None:
             # not acknowledged: the worker keeps it (a master of that run may come back), else writes it itself
-            if run not in self._refused_runs:
-                self._refused_runs.add(run)
+            if str(run) not in self._refused_runs:
+                self._refused_runs.add(str(run))
                 log.warning(
                     "mmchaos: worker %s sends rows of run %r, which this master does not run: not written",
                     d.get("worker") or msg.node_id,
@@ -360,7 +359,7 @@ class Inbox:
         runner = self.environment.runner
         runner.quit()
         run = self.current
-        ledger = self.ledgers.get(run, {})
+        ledger = self.ledgers.get(run, {}) if run is not None else {}
         start = time.monotonic()
         deadline = start + timeout
         gone = {c.id for c in runner.clients.all if c.state == STATE_MISSING}

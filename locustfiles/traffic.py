@@ -95,8 +95,8 @@ class UserTraffic:
         if d.fresh:
             self.fresh_n += 1  # unique per user and worker: fresh images never repeat across the run
             token = f"{self.worker_index}-{self.user_id}-{self.fresh_n}"
-            return fresh.fresh_image(self.t.pool[d.index], token, self.offload)
-        return self.t.pool[d.index]
+            return fresh.fresh_image(self.t.pool[d.pool_index], token, self.offload)
+        return self.t.pool[d.pool_index]
 
     def video(self) -> video.Video:
         """A clip of the video pool (uniform: four clips are all hot), or with --fresh-fraction a never-sent one."""

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from pydantic.fields import FieldInfo
+from pydantic_core import ErrorDetails
 
 from mmchaos.errors import MmchaosError
 
@@ -67,8 +68,8 @@ def _option_field(o: options.Option):
     """A Locust option as a key of [workload.options] or [workload.mix]: its type, choices and bounds."""
     kind: Any = {int: int, float: Number, str: str, bool: bool}[o.type]
     if o.choices:
-        kind = Literal[o.choices]  # type: ignore[valid-type]
-    bounds = {k: v for k, v in (("ge", o.minimum), ("le", o.maximum)) if v is not None}
+        kind = Literal[o.choices]
+    bounds: dict[str, Any] = {k: v for k, v in (("ge", o.minimum), ("le", o.maximum)) if v is not None}
     return Annotated[kind, Field(**bounds)], Field(o.default, description=o.help)
 
 
@@ -119,8 +120,8 @@ class Workload(Section):
         1.0, 'open loop, arrival = "gamma": the shape of the gaps (1 = Poisson, below 1 burstier)'
     )
     max_concurrency: int = _key(0, "open loop: the most requests in flight at once (0: sized for the rate)")
-    mix: Mix = _key(Mix(), "request kinds' weights")  # type: ignore[valid-type]
-    options: Options = _key(Options(), "the traffic's knobs")  # type: ignore[valid-type]
+    mix: Mix = _key(Mix(), "request kinds' weights")
+    options: Options = _key(Options(), "the traffic's knobs")
     # Locust's master and workers (harness/distributed.py)
     processes: Annotated[int, Field(ge=0, le=1024)] = _key(0, "local Locust worker processes (0: one process)")
     expect_workers: Annotated[int, Field(ge=0, le=1024)] = _key(
@@ -176,6 +177,13 @@ class Config(Section):
     )
 
 
+# each fault parameter (mmchaos/faults.py) a key of [[fault]] (declared apart: mypy types an inline **{...} of
+# create_model without its field definitions' type)
+_PARAMETER_KEYS: dict[str, Any] = {
+    p: (Number, Field(-1, description=f"{p} of the fault (-1: not given)"))
+    for kind in faults.PARAMETERS.values()
+    for p in kind
+}
 Fault = create_model(
     "Fault",
     __base__=Section,
@@ -188,11 +196,7 @@ Fault = create_model(
     after_requests=(int, Field(-1, description="after this many requests (-1: not given)")),
     duration=(Number, Field(0, description="seconds it lasts (0: an instant)")),
     name=(str, Field("", description="its name in the report (empty: made from its kind)")),
-    **{
-        p: (Number, Field(-1, description=f"{p} of the fault (-1: not given)"))
-        for kind in faults.PARAMETERS.values()
-        for p in kind
-    },
+    **_PARAMETER_KEYS,
 )
 
 
@@ -203,7 +207,7 @@ class CampaignFile(Section):
     workload: Workload = _key(Workload(), "the load")
     crash: Crash = _key(Crash(), "the crash policy")
     config: Annotated[list[Config], Field(min_length=1)] = Field(description="the flag configurations compared")
-    fault: list[Fault] = _key([], "faults injected into every trial")  # type: ignore[valid-type]
+    fault: list[Fault] = _key([], "faults injected into every trial")
     # its knobs and values are checked by the plan (harness/campaign_plan.py), which knows what each knob takes
     sweep: dict[str, Any] | None = _key(
         None,
@@ -369,7 +373,7 @@ def problem(error: ValidationError) -> FileProblem:
 _BOUNDS = {"greater_than_equal", "greater_than", "less_than_equal", "less_than"}
 
 
-def _bound_words(info: FieldInfo | None, e: dict) -> str:
+def _bound_words(info: FieldInfo | None, e: ErrorDetails) -> str:
     """The key's bounds in words: both ends when it has both ("must be 0 to 1024"), else the one it broke."""
     bounds = {
         k: v for m in (info.metadata if info else []) for k in ("ge", "le") if (v := getattr(m, k, None)) is not None

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+from numpy.typing import ArrayLike
 
 from mmchaos import schema
 from mmchaos.verdict_rule import is_poison
@@ -43,7 +44,7 @@ def failed_after_render(kind: str | None, case: str | None, outcome: str) -> boo
 
 
 def causes(
-    event: np.ndarray, t: np.ndarray, t_event: np.ndarray, failed: np.ndarray, answered: np.ndarray
+    event: ArrayLike, t: ArrayLike, t_event: ArrayLike, failed: ArrayLike, answered: ArrayLike
 ) -> dict[int, int]:
     """For many events at once: ``event[i]`` is the event use ``i`` belongs to (a use of one of its images, in
     its server's life), ``t[i]`` when it was sent, ``t_event[i]`` its event's time, ``failed[i]`` whether it

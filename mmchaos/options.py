@@ -81,6 +81,8 @@ class Option(BaseModel):
             return f"must be {want}, not {value!r}"
         if self.choices is not None and value not in self.choices:
             return f"must be one of {', '.join(map(str, self.choices))}, not {value!r}"
+        if not isinstance(value, (int, float)):  # bounds are for numbers (_takes_its_default)
+            return None
         if self.positive and not value > 0:
             return f"must be more than 0, not {value!r}"
         if self.minimum is not None and value < self.minimum:

@@ -62,7 +62,7 @@ def outcome_of(status: int | None, exception, aborting: bool) -> str:
     return schema.CONNECTION_ERROR
 
 
-def as_built(status: int | None, outcome: str, expected_status: int | None) -> bool:
+def as_built(status: int | None, outcome: str | None, expected_status: int | None) -> bool:
     """Got what it was built to get: a malformed case its expected status, an abort its disconnect, else a 2xx."""
     if outcome == schema.ABORTED:
         return True
@@ -71,8 +71,8 @@ def as_built(status: int | None, outcome: str, expected_status: int | None) -> b
     return outcome == schema.OK
 
 
-def cause_of(status: int | None, outcome: str, expected_status: int | None) -> str | None:
-    """Who made it fail (schema.CAUSES), or None when it succeeded as built."""
+def cause_of(status: int | None, outcome: str | None, expected_status: int | None) -> str | None:
+    """Who made it fail (schema.CAUSES), or None when it succeeded as built (``outcome`` None: a row without one)."""
     if outcome == schema.CUT:
         return schema.HARNESS
     if as_built(status, outcome, expected_status):

@@ -15,6 +15,7 @@ import secrets
 import socket
 import threading
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import pyarrow as pa
@@ -46,9 +47,11 @@ class PartWriter:
         sink: Callable[[str, bytes, int], None] | None = None,
     ):
         self.folder = Path(folder) if folder is not None else None
-        if sink is None and self.folder is None:
-            raise ValueError("a PartWriter needs a folder or a sink")
-        self.sink = sink or (lambda name, data, rows: put_part(self.folder, name, data))
+        if sink is None:
+            if self.folder is None:
+                raise ValueError("a PartWriter needs a folder or a sink")
+            sink = partial(_put_into, self.folder)
+        self.sink = sink
         self.schema = table_schema
         # a token per writer: two writers of one process (two runs from the web UI) never reuse a part name
         self.tag = f"{tag or process_tag()}-{secrets.token_hex(3)}"
@@ -126,6 +129,11 @@ def part_problem(data: bytes, table_schema: pa.Schema) -> str | None:
     except (pa.ArrowException, OSError, ValueError) as e:
         return f"not a Parquet file ({(str(e).splitlines() or [type(e).__name__])[0][:120]})"
     return None if names == table_schema.names else f"columns {names[:5]}... are not the table's"
+
+
+def _put_into(folder: Path, name: str, data: bytes, rows: int) -> None:
+    """A PartWriter's sink when it writes into its folder."""
+    put_part(folder, name, data)
 
 
 def put_part(folder: Path | str, name: str, data: bytes) -> bool:

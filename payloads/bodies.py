@@ -139,7 +139,7 @@ _URL_SLOT_TEXT = "\x01mmchaos-data-url\x01"
 URL_SLOT = json.dumps(_URL_SLOT_TEXT, ensure_ascii=False)[1:-1].encode("utf-8")  # as it appears when serialised
 
 
-def _swap_urls(node: Any, urls: list[str]) -> Any:
+def _swap_urls(node: Any, urls: list[DataURL]) -> Any:
     if isinstance(node, DataURL):
         urls.append(node)
         return _URL_SLOT_TEXT

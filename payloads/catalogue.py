@@ -225,7 +225,7 @@ def read_case_file(path: str | Path) -> list[MalformedCase]:
 
 def load_cases(*extra_files: str | Path, include_builtin: bool = True) -> Catalogue:
     """The built-in catalogue plus the cases of ``extra_files`` (a name defined twice is an error)."""
-    files: list[str | Path] = ([BUILTIN_CASES] if include_builtin else []) + list(extra_files)
+    files: list[str | Path] = [*([BUILTIN_CASES] if include_builtin else []), *extra_files]
     cases: list[MalformedCase] = []
     seen: dict[str, str] = {}
     for f in files:

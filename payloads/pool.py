@@ -118,7 +118,7 @@ class PoolImage:
         return len(self.data)
 
     @cached_property
-    def data_url(self) -> DataURL:
+    def data_url(self) -> ImageURL:
         # computed once per image and kept (a third more memory than the encoded file): a load test sends each
         # pool image again and again, and base64 of a big image costs ~1 ms
         url = ImageURL(f"data:{self.mime};base64,{base64.b64encode(self.data).decode('ascii')}")
@@ -139,7 +139,7 @@ class ImagePool(Sequence[PoolImage]):
     def __len__(self) -> int:
         return len(self.images)
 
-    def __getitem__(self, i):  # type: ignore[override]
+    def __getitem__(self, i):
         return self.images[i]
 
     def __iter__(self) -> Iterator[PoolImage]:

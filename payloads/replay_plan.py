@@ -27,10 +27,10 @@ class TracedRequest(NamedTuple):
     path: str
     meta: RequestMeta
     plan: ReplayPlan
-    index: int
+    row: int  # of the trace's requests
 
     def template(self):
-        template, urls = self.plan.trace.template(self.index)
+        template, urls = self.plan.trace.template(self.row)
         return self.plan.with_model(template), urls
 
 

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from mmchaos import schema
 from mmchaos.records import Says, first_error, says, words
 
-from .bodies import EMBEDDINGS_PATH, TOKENIZE_PATH, body_template, fill_template
+from .bodies import EMBEDDINGS_PATH, TOKENIZE_PATH, body_template, fill_template, slot_hashes
 from .pool import MIME, DataURL, ImageRef, ImageURL, content_hash
 from .traces import Trace, TraceError
 
@@ -110,7 +110,9 @@ def read(path: Path | str) -> Trace:
     except (OSError, UnicodeDecodeError) as e:
         raise LogError(f"cannot read {path}: {e}") from e
     images: dict[str, dict] = {}
-    rows, sessions, retries = [], {}, {}
+    rows: list[dict] = []
+    sessions: dict[str, int] = {}  # session -> user id
+    retries: dict[str, list] = {}  # request id -> its group: [first request id, user id, attempts]
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -141,6 +143,7 @@ def _request(line: LogLine, where: str, root: Path, images: dict, sessions: dict
     body = _with_images(line.body, where, root, images, hashes)
     template, urls = body_template(body)
     kind, expected = _kind(line, body, len(urls))
+    image_hashes = ",".join(slot_hashes(urls)) or None
     return {
         "request_id": str(line.request_id or f"log-{n}"),
         "worker": "log",
@@ -157,8 +160,8 @@ def _request(line: LogLine, where: str, root: Path, images: dict, sessions: dict
         "outcome": None,
         "abort_after_ms": line.disconnect_after_ms,
         "body": template,
-        "images": ",".join(u.ref.hash for u in urls) or None,
-        "image_hashes": ",".join(u.ref.hash for u in urls) or None,
+        "images": image_hashes,
+        "image_hashes": image_hashes,
     }
 
 
@@ -221,7 +224,7 @@ def _image_url(url: str, where: str, root: Path, images: dict):
             data = base64.b64decode(m.group(2), validate=True) if m else None
         except (binascii.Error, ValueError):
             data = None
-        if data is None or base64.b64encode(data).decode() != m.group(2) or _mime_of(data) is None:
+        if m is None or data is None or base64.b64encode(data).decode() != m.group(2) or _mime_of(data) is None:
             return url  # not plain base64, or not an image (a malformed request's?): sent as it is, inline
         mime = m.group(1)
     else:
@@ -243,7 +246,7 @@ def _header(data: bytes) -> tuple[str, tuple[int, int], str] | None:
     try:
         Image.MAX_IMAGE_PIXELS = None
         with Image.open(io.BytesIO(data)) as im:
-            return im.format, im.size, im.mode
+            return (im.format, im.size, im.mode) if im.format else None
     except (UnidentifiedImageError, OSError, ValueError):
         return None
     finally:
@@ -258,7 +261,9 @@ def _mime_of(data: bytes) -> str | None:
 def _stored(data: bytes, mime: str, images: dict) -> DataURL:
     h = content_hash(data)
     fmt = EXTENSION.get(mime, mime.rpartition("/")[2])
-    _, size, mode = _header(data)  # an image: its reader said so
+    head = _header(data)
+    assert head is not None  # an image: its reader said so
+    _, size, mode = head
     images.setdefault(
         h,
         {

@@ -21,7 +21,7 @@ import numpy as np
 
 
 class Draw(NamedTuple):
-    index: int  # pool index (for a fresh draw: the pool image the fresh one is derived from)
+    pool_index: int  # for a fresh draw: the pool image the fresh one is derived from
     fresh: bool
 
 

@@ -112,7 +112,7 @@ class Trace:
             url = DataURL(self._derived_text(h, row))
         else:
             url = ImageURL(f"data:{row['mime']};base64,{base64.b64encode(self.data(h)).decode('ascii')}")
-            base = self.url(row["base"]) if row["form"] == FRESH else None
+            base = self._image_url(row["base"]) if row["form"] == FRESH else None
             spec = ImageSpec(**json.loads(row["spec"])) if row["form"] == GENERATED else None
             url.ref = ImageRef(
                 h,
@@ -130,9 +130,16 @@ class Trace:
             self._urls[h] = url
         return url
 
+    def _image_url(self, h: str) -> ImageURL:
+        """The URL of image ``h`` that another is made from (a fresh image's base, a derived URL's source)."""
+        url = self.url(h)
+        if not isinstance(url, ImageURL):
+            raise TraceError(f"image {h}, which another is made from, is kept as a URL, not as an image")
+        return url
+
     def _derived_text(self, h: str, row: dict) -> str:
         how = json.loads(row["spec"])
-        source = url_text(self.url(row["base"]), how["encoding"], self.data(row["base"]))
+        source = url_text(self._image_url(row["base"]), how["encoding"], self.data(row["base"]))
         text = source[: how["prefix"]] + row["data"].decode() + source[len(source) - how["suffix"] :]
         if hashlib.sha256(text.encode()).hexdigest()[:16] != h:
             raise TraceError(f"the URL {h} made from image {row['base']} does not come out the same")

@@ -81,6 +81,7 @@ def encode(spec: VideoSpec) -> bytes:
     buf = io.BytesIO()
     with av.open(buf, mode="w", format=spec.container, options=BITEXACT) as out:
         stream = out.add_stream(codec, rate=spec.fps)
+        assert isinstance(stream, av.video.stream.VideoStream)  # CONTAINERS' codecs are video codecs
         stream.width, stream.height, stream.pix_fmt = spec.width, spec.height, "yuv420p"
         stream.thread_count = 1
         stream.codec_context.flags |= av.codec.context.Flags.bitexact

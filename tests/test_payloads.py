@@ -348,7 +348,7 @@ def test_sampler_is_seeded_and_draw_matches_draw_many():
     seq = [s.draw() for _ in range(500)]
     idx, is_fresh = m.sampler(42).draw_many(500)
     assert first == seq[0] and isinstance(first, reuse.Draw)
-    assert [d.index for d in seq] == idx.tolist()
+    assert [d.pool_index for d in seq] == idx.tolist()
     assert [d.fresh for d in seq] == is_fresh.tolist()
     assert m.sampler(43).draw_many(50)[0].tolist() != idx[:50].tolist()
 
