@@ -36,7 +36,8 @@ browser:
 
 # Every lane, two at a time (tests/run_lanes.py): the unit then the integration lane start at once, the engines, the
 # model and the browser install beside them, then the real-vLLM tests in two lanes (own servers / the session's
-# shared ones). The unit lane builds the docs site too (tests/test_docs.py).
+# shared ones). The unit lane builds the docs site too (tests/test_docs.py); the checks of `make lint` and
+# `make typecheck` run beside it.
 test: setup
 	$(BIN)/python tests/run_lanes.py --prepare "$(MAKE) --no-print-directory -j3 engines browser"
 

@@ -1,6 +1,8 @@
 """`make test`: every lane of the suite (tests/conftest.py puts each test in one), two at a time on the 2-core
-machines it runs on.
+machines it runs on, and the static checks.
 
+- the static checks (``STATIC``: ruff's lint and format check, mypy over the package as it installs), started
+  with the unit lane: seconds of ruff and under a minute of mypy, in the unit lane's shadow;
 - the unit lane (``-m unit``: in-process, a minute or two), then the integration lane (``-m integration``: stand-in
   servers, Locust, the mmchaos command, campaigns), one after the other, started first;
 - the first engine lane: the tests against real vLLM that start their own servers (``-m "engine and not
@@ -11,7 +13,8 @@ machines it runs on.
   integration lane is done and its core is free. A vLLM start is ~30 s of mostly one core: two engine lanes overlap
   them.
 
-The reports of the lanes not printed as they go are printed at the end. Exit code 0 only when every lane passes.
+The reports of the lanes not printed as they go, and the static checks', are printed at the end. Exit code 0 only
+when every lane and every static check passes.
 Each lane is a pytest process in a process group of its own, started here (not by a shell's ``&``, which would start
 it with SIGINT ignored and so deafen the processes the tests interrupt); Ctrl-C or SIGTERM stops them all. Other
 arguments go to every pytest run.
@@ -40,6 +43,12 @@ LANES = {
 }
 STOP_GRACE_S = 30
 NO_TESTS = pytest.ExitCode.NO_TESTS_COLLECTED
+# `make lint` and `make typecheck`, each a process of its own (ruff's and mypy's exit codes: 0 clean)
+STATIC = {
+    "ruff check": [sys.executable, "-m", "ruff", "check", "."],
+    "ruff format --check": [sys.executable, "-m", "ruff", "format", "--check", "."],
+    "mypy": [sys.executable, "tests/typecheck.py"],
+}
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
@@ -59,6 +68,11 @@ def main(prepare: str, extra: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="mmchaos-test-lanes-") as tmp:
         logs: dict[str, Path] = {}
 
+        def logged(step: str, argv: list[str]) -> subprocess.Popen:
+            logs[step] = Path(tmp) / f"{len(logs)}.log"
+            with open(logs[step], "wb") as out:
+                return subprocess.Popen(argv, cwd=ROOT, start_new_session=True, stdout=out, stderr=subprocess.STDOUT)
+
         def start(lane: str, live: bool = False) -> subprocess.Popen:
             argv = [
                 sys.executable,
@@ -72,22 +86,25 @@ def main(prepare: str, extra: list[str]) -> int:
             ]
             if live:
                 return subprocess.Popen(argv, cwd=ROOT, start_new_session=True)
-            logs[lane] = Path(tmp) / f"{len(logs)}.log"
-            with open(logs[lane], "wb") as out:
-                return subprocess.Popen(argv, cwd=ROOT, start_new_session=True, stdout=out, stderr=subprocess.STDOUT)
+            return logged(lane, argv)
 
         procs = [start("unit")]
+        static = {step: logged(step, argv) for step, argv in STATIC.items()}
+        procs += static.values()
         codes = {}
         try:
             if prepare:
                 print(f"the unit and integration lanes run; meanwhile: {prepare}", flush=True)
-                procs.append(subprocess.Popen(shlex.split(prepare), cwd=ROOT, start_new_session=True))
+                preparing = subprocess.Popen(shlex.split(prepare), cwd=ROOT, start_new_session=True)
+                procs.append(preparing)
             # the unit lane, then the integration lane in its slot, while the engines install
             codes["unit"] = procs[0].wait()
             procs.append(start("integration"))
             integration = procs[-1]
+            for step, proc in static.items():  # started with the unit lane, done long before it
+                codes[step] = proc.wait()
             if prepare:
-                codes["prepare"] = procs[1].wait()
+                codes["prepare"] = preparing.wait()
             if not codes.get("prepare"):
                 own = start("engine, own servers", live=True)
                 procs.append(own)
@@ -102,8 +119,9 @@ def main(prepare: str, extra: list[str]) -> int:
             _stop(procs)
             print("\ntests interrupted: every lane stopped", flush=True)
             return 130
-        for lane, log in logs.items():
-            print(f"\n=== the {lane} lane (pytest {shlex.join(LANES[lane][:2])}) ===", flush=True)
+        for step, log in logs.items():
+            what = f"the {step} lane (pytest {shlex.join(LANES[step][:2])})" if step in LANES else f"{step} (static)"
+            print(f"\n=== {what} ===", flush=True)
             sys.stdout.buffer.write(log.read_bytes())
     print("\n" + "; ".join(f"{step}: exit code {code}" for step, code in codes.items()), flush=True)
     lanes = [code for step, code in codes.items() if step in LANES]

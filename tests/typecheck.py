@@ -1,4 +1,5 @@
-"""`make lint`'s type check: mypy over the package as it installs, without moving its folders.
+"""`make typecheck` (and a static check of `make test`): mypy over the package as it installs, without moving its
+folders.
 
 The rooms stay at the top of the repository (payloads/, locustfiles/, harness/, analysis/) and install under
 mmchaos through pyproject.toml's package-dir, by setuptools' editable finder: an import hook that no static checker
