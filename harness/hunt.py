@@ -14,21 +14,24 @@ each finding already made (is it still there?), then searches on from where the 
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import requests
-from hypothesis import HealthCheck, Phase, given, seed, settings
+from hypothesis import HealthCheck, Phase, seed, settings
+from hypothesis.stateful import run_state_machine_as_test
 
 from mmchaos import schema
 from mmchaos.auth import auth_headers
 from mmchaos.files import write_json_atomic
 from mmchaos.logtail import LogTail
-from mmchaos.payloads import api_schema
+from mmchaos.payloads import api_schema, hunt_bodies
 from mmchaos.payloads.bodies import body_template
 from mmchaos.payloads.pool import DataURL
 from mmchaos.payloads.traces import Trace, save
@@ -42,6 +45,7 @@ from .minimize import HUNT_KIND
 from .server import Server, ServerError, Target
 
 TICK = 0.2  # seconds between observations of the server, as in a campaign
+SHRINK_RUNS = 7  # candidate runs kept for shrinking a crash (the minimizer's guesses, then its confirmation)
 
 
 class HuntError(Exception):
@@ -83,11 +87,22 @@ class Hunt:
 
     def __post_init__(self) -> None:
         self.out = Path(self.out)
-        self.state = {"seed": self.seed, "cases": 0, "requests": 0, "starts": 0, "seconds": 0.0, "findings": []}
+        # what a re-run resumes from (state.json): counts, seconds, findings
+        self.state: dict[str, Any] = {
+            "seed": self.seed,
+            "cases": 0,
+            "requests": 0,
+            "starts": 0,
+            "seconds": 0.0,
+            "findings": [],
+        }
         if (self.out / "state.json").exists():
             self.state = json.loads((self.out / "state.json").read_text())
         self.findings = {f["fingerprint"]: Finding(**f) for f in self.state["findings"]}
         self.server: Server | None = None
+        self.client: hunt_case.Client | None = None
+        self.hooks: hunt_case.Hooks | None = None
+        self.crash: crash_watch.Crash | None = None  # a crash seen during a case's steps
         self.t0 = time.time()
         self.seconds_before = float(self.state["seconds"])
 
@@ -102,12 +117,18 @@ class Hunt:
                 f"{', '.join(operators) or 'none (VLLM_SERVER_DEV_MODE=1 exposes them)'}"
             )
             skipped: set[str] = set()
-            strategy = hunt_case.cases(api, self.model, operators, lambda r, n: skipped.add(f"{r} {n}"))
+            forms = [
+                (path, hunt_bodies.form(f, self.model, functools.partial(_skip, skipped, path)))
+                for path, route in sorted(api.items())
+                for f in api_schema.variants(route.request)
+            ]
+            if not forms:
+                raise HuntError("the target's pooling routes list no JSON object body the hunt can build")
             if skipped:
                 self.say(f"hunt: fields the schema library cannot draw from, left out: {', '.join(sorted(skipped))}")
             self.state["skipped_fields"] = sorted(skipped)
             self._replay_findings(api)
-            self._search(strategy, api)
+            self._search(forms, operators, api)
             why = "the case budget"
         except _Spent as e:
             why = e.why
@@ -129,23 +150,31 @@ class Hunt:
         self.say(f"hunt: report {files['md']}")
         return 1 if self.findings else 0
 
-    def _search(self, strategy, api) -> None:
-        start = self.state["seed"] + self.state["cases"]  # a re-run searches on: other cases than the last run's
-
-        @seed(start)
-        @settings(
-            max_examples=max(1, self.budget.max_cases - self.state["cases"]),
-            database=None,
-            deadline=None,
-            phases=[Phase.generate],
-            suppress_health_check=list(HealthCheck),
+    def _search(self, forms, operators, api) -> None:
+        """Run the case machine until the budget is spent. A crash during a case ends the machine's run (the server
+        is restarted); the next run searches on from another seed."""
+        assert self.client is not None
+        hooks = hunt_case.Hooks(
+            self.client, self.life, self._after_step, lambda c, s: self._end_case(c, s, api), self._check_budget
         )
-        @given(strategy)
-        def one(case: hunt_case.Case) -> None:
+        self.hooks = hooks
+        while True:
             self._check_budget()
-            self._run_case(case, api, "search")
-
-        one()
+            machine = seed(self.state["seed"] + self.state["cases"])(hunt_case.machine(forms, operators, hooks))
+            try:
+                run_state_machine_as_test(
+                    machine,
+                    settings=settings(
+                        max_examples=max(1, self.budget.max_cases - self.state["cases"]),
+                        stateful_step_count=hunt_case.MAX_STEPS,
+                        database=None,
+                        deadline=None,
+                        phases=[Phase.generate],
+                        suppress_health_check=list(HealthCheck),
+                    ),
+                )
+            except hunt_case.CaseOver:
+                continue
 
     def _replay_findings(self, api) -> None:
         for f in list(self.findings.values()):
@@ -153,17 +182,28 @@ class Hunt:
             if (folder / "case.json").exists() and f.oracle != "crash":  # a crash's case is re-run by its repro
                 self._check_budget()
                 self.say(f"hunt: sending again the case of finding {f.first_case} ({f.title})")
-                self._run_case(hunt_case.Case.from_json((folder / "case.json").read_text()), api, "replay")
+                case = hunt_case.Case.from_json((folder / "case.json").read_text())
+                assert self.client is not None
+                self._end_case(case, hunt_case.replay(case, self.client), api, "replay")
 
     # -- one case ------------------------------------------------------------------------------------------
-    def _run_case(self, case: hunt_case.Case, api, why: str) -> None:
+    def _after_step(self, sent: hunt_case.Sent) -> None:
+        """After each step: a request the server did not answer, or answered 5xx, may mean it died; then the case
+        ends here (its other steps would meet a dead server)."""
+        if sent.status is None or sent.status >= 500:
+            crash = self.watch.check()
+            if crash is not None:
+                self.crash = crash
+                raise hunt_case.CaseOver
+
+    def _end_case(self, case: hunt_case.Case, sent: list[hunt_case.Sent], api, why: str = "search") -> None:
+        """Judge a case that was sent, keep what it found, and restart the server it crashed."""
         assert self.server is not None
         n = self.state["cases"] = self.state["cases"] + 1
         self.state["requests"] += len(case.steps)
-        headers = auth_headers(self.server.api_key) if self.server.api_key else {}
-        sent = hunt_case.send(case, self.server.base_url, headers, self.request_timeout)
-        self.life.append((case, sent))
-        crash = self._settle()
+        self.cases_of_life.append((case, sent))
+        crash = self.crash or self._settle()
+        self.crash = None
         lines = self.tail.new_lines()
         found = self._judge(case, sent, crash, lines, api)
         with open(self.out / "cases.jsonl", "a") as f:
@@ -188,6 +228,7 @@ class Hunt:
                 old = self.findings[x.fingerprint]
                 old.count += 1
                 old.cases.append(n)
+                folder = self.out / "findings" / str(old.first_case)
             else:
                 x.first_case, x.cases = n, [n]
                 self.findings[x.fingerprint] = x
@@ -195,9 +236,10 @@ class Hunt:
                 folder.mkdir(parents=True, exist_ok=True)
                 (folder / "case.json").write_text(case.to_json())
                 (folder / "answers.json").write_text(json.dumps(_answers(sent)))
-                if x.oracle in ("crash", "hang"):  # the poison may have come in an earlier case of the server's life
-                    life = [{"steps": json.loads(c.to_json()), "answers": _answers(a)} for c, a in self.life]
-                    (folder / "life.json").write_text(json.dumps(life))
+            if x.oracle in ("crash", "hang"):  # the poison may have come in an earlier case of the server's life
+                life = [{"steps": json.loads(c.to_json()), "answers": _answers(a)} for c, a in self.cases_of_life]
+                (folder / "lives").mkdir(parents=True, exist_ok=True)
+                (folder / "lives" / f"{n}.json").write_text(json.dumps(life))
         statuses = ",".join("-" if s.status is None else str(s.status) for s in sent)
         mark = f"; NEW: {'; '.join(x.title for x in new)}" if new else ""
         self.say(f"  case {n}: {len(case.steps)} request(s) [{statuses}]{mark}")
@@ -230,10 +272,15 @@ class Hunt:
             )
         for m in self.sigs.scan("\n".join(lines)):
             if m.signature.drift:
+                process = hunt_oracles.process_of(m.line)
+                if process == hunt_oracles.UNKNOWN_PROCESS:  # a line whose prefix two processes' output garbled
+                    known = [f for f in [*self.findings, *out] if f.startswith("drift|log|")]
+                    known = [f for f in known if f.endswith(f"|{m.signature.name}")]
+                    process = known[0].split("|")[2] if known else process
                 add(
                     "drift",
-                    f"drift|log|{hunt_oracles.process_of(m.line)}|{m.signature.name}",
-                    f"cache drift logged ({m.signature.name}, {hunt_oracles.process_of(m.line)})",
+                    f"drift|log|{process}|{m.signature.name}",
+                    f"cache drift logged ({m.signature.name}, {process})",
                     m.line[:300],
                 )
         for e in hunt_oracles.log_errors(lines, self.sigs):
@@ -282,7 +329,15 @@ class Hunt:
             self.tail.skip_to_end()
         self.model = self.server.model_name()
         self.answers = hunt_oracles.Answers()
-        self.life: list[tuple[hunt_case.Case, list[hunt_case.Sent]]] = []  # the cases this server was sent
+        self.cases_of_life: list[tuple[hunt_case.Case, list[hunt_case.Sent]]] = []  # the cases this server was sent
+        self.crash = None
+        self.life = hunt_case.Life()
+        if self.client is not None:
+            self.client.close()
+        headers = auth_headers(self.server.api_key) if self.server.api_key else {}
+        self.client = hunt_case.Client(self.server.base_url, headers, self.request_timeout, self.life)
+        if self.hooks is not None:  # the machine sends to the new server from its next step
+            self.hooks.client, self.hooks.life = self.client, self.life
 
     def _restart(self) -> None:
         assert self.server is not None
@@ -295,9 +350,10 @@ class Hunt:
         self._start()
 
     def _take_start(self) -> None:
-        # once a crash is found, starts are kept for shrinking it: a guess and its confirmation per run, and one more
+        # once a crash is found, starts are kept for shrinking it: a few guesses and a confirmation, each run
+        # `repeats` times, and one more
         crashed = any(f.oracle == "crash" for f in self.findings.values())
-        reserve = 2 * self.repeats + 1 if self.minimize and crashed and self.target.mode != "attach" else 0
+        reserve = SHRINK_RUNS * self.repeats + 1 if self.minimize and crashed and self.target.mode != "attach" else 0
         if self.state["starts"] >= self.budget.max_starts - reserve:
             why = f" ({reserve} kept for shrinking the crash)" if reserve else ""
             raise _Spent(f"{self.budget.max_starts} server start(s){why}")
@@ -362,14 +418,7 @@ class Hunt:
                 self.say(f"hunt: finding {f.first_case} not shrunk: no server start left in the budget")
                 continue
             trial = folder / "trial"
-            life = [
-                (
-                    hunt_case.Case.from_json(json.dumps(c["steps"])),
-                    [hunt_case.Sent(a["step"], a["status"], a["text"], 0.0) for a in c["answers"]],
-                )
-                for c in json.loads((folder / "life.json").read_text())
-            ]
-            crash_trial(self, life, f, trial)
+            crash_trial(self, _shortest_life(folder), f, trial)
             try:
                 m = Minimizer(
                     trial,
@@ -399,8 +448,42 @@ class Hunt:
             self._save()
 
 
+def _racy(life: list[dict]) -> bool:
+    """Whether the request that last sent the dying request's image before it was a client's hang-up: whether it
+    left the image half-known to the server is a race a replay may lose, where an answered 4xx is not."""
+    rows = [(s, a) for c in life for s, a in zip(c["steps"], c["answers"])]
+    if not rows:
+        return True
+    failed = [i for i, (_, a) in enumerate(rows) if a["status"] is not None and a["status"] >= 500]
+    t = failed[-1] if failed else len(rows) - 1
+    images = set(rows[t][0]["images"])
+    before = [(s, a) for s, a in rows[:t] if images & set(s["images"])]
+    return not before or (before[-1][0]["hang_up_ms"] is not None and before[-1][1]["status"] is None)
+
+
+def _shortest_life(folder: Path) -> list[tuple[hunt_case.Case, list[hunt_case.Sent]]]:
+    """Of the server lives a crash ended (each time it was met), the one to shrink: one whose image was last sent
+    in an answered request (no hang-up race to win again), then the one with the fewest requests (the cheapest to
+    shrink, the likeliest to hold the crash and little else)."""
+    lives = [json.loads(p.read_text()) for p in sorted((folder / "lives").glob("*.json"), key=lambda p: int(p.stem))]
+    if (folder / "life.json").exists():  # written by older hunts
+        lives.append(json.loads((folder / "life.json").read_text()))
+    life = min(lives, key=lambda cases: (_racy(cases), sum(len(c["steps"]) for c in cases)))
+    return [
+        (
+            hunt_case.Case.from_json(json.dumps(c["steps"])),
+            [hunt_case.Sent(a["step"], a["status"], a["text"], 0.0, t=a.get("t", 0.0)) for a in c["answers"]],
+        )
+        for c in life
+    ]
+
+
+def _skip(skipped: set[str], path: str, name: str) -> None:
+    skipped.add(f"{path} {name}")
+
+
 def _answers(sent: list[hunt_case.Sent]) -> list[dict]:
-    return [{"step": x.step, "status": x.status, "text": x.text[:500]} for x in sent]
+    return [{"step": x.step, "status": x.status, "text": x.text[:500], "t": x.t} for x in sent]
 
 
 def crash_trial(hunt: Hunt, life: list, finding: Finding, folder: Path) -> None:
@@ -421,13 +504,13 @@ def crash_trial(hunt: Hunt, life: list, finding: Finding, folder: Path) -> None:
     )
     write_json_atomic(folder / schema.MANIFEST, manifest.dump())
     images: dict[str, dict] = {}
-    rows = []
+    rows: list[dict[str, Any]] = []
     for k, (case, sent) in enumerate(life):
         got = {s.step: s for s in sent}
         for i, step in enumerate(case.steps):
             body = step.body if step.body is not None else {}
             status = got[i].status if i in got else None
-            hung_up = step.hang_up_ms is not None
+            hung_up = step.hang_up_ms is not None and status is None  # one answered first was a plain request
             template, urls = body_template(_with_data_urls(body, images))
             rows.append(
                 {
@@ -437,18 +520,19 @@ def crash_trial(hunt: Hunt, life: list, finding: Finding, folder: Path) -> None:
                     "attempt": 1,
                     "request_group": str(len(rows)),
                     "request_id": f"hunt-{k + 1}-{i + 1}",
-                    "t_start": k * 10.0 + i * 0.01,  # cases one after the other, as they were sent
+                    # when it was sent in the server's life (older hunts kept no time: cases 10 s apart)
+                    "t_start": got[i].t if i in got and got[i].t else k * 10.0 + i * 0.01,
                     "endpoint": step.path,
                     "kind": HUNT_KIND,
                     "case": None,
                     "probe": None,
                     "expected_status": status,
                     "status": status,
-                    "outcome": schema.ABORTED if hung_up and status is None else None,
-                    "image_hashes": ",".join(u.hash for u in urls) or None,
-                    "abort_after_ms": step.hang_up_ms,
+                    "outcome": schema.ABORTED if hung_up else None,
+                    "image_hashes": ",".join(_url_hashes(urls)) or None,
+                    "abort_after_ms": step.hang_up_ms if hung_up else None,
                     "body": template,
-                    "images": ",".join(u.hash for u in urls) or None,
+                    "images": ",".join(_url_hashes(urls)) or None,
                 }
             )
     save(Trace.of(pd.DataFrame(rows), list(images.values())), folder)
@@ -469,7 +553,7 @@ def crash_trial(hunt: Hunt, life: list, finding: Finding, folder: Path) -> None:
             }
         )
     events.flush()
-    crash = {k: None for k in schema.CRASHES.names}
+    crash: dict[str, Any] = {k: None for k in schema.CRASHES.names}
     crash.update(
         t_detected=1e9,
         reason="process_exit",
@@ -484,6 +568,11 @@ def crash_trial(hunt: Hunt, life: list, finding: Finding, folder: Path) -> None:
 
 class _HashedURL(DataURL):
     hash: str
+
+
+def _url_hashes(urls: list[DataURL]) -> list[str]:
+    """The hashes the trace keeps the URLs of a body by (each made a _HashedURL by _with_data_urls)."""
+    return [u.hash for u in urls if isinstance(u, _HashedURL)]
 
 
 def _with_data_urls(node, images: dict[str, dict]):

@@ -1,33 +1,49 @@
-"""A hunt case: a short program of requests, drawn by Hypothesis, and how it is sent.
+"""A hunt case: a short program of requests against the live server, run as a Hypothesis state machine.
 
-A case is a few steps over a few sessions. Each step is a request to one of the pooling routes the server lists
-(its body from the route's schema, :mod:`mmchaos.payloads.hunt_bodies`), a client that hangs up after a chosen
-delay, or an operator action the server exposes. Images are drawn from the case's own bundle: a step sends a new
-image or one an earlier step sent, on any route, so reuse across requests, forms and routes is what the search
-explores. Sessions run at once, each on its own keep-alive connection (``requests``, urllib3 underneath, as a
-user's client); a hang-up gets a connection of its own, closed after its delay.
+Each rule of :class:`CaseMachine` is an action a client or an operator takes, sent as soon as it is drawn, so the
+next rule is drawn knowing what the server answered (Hypothesis's stateful testing):
 
-Why data-driven generation rather than a RuleBasedStateMachine: a machine runs each rule as it is drawn, one after
-the other, and the concurrency of sessions is part of what a case is; so a case is drawn whole (each step seeing
-what the earlier ones drew), then sent. Shrinking is the minimizer's, on fresh servers (:mod:`.hunt`).
+- ``request``: a body of one of the routes the server lists (:mod:`mmchaos.payloads.hunt_bodies`), minimal, with a
+  parameter or two, or with any, on one of a few keep-alive sessions;
+- ``hang_up``: a client that sends a body carrying an image and gives up after a few milliseconds, while the server
+  is still processing it (its own connection, closed at the delay);
+- ``reuse``: a body carrying an image of an earlier request that did not get its answer (an error status, a
+  hang-up, no answer): the images a failure may have left half-known to the server, newest first;
+- ``together``: two or three requests at once, on sessions of their own, sharing images;
+- ``operate``: an operator action the server exposes (``/reset_mm_cache``; ``/sleep`` then ``/wake_up``,
+  ``/pause`` then ``/resume``, each pair around a request).
+
+Images come from the case, from the server's life (every image it was sent, until it restarts: :class:`Life`) or
+are new (:mod:`mmchaos.payloads.hunt_media`). What a case cannot know is the server's state: the server is shared
+by the cases until one crashes it (its cache then holds what earlier cases sent, as a production server's does),
+and a crash restarts it. Shrinking is the minimizer's, on fresh servers (:mod:`.hunt`): Hypothesis's own would
+replay steps into a server whose state the first run changed.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
 
 import requests
 from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
-from mmchaos.payloads import api_schema, hunt_bodies
+from mmchaos.payloads import hunt_bodies
 from mmchaos.payloads.hunt_media import Media, media
 
-MAX_STEPS = 6
-SESSIONS = 3
-HANG_UP_MS = (1.0, 5.0, 20.0, 80.0, 300.0)  # while the image is fetched, rendered, encoded, or answered
+MAX_STEPS = 8  # rules a case runs at most
+SESSIONS = 3  # keep-alive connections a case's requests go out on
+HANG_UP_MS = (1.0, 2.0, 5.0, 10.0, 30.0, 100.0)  # short first: while the image is still being processed
+TOGETHER = 3  # requests sent at once, at most
+PAIRS = {"/sleep": "/wake_up", "/pause": "/resume"}  # an operator action and the one that undoes it
+CONNECT_S = 5.0
 
 
 @dataclass
@@ -37,6 +53,7 @@ class Step:
     body: dict | None  # None: an operator action
     hang_up_ms: float | None = None
     images: list[str] = field(default_factory=list)  # the hashes of the media it carries
+    together: int | None = None  # steps with the same number were sent at once
 
 
 @dataclass
@@ -46,6 +63,7 @@ class Sent:
     text: str
     ms: float
     answer: object = None
+    t: float = 0.0  # when it was sent: seconds since the server's life began (the hunt's clock)
 
 
 @dataclass
@@ -60,95 +78,242 @@ class Case:
         return cls([Step(**s) for s in json.loads(text)])
 
 
-def _carried(body: object, images: dict[str, Media]) -> list[str]:
+@dataclass
+class Life:
+    """What one server was sent, across cases, until it restarts: every image it saw, and the *suspects* (images
+    of requests that did not get their answer: a failure after the image was processed leaves it half-known to the
+    server), newest last."""
+
+    seen: dict[str, Media] = field(default_factory=dict)
+    suspects: list[str] = field(default_factory=list)
+    t0: float = field(default_factory=time.monotonic)
+
+    def saw(self, images: list[Media], answered: bool) -> None:
+        for m in images:
+            self.seen[m.hash] = m
+            if not answered and m.damage == "none":  # a damaged image fails by itself: it says nothing of the cache
+                if m.hash in self.suspects:
+                    self.suspects.remove(m.hash)
+                self.suspects.append(m.hash)
+
+
+def _carried(body: object, images: dict[str, Media]) -> list[Media]:
     text = json.dumps(body)
-    return [h for h, m in images.items() if m.url in text]
+    return [m for m in images.values() if m.url in text]
 
 
-def cases(
-    api: dict[str, api_schema.Route], model: str, operators: list[str], skipped=lambda route, name: None
-) -> st.SearchStrategy[Case]:
-    """Cases against a server whose API is ``api`` (its pooling routes) and ``operators`` (its operator actions)."""
-    forms = [
-        (path, hunt_bodies.form(f, model, lambda name, p=path: skipped(p, name)))
-        for path, route in sorted(api.items())
-        for f in api_schema.variants(route.request)
-    ]
+class Client:
+    """Sends steps as a user's client would (``requests``, urllib3 underneath): a keep-alive connection per
+    session; a hang-up on a connection of its own, closed at its delay."""
 
-    @st.composite
-    def draw(take) -> Case:
-        bundle: dict[str, Media] = {}
+    def __init__(self, base_url: str, headers: dict[str, str], timeout: float, life: Life):
+        self.base_url, self.headers, self.timeout, self.life = base_url.rstrip("/"), headers, timeout, life
+        self._sessions: dict[int, requests.Session] = {}
 
-        @st.composite
-        def image(take2) -> Media:  # one sent before in this case, or a new one
-            if bundle and take2(st.booleans()):
-                return bundle[take2(st.sampled_from(sorted(bundle)))]
-            m = take2(media())
-            bundle[m.hash] = m
-            return m
+    def close(self) -> None:
+        for s in self._sessions.values():
+            s.close()
+        self._sessions.clear()
 
-        steps = []
-        for _ in range(take(st.integers(1, MAX_STEPS))):
-            session = take(st.integers(0, SESSIONS - 1))
-            if operators and take(st.integers(0, 9)) == 9:  # Hypothesis starts from 0: requests first
-                steps.append(Step(session, take(st.sampled_from(operators)), None))
-                continue
-            path, f = take(st.sampled_from(forms))
-            body = take(f.bodies(image()))
-            hang_up = take(st.none() | st.none() | st.none() | st.sampled_from(HANG_UP_MS))
-            steps.append(Step(session, path, body, hang_up, _carried(body, bundle)))
-        return Case(steps)
-
-    return draw()
-
-
-def send(case: Case, base_url: str, headers: dict[str, str], timeout: float) -> list[Sent]:
-    """Send ``case``: its sessions at once, each step of a session after the one before."""
-    results: list[Sent | None] = [None] * len(case.steps)
-    by_session: dict[int, list[int]] = {}
-    for i, s in enumerate(case.steps):
-        by_session.setdefault(s.session, []).append(i)
-
-    def session(indices: list[int]) -> None:
-        with requests.Session() as http:
-            for i in indices:
-                results[i] = _send_one(http, i, case.steps[i], base_url, headers, timeout)
-
-    threads = [threading.Thread(target=session, args=(ix,), daemon=True) for ix in by_session.values()]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout * len(case.steps) + 5)
-    return [r or Sent(i, None, "not sent: the session did not finish", 0.0) for i, r in enumerate(results)]
-
-
-def _send_one(
-    http: requests.Session, i: int, step: Step, base_url: str, headers: dict[str, str], timeout: float
-) -> Sent:
-    url = base_url.rstrip("/") + step.path
-    t0 = time.monotonic()
-    data = json.dumps(step.body if step.body is not None else {}, separators=(",", ":"), ensure_ascii=False)
-    hdrs = {**headers, "Content-Type": "application/json", "X-Request-Id": f"hunt-{i + 1}"}
-    try:
-        if step.hang_up_ms is not None:  # a client that gives up: its own connection, closed at the delay
-            with requests.Session() as own:
-                own.post(url, data=data.encode(), headers=hdrs, timeout=step.hang_up_ms / 1000)
-            r = None
-        else:
-            r = http.post(url, data=data.encode(), headers=hdrs, timeout=timeout)
-    except requests.Timeout:
-        return Sent(i, None, f"client hung up after {step.hang_up_ms or timeout} ms", _ms(t0))
-    except requests.RequestException as e:
-        return Sent(i, None, f"no answer: {type(e).__name__}", _ms(t0))
-    if r is None:
-        return Sent(i, None, "answered before the hang-up", _ms(t0))
-    answer = None
-    if r.status_code == 200:
+    def send(self, i: int, step: Step) -> Sent:
+        t = time.monotonic() - self.life.t0
+        t0 = time.monotonic()
+        data = json.dumps(step.body if step.body is not None else {}, separators=(",", ":"), ensure_ascii=False)
+        hdrs = {**self.headers, "Content-Type": "application/json", "X-Request-Id": f"hunt-{i + 1}"}
+        if step.hang_up_ms is not None:
+            status, text = self._hang_up(step.path, data.encode(), hdrs, step.hang_up_ms / 1000)
+            return Sent(i, status, text, _ms(t0), None, t)
+        http = self._sessions.setdefault(step.session, requests.Session())
         try:
-            answer = r.json()
-        except ValueError:
-            answer = r.text
-    return Sent(i, r.status_code, r.text[:2000], _ms(t0), answer)
+            r = http.post(self.base_url + step.path, data=data.encode(), headers=hdrs, timeout=self.timeout)
+        except requests.RequestException as e:
+            return Sent(i, None, f"no answer: {type(e).__name__}", _ms(t0), None, t)
+        answer = None
+        if r.status_code == 200:
+            try:
+                answer = r.json()
+            except ValueError:
+                answer = r.text
+        return Sent(i, r.status_code, r.text[:2000], _ms(t0), answer, t)
+
+    def _hang_up(self, path: str, data: bytes, headers: dict, after: float) -> tuple[int | None, str]:
+        """Send the whole request, wait ``after`` seconds for an answer, hang up: the server sees the client
+        disconnect. An answer that came first is recorded as such."""
+        url = urlsplit(self.base_url)
+        cls = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
+        conn = cls(url.netloc, timeout=CONNECT_S)
+        try:
+            conn.request("POST", url.path + path, body=data, headers=headers)
+            assert conn.sock is not None
+            conn.sock.settimeout(after)
+            answer = conn.getresponse()
+            return answer.status, f"answered before the hang-up: {answer.read().decode(errors='replace')[:500]}"
+        except TimeoutError:
+            return None, f"client hung up after {after * 1000:g} ms"
+        except (OSError, http.client.HTTPException) as e:
+            return None, f"no answer: {type(e).__name__}"
+        finally:
+            conn.close()
+
+    def send_together(self, indexed: list[tuple[int, Step]]) -> list[Sent]:
+        out: dict[int, Sent] = {}
+
+        def one(i: int, step: Step) -> None:
+            out[i] = self.send(i, step)
+
+        threads = [threading.Thread(target=one, args=x, daemon=True) for x in indexed]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(self.timeout + CONNECT_S)
+        return [out.get(i) or Sent(i, None, "not sent: its thread did not finish", 0.0) for i, _ in indexed]
+
+
+class CaseOver(BaseException):
+    """The server died during the case: its remaining steps are not sent. A BaseException, so that Hypothesis lets
+    it through instead of replaying the case against a dead server."""
+
+
+@dataclass
+class Hooks:
+    """What the hunt gives the machine: its client, the server's life, what a step may do afterwards (raise
+    CaseOver when the server died), and what is done with a finished case."""
+
+    client: Client
+    life: Life
+    after_step: Callable[[Sent], None]
+    end_case: Callable[[Case, list[Sent]], None]
+    begin_case: Callable[[], None] = lambda: None  # may raise to stop the search (a spent budget)
+
+
+def machine(
+    forms: list[tuple[str, hunt_bodies.Form]], operators: list[str], hooks: Hooks
+) -> type[RuleBasedStateMachine]:
+    """The state machine class of a hunt against a server whose API gives ``forms`` and ``operators``."""
+    image_forms = [(p, f) for p, f in forms if f.takes_media] or forms
+    singles = [p for p in operators if p not in PAIRS.values()]
+    if not forms:
+        raise ValueError("no body form to draw from")
+
+    class CaseMachine(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            hooks.begin_case()
+            super().__init__()
+            self.steps: list[Step] = []
+            self.sent: list[Sent] = []
+            self.groups = 0
+            self.drawn: dict[str, Media] = {}  # the images drawn for the step being built
+
+        # -- drawing ------------------------------------------------------------------------------------------
+        def _images(self, fresh_first: bool = False) -> st.SearchStrategy[Media]:
+            """An image: new, or one this server was sent before (a suspect likelier)."""
+            suspect, seen = _from_life(hooks.life, "suspects"), _from_life(hooks.life, "seen")
+            return st.one_of(media(), suspect, seen) if fresh_first else st.one_of(suspect, seen, media())
+
+        def _body(self, data, where, images, depth, media_only=False) -> tuple[str, dict]:
+            path, form = data.draw(st.sampled_from(where), label="route")
+            return path, data.draw(form.bodies(images, depth, media_only), label="body")
+
+        def _step(self, session: int, path: str, body: dict | None, **kw: Any) -> Step:
+            carried = _carried(body, self.drawn) if body is not None else []
+            self.drawn = {}
+            return Step(session, path, body, images=[m.hash for m in carried], **kw)
+
+        def _remember(self, images: st.SearchStrategy[Media]) -> st.SearchStrategy[Media]:
+            """``images``, each drawn one kept for the step (its ``images``) and the server's life."""
+
+            def keep(m: Media) -> Media:
+                self.drawn[m.hash] = m
+                hooks.life.seen.setdefault(m.hash, m)
+                return m
+
+            return images.map(keep)
+
+        # -- sending ------------------------------------------------------------------------------------------
+        def _send(self, steps: list[Step]) -> None:
+            first = len(self.steps)
+            self.steps += steps
+            indexed = list(enumerate(steps, first))
+            sent = [hooks.client.send(*indexed[0])] if len(steps) == 1 else hooks.client.send_together(indexed)
+            for step, s in zip(steps, sent):
+                self.sent.append(s)
+                carried = [hooks.life.seen[h] for h in step.images if h in hooks.life.seen]
+                hooks.life.saw(carried, answered=s.status is not None and s.status < 400)
+            for s in sent:
+                hooks.after_step(s)
+
+        # -- the rules ----------------------------------------------------------------------------------------
+        @rule(data=st.data(), depth=st.sampled_from(hunt_bodies.DEPTHS), session=st.integers(0, SESSIONS - 1))
+        def request(self, data, depth, session):
+            path, body = self._body(data, forms, self._remember(self._images()), depth)
+            self._send([self._step(session, path, body)])
+
+        @rule(data=st.data(), ms=st.sampled_from(HANG_UP_MS))
+        def hang_up(self, data, ms):
+            images = self._remember(st.one_of(media(damaged=False), _from_life(hooks.life, "seen")))
+            path, body = self._body(data, image_forms, images, hunt_bodies.MINIMAL, media_only=True)
+            self._send([self._step(0, path, body, hang_up_ms=ms)])
+
+        @rule(data=st.data(), session=st.integers(0, SESSIONS - 1))
+        def reuse(self, data, session):
+            images = self._remember(_from_life(hooks.life, "suspects"))
+            path, body = self._body(data, image_forms, images, hunt_bodies.MINIMAL, media_only=True)
+            self._send([self._step(session, path, body)])
+
+        @rule(data=st.data(), n=st.integers(2, TOGETHER))
+        def together(self, data, n):
+            self.groups += 1
+            steps = []
+            for k in range(n):
+                path, body = self._body(data, forms, self._remember(self._images()), hunt_bodies.MINIMAL)
+                steps.append(self._step(k % SESSIONS, path, body, together=self.groups))
+            self._send(steps)
+
+        @precondition(lambda self: bool(singles))
+        @rule(data=st.data())
+        def operate(self, data):
+            action = data.draw(st.sampled_from(singles), label="operator action")
+            self._send([self._step(0, action, None)])
+            if action in PAIRS:  # a request while it holds, then the action that undoes it
+                path, body = self._body(data, forms, self._remember(self._images()), hunt_bodies.MINIMAL)
+                self._send([self._step(1, path, body, hang_up_ms=HANG_UP_MS[-1])])
+                self._send([self._step(0, PAIRS[action], None)])
+
+        def teardown(self) -> None:
+            if self.steps:
+                hooks.end_case(Case(self.steps), self.sent)
+
+    return CaseMachine
+
+
+def _from_life(life: Life, which: str) -> st.SearchStrategy[Media]:
+    """An image the server's life holds: a suspect (the newest in half the draws) or any image it was sent; a new
+    one while it holds none. Drawn as the same choices whatever the life holds (Hypothesis replays choices and
+    insists that they draw alike), then mapped onto what it holds now."""
+
+    def pick(x: tuple[bool, int, Media]) -> Media:
+        newest, k, new = x
+        hashes = [h for h in life.suspects if h in life.seen] if which == "suspects" else list(life.seen)
+        if not hashes:
+            return new
+        return life.seen[hashes[-1 if newest else k % len(hashes)]]
+
+    return st.tuples(st.booleans(), st.integers(0, 2**16), media()).map(pick)
+
+
+def replay(case: Case, client: Client) -> list[Sent]:
+    """Send ``case`` again as it was sent: its steps in order, those sent together at once."""
+    out: list[Sent] = []
+    i = 0
+    while i < len(case.steps):
+        group = case.steps[i].together
+        j = i + 1
+        while group is not None and j < len(case.steps) and case.steps[j].together == group:
+            j += 1
+        indexed = list(enumerate(case.steps[i:j], i))
+        out += [client.send(*indexed[0])] if len(indexed) == 1 else client.send_together(indexed)
+        i = j
+    return out
 
 
 def _ms(t0: float) -> float:

@@ -49,9 +49,12 @@ class Finding:
         return dict(self.__dict__)
 
 
+UNKNOWN_PROCESS = "server"  # a line without vLLM's process prefix
+
+
 def process_of(line: str) -> str:
     m = PROCESS.search(line)
-    return m.group(1) if m else "server"
+    return m.group(1) if m else UNKNOWN_PROCESS
 
 
 @dataclass
@@ -128,13 +131,24 @@ def status_finding(path: str, status: int | None, text: str, sigs: Signatures) -
             f"drift|answer|{drift}",
             f"{status} answered for a cached image the engine did not have ({drift})",
         )
-    kind = re.sub(r"\d+", "N", _error_type(text))[:80]
-    return "server_error", f"server_error|{path}|{status}|{kind}", f"{status} from {path}: {kind}"
+    kind, message = _error_type(text), _error_message(text)
+    # one bug, whichever route met it: the fingerprint is the answer's error, its numbers left out
+    said = re.sub(r"\d+", "N", message)[:80]
+    return (
+        "server_error",
+        f"server_error|{status}|{kind}|{said}",
+        f"{status} {kind}" + (f": {said}" if said else "") + f" (first from {path})",
+    )
 
 
 def _error_type(text: str) -> str:
     m = re.search(r'"type"\s*:\s*"([^"]+)"', text)
-    return m.group(1) if m else (text.strip().splitlines() or ["(empty body)"])[0][:80]
+    return m.group(1) if m else re.sub(r"\d+", "N", (text.strip().splitlines() or ["(empty body)"])[0][:80])
+
+
+def _error_message(text: str) -> str:
+    m = re.search(r'"message"\s*:\s*"((?:[^"\\]|\\.)*)"', text)
+    return m.group(1) if m else ""
 
 
 def bad_response(answer: object, schema: dict | None) -> str | None:

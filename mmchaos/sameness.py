@@ -23,6 +23,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 # Same input asked again: the answers' cosine is at least this. bf16 keeps 8 bits of mantissa, so a value rounds by
 # up to 2^-9 relative; batching or another kernel order moves a 64-dim normalised vector by a cosine of ~1e-5, and
@@ -110,8 +111,13 @@ def _conversation(messages: Sequence[Any], media: _Media) -> list:
             continue
         content = m.get("content")
         parts = [content] if isinstance(content, str) else content or []
-        out.append([m.get("role"), [_part(p, media) for p in parts]])
+        out.append([m.get("role"), _parts(parts, media)])
     return out
+
+
+def _parts(parts: Sequence[Any], media: _Media) -> list:
+    # an empty text part renders to nothing: the same prompt as without it
+    return [x for x in (_part(p, media) for p in parts) if x != ["text", ""]]
 
 
 def _is_message(x: Any) -> bool:
@@ -157,7 +163,7 @@ def _cohere(body: Mapping[str, Any], media: _Media) -> Iterator[list]:
     elif body.get("inputs") is not None:
         for item in body["inputs"]:
             content = item.get("content", []) if isinstance(item, Mapping) else []
-            yield ["chat", system + [["user", [_part(p, media) for p in content]]]]
+            yield ["chat", system + [["user", _parts(content, media)]]]
     else:
         for text in body.get("texts") or []:
             yield ["chat", system + [["user", [["text", text]]]]] if system else ["text", text]
@@ -217,7 +223,7 @@ def input_key(endpoint: str, body: Mapping[str, Any], image_hashes: Sequence[str
     return keys[0] if len(keys) == 1 else _key(keys)
 
 
-def cosine(a: Sequence[float], b: Sequence[float]) -> float:
+def cosine(a: ArrayLike, b: ArrayLike) -> float:
     """Cosine similarity; nan when the lengths differ or a value is not finite; 1 for two zero vectors."""
     x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     if x.shape != y.shape or not (np.isfinite(x).all() and np.isfinite(y).all()):
@@ -228,12 +234,12 @@ def cosine(a: Sequence[float], b: Sequence[float]) -> float:
     return float(np.dot(x, y) / (nx * ny))
 
 
-def agree(a: Sequence[float], b: Sequence[float]) -> bool:
+def agree(a: ArrayLike, b: ArrayLike) -> bool:
     """Two answers to the same input are the same answer (within bf16's rounding)."""
     return cosine(a, b) >= COSINE_MIN  # nan compares false: a vector of another length never agrees
 
 
-def collapsed(a: Sequence[float], b: Sequence[float]) -> bool:
+def collapsed(a: ArrayLike, b: ArrayLike) -> bool:
     """Two answers to distinct inputs are one vector."""
     return cosine(a, b) >= COLLAPSE_COSINE
 

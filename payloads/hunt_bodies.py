@@ -1,12 +1,16 @@
 """Request bodies from a route's own JSON Schema (the server's /openapi.json), drawn by Hypothesis.
 
-Every field of the body form the draw picks is generated from its schema by hypothesis-jsonschema — the scalar and
-structured parameters (``dimensions``, ``truncate_prompt_tokens``, ``mm_processor_kwargs`` ...) come from what the
-server says it takes, not from a list of ours. The fields vLLM reads as media or prompts (``messages``, ``input``,
-``queries``/``documents``, ``data_1``/``data_2``, Cohere's ``images``/``inputs``) are drawn by our media-aware
-strategies instead: a generic JSON draw would almost never be a well-formed image, and a request that fails before
-its image is processed cannot reach the cache. Optional fields are present or not as Hypothesis draws them
-(``fixed_dictionaries(optional=...)``)."""
+The scalar and structured parameters (``dimensions``, ``truncate_prompt_tokens``, ``use_activation`` ...) are drawn
+from what the server says it takes, by hypothesis-jsonschema, not from a list of ours. The fields that carry the
+prompt (``messages``, ``input``, ``queries``/``documents``, ``data_1``/``data_2``, Cohere's ``images``/``inputs``
+...) are drawn by media-aware strategies instead, in the shapes the field's own schema admits (a conversation only
+where the schema takes one, a content item where it takes ``{"content": [...]}``, a list of URLs where it takes
+strings): a generic JSON draw would almost never be a well-formed image, and a request that fails before its
+image is processed cannot reach the multimodal cache.
+
+A body is drawn at one of three depths, so that most requests get as far as the image's processing and the effect
+of each parameter shows on its own: *minimal* (the required fields and one prompt field), *a few* (that and one or
+two optional parameters), or *any* (each optional field present or not, as Hypothesis draws it)."""
 
 from __future__ import annotations
 
@@ -40,47 +44,131 @@ MEDIA_FIELDS = frozenset(
     }
 )
 NEVER = frozenset({"model", "request_id", "priority"})  # ours: the served model, our own ids, the scheduler's class
+MINIMAL, FEW, ANY = "minimal", "few", "any"
+DEPTHS = (MINIMAL, FEW, ANY)  # Hypothesis starts from the first: minimal bodies first
+FEW_MAX = 2  # optional parameters in a body of depth FEW
 
 
 def _text() -> st.SearchStrategy[str]:
     return st.sampled_from(["a photo", "", "describe it", "x" * 64]) | st.text(max_size=24)
 
 
-def content(images: st.SearchStrategy[Media]) -> st.SearchStrategy[list]:
-    """A message's content: image parts and text parts in any order, most with an image."""
-    part = st.one_of(
-        images.map(lambda m: {"type": "image_url", "image_url": {"url": m.url}}),
-        images.map(lambda m: {"type": "image_url", "image_url": {"url": m.url}}),
-        _text().map(lambda t: {"type": "text", "text": t}),
-    )
-    return st.lists(part, min_size=1, max_size=3)
+def content(images: st.SearchStrategy[Media], with_image: bool = False) -> st.SearchStrategy[list]:
+    """A message's content: image parts and text parts in any order, most with an image (with ``with_image``: an
+    image, then perhaps a text)."""
+    image = images.map(lambda m: {"type": "image_url", "image_url": {"url": m.url}})
+    text = _text().map(lambda t: {"type": "text", "text": t})
+    if with_image:
+        return st.tuples(image, st.lists(text, max_size=1)).map(lambda x: [x[0], *x[1]])
+    return st.lists(st.one_of(image, image, text), min_size=1, max_size=3)
 
 
-def messages(images: st.SearchStrategy[Media]) -> st.SearchStrategy[list]:
+def messages(parts: st.SearchStrategy[list]) -> st.SearchStrategy[list]:
+    """A conversation of one or two messages whose contents are drawn from ``parts``."""
     return st.lists(
-        st.fixed_dictionaries({"role": st.sampled_from(["user", "user", "system"]), "content": content(images)}),
+        st.fixed_dictionaries({"role": st.sampled_from(["user", "user", "system"]), "content": parts}),
         min_size=1,
         max_size=2,
     )
 
 
-def _media_value(name: str, images: st.SearchStrategy[Media], batch: bool) -> st.SearchStrategy[Any]:
-    convo = messages(images)
-    if name == "messages":
-        return st.lists(convo, min_size=1, max_size=3) if batch else convo
-    if name == "images":
-        return st.lists(images.map(lambda m: m.url), min_size=1, max_size=2)
-    if name == "inputs":  # Cohere: items of content parts
-        return st.lists(st.fixed_dictionaries({"content": content(images)}), min_size=1, max_size=2)
-    if name in ("texts", "text_1", "text_2"):
-        return st.lists(_text(), min_size=1, max_size=2) if name == "texts" else _text()
-    multimodal = st.fixed_dictionaries({"content": content(images)})
-    # media first: Hypothesis starts from the first branch, and a prompt without an image cannot reach the cache
-    if name in ("query", "data_1"):
-        return st.one_of(multimodal, _text())
-    if name == "input":
-        return st.one_of(convo, _text(), st.lists(_text(), min_size=1, max_size=2))
-    return st.one_of(multimodal, st.lists(st.one_of(multimodal, _text()), min_size=1, max_size=2))
+# -- the shapes a prompt field's schema admits ------------------------------------------------------------------
+def _members(schema: Any) -> list[Mapping[str, Any]]:
+    """The alternatives of a schema (anyOf/oneOf members, flattened), without null."""
+    if not isinstance(schema, Mapping):
+        return []
+    alternatives = schema.get("anyOf") or schema.get("oneOf")
+    if alternatives:
+        return [m for a in alternatives for m in _members(a)]
+    return [] if schema.get("type") == "null" else [schema]
+
+
+def _props(schema: Mapping[str, Any]) -> Mapping[str, Any]:
+    return schema.get("properties") or {}
+
+
+def _is_message(schema: Mapping[str, Any]) -> bool:
+    return any("content" in _props(m) and "role" in _props(m) for m in _members(schema))
+
+
+def _is_item(schema: Mapping[str, Any]) -> bool:  # {"content": [parts]}: a score/rerank/Cohere item
+    return any("content" in _props(m) and "role" not in _props(m) for m in _members(schema))
+
+
+def _array_of(schema: Mapping[str, Any], test: Callable[[Mapping[str, Any]], bool]) -> bool:
+    return schema.get("type") == "array" and isinstance(schema.get("items"), Mapping) and test(schema["items"])
+
+
+def _is_string(schema: Mapping[str, Any]) -> bool:
+    return schema.get("type") == "string"
+
+
+def _free(schema: Mapping[str, Any]) -> bool:
+    """A schema that says nothing of its value's shape (``{"title": "Data"}``)."""
+    return not any(k in schema for k in ("type", "properties", "items", "enum", "const", "anyOf", "oneOf"))
+
+
+def _shape(m: Mapping[str, Any]) -> str:
+    """The prompt shape one alternative of a field's schema admits."""
+    if _free(m):
+        return "free"
+    if m.get("type") == "array" and not isinstance(m.get("items"), Mapping):
+        return "array"  # of anything
+    if _array_of(m, lambda i: _array_of(i, _is_message)):
+        return "conversations"
+    if _array_of(m, _is_message):
+        return "conversation"
+    if _is_item(m):
+        return "item"
+    if _array_of(m, _is_item):
+        return "items_or_texts" if any(_is_string(x) for x in _members(m["items"])) else "items"
+    if _array_of(m, _is_string):
+        return "strings"
+    return "string" if _is_string(m) else "other"
+
+
+MEDIA_SHAPES = ("conversation", "conversations", "item", "items", "items_or_texts")
+FREE_SHAPES = frozenset({"conversation", "conversations", "item", "items_or_texts", "string"})
+
+
+def _shapes_of(schema: Mapping[str, Any]) -> set[str]:
+    found = {_shape(m) for m in (_members(schema) or [{}])}
+    if "array" in found:
+        found |= {"conversation", "conversations", "items_or_texts"}
+    return set(FREE_SHAPES) if "free" in found else found
+
+
+def carries_media(name: str, schema: Mapping[str, Any]) -> bool:
+    """Whether prompt field ``name`` can carry an image, by its schema."""
+    return name == "images" or bool(_shapes_of(schema) & set(MEDIA_SHAPES))
+
+
+def shapes(
+    name: str, schema: Mapping[str, Any], images: st.SearchStrategy[Media], media_only: bool = False
+) -> list[st.SearchStrategy[Any]]:
+    """Strategies for the values of prompt field ``name`` that its ``schema`` admits, those that carry images first
+    and twice (Hypothesis starts from the first); with ``media_only``, only those, each carrying an image. A field
+    whose schema says nothing of its shape takes any of them."""
+    parts = content(images, with_image=media_only)
+    convo, item = messages(parts), st.fixed_dictionaries({"content": parts})
+    found = _shapes_of(schema)
+    urls = st.lists(images.map(lambda x: x.url), min_size=1, max_size=2)
+    made = {
+        "conversation": convo,
+        "conversations": st.lists(convo, min_size=1, max_size=3),
+        "item": item,
+        "items": st.lists(item, min_size=1, max_size=2),
+        "items_or_texts": st.lists(item if media_only else st.one_of(item, _text()), min_size=1, max_size=2),
+    }
+    media = [made[k] for k in MEDIA_SHAPES if k in found] + ([urls] if name == "images" else [])
+    if media_only and media:
+        return media
+    rest: list[st.SearchStrategy[Any]] = []
+    if "strings" in found and name != "images":
+        rest.append(st.lists(_text(), min_size=1, max_size=2))
+    rest += [_text()] if "string" in found else []
+    # a shape none of ours fits (token ids, say): as the schema library draws it
+    return media + media + rest or [_field(schema) or st.nothing()]
 
 
 def _field(schema: Mapping[str, Any]) -> st.SearchStrategy[Any] | None:
@@ -103,16 +191,49 @@ class Form:
     model: str
     required: frozenset[str]
     fields: dict[str, st.SearchStrategy[Any]]  # generated from the schema
-    media: tuple[str, ...]  # drawn by the media-aware strategies
-    batch: bool
+    prompts: dict[str, Mapping[str, Any]]  # the prompt fields, drawn by the media-aware strategies, and their schema
 
-    def bodies(self, images: st.SearchStrategy[Media]) -> st.SearchStrategy[dict]:
-        """Bodies of this form whose media are drawn from ``images``; optional fields present or not, as
-        Hypothesis draws them."""
-        chosen = {**self.fields, **{n: _media_value(n, images, self.batch) for n in self.media}}
-        required = {n: v for n, v in chosen.items() if n in self.required}
-        optional = {n: v for n, v in chosen.items() if n not in self.required}
-        return st.fixed_dictionaries({"model": st.just(self.model), **required}, optional=optional)
+    @property
+    def takes_media(self) -> bool:
+        return any(carries_media(n, s) for n, s in self.prompts.items())
+
+    def bodies(
+        self, images: st.SearchStrategy[Media], depth: str = ANY, media_only: bool = False
+    ) -> st.SearchStrategy[dict]:
+        """Bodies of this form whose images are drawn from ``images``, at ``depth`` (MINIMAL, FEW or ANY); with
+        ``media_only``, each prompt field that can carry an image carries one."""
+
+        def prompt(n: str) -> st.SearchStrategy[Any]:
+            return st.one_of(shapes(n, self.prompts[n], images, media_only and carries_media(n, self.prompts[n])))
+
+        required_prompts = [n for n in self.prompts if n in self.required]
+        # a form that needs no prompt field (Cohere's: exactly one of texts, images, inputs) gets one; media first
+        optional_prompts = sorted(
+            (n for n in self.prompts if n not in self.required),
+            key=lambda n: not carries_media(n, self.prompts[n]),
+        )
+        base = {n: v for n, v in self.fields.items() if n in self.required}
+        optional = {n: v for n, v in self.fields.items() if n not in self.required}
+
+        @st.composite
+        def draw(take) -> dict:
+            body: dict[str, Any] = {"model": self.model}
+            for n in required_prompts:
+                body[n] = take(prompt(n))
+            if not required_prompts and optional_prompts:
+                media = [n for n in optional_prompts if carries_media(n, self.prompts[n])]
+                n = take(st.sampled_from(media if media_only and media else optional_prompts))
+                body[n] = take(prompt(n))
+            for n, strategy in base.items():
+                body[n] = take(strategy)
+            if depth == ANY:
+                body.update(take(st.fixed_dictionaries({}, optional=optional)))
+            elif depth == FEW and optional:
+                for n in take(st.lists(st.sampled_from(sorted(optional)), min_size=1, max_size=FEW_MAX, unique=True)):
+                    body[n] = take(optional[n])
+            return body
+
+        return draw()
 
 
 def form(schema: Mapping[str, Any], model: str, skipped: Callable[[str], None] = lambda name: None) -> Form:
@@ -120,16 +241,14 @@ def form(schema: Mapping[str, Any], model: str, skipped: Callable[[str], None] =
     cannot draw from (it is left out, and the hunt says so)."""
     props: Mapping[str, Any] = schema.get("properties") or {}
     fields: dict[str, st.SearchStrategy[Any]] = {}
-    media = []
+    prompts: dict[str, Mapping[str, Any]] = {}
     for name, field_schema in props.items():
         if name in NEVER:
             continue
         if name in MEDIA_FIELDS:
-            media.append(name)
+            prompts[name] = field_schema if isinstance(field_schema, Mapping) else {}
         elif (strategy := _field(field_schema)) is not None:
             fields[name] = strategy
         else:
             skipped(name)
-    return Form(
-        model, frozenset(schema.get("required") or ()), fields, tuple(media), "Batch" in str(schema.get("title", ""))
-    )
+    return Form(model, frozenset(schema.get("required") or ()), fields, prompts)

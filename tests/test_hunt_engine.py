@@ -38,7 +38,7 @@ def test_on_030_default_the_hunt_finds_the_seed_crash_and_shrinks_it_to_a_reprod
         "--max-cases",
         "40",
         "--max-starts",
-        "8",
+        "16",
         "--repeats",
         "1",
         "--max-minutes",

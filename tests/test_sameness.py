@@ -63,6 +63,15 @@ def test_anything_that_changes_the_answer_splits_keys():
     assert sameness.input_key("/pooling", body) != key  # another route's kind of answer
 
 
+def test_an_empty_text_part_is_the_same_input_as_none():
+    # it renders to nothing (a hunt met one /v2/embed answering [image] and [image, ""] alike, and called it a collapse)
+    with_empty = [{"role": "user", "content": [*_chat()[0]["content"][:1], {"type": "text", "text": ""}]}]
+    alone = [{"role": "user", "content": _chat()[0]["content"][:1]}]
+    assert sameness.input_key("/v1/embeddings", {"model": "m", "messages": with_empty}) == sameness.input_key(
+        "/v1/embeddings", {"model": "m", "messages": alone}
+    )
+
+
 def test_text_forms_and_batches():
     one = sameness.input_key("/v1/embeddings", {"model": "m", "input": "hello"})
     assert sameness.input_keys("/v1/embeddings", {"model": "m", "input": ["hello", "bye"]})[0] == one
