@@ -106,7 +106,8 @@ def read(path: Path | str) -> Trace:
     """A request log as a trace (in memory): what replay sends and what ``import_log`` writes."""
     path = Path(path)
     try:
-        lines = path.read_text().splitlines()
+        # lines end at "\n" only: a text may hold U+2028 or \x1c, which str.splitlines would also end a line at
+        lines = [ln.removesuffix("\r") for ln in path.read_text().split("\n")]
     except (OSError, UnicodeDecodeError) as e:
         raise LogError(f"cannot read {path}: {e}") from e
     images: dict[str, dict] = {}

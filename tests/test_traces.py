@@ -534,3 +534,12 @@ def test_minimize_refuses_what_it_cannot_do(tmp_path, crashed_trial):
     assert r.returncode == 2 and "did not crash" in r.stderr
     r = _cli("minimize", str(crashed_trial), "--repeats", "0")
     assert r.returncode == 2 and "not a positive whole number" in r.stderr
+
+
+def test_a_log_line_whose_text_holds_a_unicode_line_separator_is_one_line(tmp_path):
+    """JSON Lines end at "\\n" only: a text with U+2028 or \\x1c (a hunt drew both) is part of its line."""
+    body = {"model": "m", "input": "a\u2028b\x1cc"}
+    log = tmp_path / "odd.jsonl"
+    log.write_text(json.dumps({"t": 0.0, "body": body}, ensure_ascii=False) + "\n", encoding="utf-8")
+    back = request_log.read(log)
+    assert len(back) == 1 and json.loads(back.payload(0))["input"] == "a\u2028b\x1cc"
