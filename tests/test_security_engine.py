@@ -41,7 +41,8 @@ command = '''{command}'''
 [workload]
 users = 2
 spawn_rate = 2
-duration = 10
+duration = 120
+max_requests = 60
 
 [workload.mix]
 valid_image = 4
