@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import json
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -404,78 +405,91 @@ class Hunt:
 
     # -- shrinking -----------------------------------------------------------------------------------------
     def _minimize_crashes(self) -> None:
-        from . import bug_report
-        from .minimize import MinimizeError, Minimizer
-
         for f in self.findings.values():
             if f.oracle != "crash" or self.target.mode == "attach":
                 continue
             folder = self.out / "findings" / str(f.first_case)
             if (folder / "minimized" / "repro.py").exists():
                 continue
-            left = self.budget.max_starts - self.state["starts"]
-            if left <= 0:
-                self.say(f"hunt: finding {f.first_case} not shrunk: no server start left in the budget")
-                continue
-            trial = folder / "trial"
-            crash_trial(self, _shortest_life(folder), f, trial)
-            try:
-                m = Minimizer(
-                    trial,
-                    folder / "minimized",
-                    repeats=self.repeats,
-                    max_starts=left,
-                    max_minutes=max(1.0, self.budget.max_minutes - self._minutes()),
-                    startup_timeout=self.startup_timeout,
-                    keep_images=True,
-                    signatures=self.sigs,
-                    progress=lambda line: self.say("    " + line),
-                )
-            except (MinimizeError, ServerError) as e:
-                self.say(f"hunt: finding {f.first_case} not shrunk: {e}")
-                continue
             self.say(f"hunt: shrinking finding {f.first_case} ({f.title}) on fresh servers, {self.repeats} run(s) each")
-            try:
-                result = m.run()
-            finally:
-                self.state["starts"] += m.budget.starts
-                self._save()
-            bug_report.write(m, result)
+            # the lives the crash ended, shortest first, until one shrinks to a confirmed reproducer: a crash of a
+            # hang-up's race may not come again on a fresh server, and a short life costs few starts to find out
+            done: tuple[Path, Any] | None = None
+            for case_n, life in _lives(folder):
+                if self.budget.max_starts - self.state["starts"] <= 0:
+                    self.say(f"hunt: finding {f.first_case}: no server start left in the budget to shrink it")
+                    break
+                result = self._shrink(f, life, folder / "lives" / f"{case_n}.shrink")
+                if result is not None and (done is None or _rank(result[1]) > _rank(done[1])):
+                    done = result
+                if done is not None and done[1].confirmed:
+                    break
+            if done is None:
+                continue
+            shutil.copytree(done[0], folder / "minimized", dirs_exist_ok=True)
+            result = done[1]
             f.detail = (
                 f"{f.detail}\nshrunk to {len(result.trace)} request(s), "
                 f"{'confirmed' if result.confirmed else result.note}"
             ).strip()
             self._save()
 
+    def _shrink(self, finding: Finding, life: list, folder: Path) -> tuple[Path, Any] | None:
+        """Shrink one life the crash ended (the minimizer, on fresh servers): (its minimized folder, its result)."""
+        from . import bug_report
+        from .minimize import MinimizeError, Minimizer
 
-def _racy(life: list[dict]) -> bool:
-    """Whether the request that last sent the dying request's image before it was a client's hang-up: whether it
-    left the image half-known to the server is a race a replay may lose, where an answered 4xx is not."""
-    rows = [(s, a) for c in life for s, a in zip(c["steps"], c["answers"])]
-    if not rows:
-        return True
-    failed = [i for i, (_, a) in enumerate(rows) if a["status"] is not None and a["status"] >= 500]
-    t = failed[-1] if failed else len(rows) - 1
-    images = set(rows[t][0]["images"])
-    before = [(s, a) for s, a in rows[:t] if images & set(s["images"])]
-    return not before or (before[-1][0]["hang_up_ms"] is not None and before[-1][1]["status"] is None)
+        crash_trial(self, life, finding, folder / "trial")
+        try:
+            m = Minimizer(
+                folder / "trial",
+                folder / "minimized",
+                repeats=self.repeats,
+                max_starts=self.budget.max_starts - self.state["starts"],
+                max_minutes=max(1.0, self.budget.max_minutes - self._minutes()),
+                startup_timeout=self.startup_timeout,
+                keep_images=True,
+                signatures=self.sigs,
+                progress=lambda line: self.say("    " + line),
+            )
+        except (MinimizeError, ServerError) as e:
+            self.say(f"hunt: finding {finding.first_case} not shrunk: {e}")
+            return None
+        self.say(f"  the life that ended at case {folder.name.split('.')[0]}: {len(m.start)} request(s)")
+        try:
+            result = m.run()
+        finally:
+            self.state["starts"] += m.budget.starts
+            self._save()
+        bug_report.write(m, result)
+        return folder / "minimized", result
 
 
-def _shortest_life(folder: Path) -> list[tuple[hunt_case.Case, list[hunt_case.Sent]]]:
-    """Of the server lives a crash ended (each time it was met), the one to shrink: one whose image was last sent
-    in an answered request (no hang-up race to win again), then the one with the fewest requests (the cheapest to
-    shrink, the likeliest to hold the crash and little else)."""
-    lives = [json.loads(p.read_text()) for p in sorted((folder / "lives").glob("*.json"), key=lambda p: int(p.stem))]
+def _lives(folder: Path) -> list[tuple[str, list[tuple[hunt_case.Case, list[hunt_case.Sent]]]]]:
+    """The server lives a crash ended (each time it was met: the cases the dying server was sent), fewest requests
+    first: the cheapest to shrink, the likeliest to hold the crash and little else."""
+    found = [(p.stem, json.loads(p.read_text())) for p in (folder / "lives").glob("*.json")]
     if (folder / "life.json").exists():  # written by older hunts
-        lives.append(json.loads((folder / "life.json").read_text()))
-    life = min(lives, key=lambda cases: (_racy(cases), sum(len(c["steps"]) for c in cases)))
+        found.append(("life", json.loads((folder / "life.json").read_text())))
+    found.sort(key=lambda x: (sum(len(c["steps"]) for c in x[1]), x[0]))
     return [
         (
-            hunt_case.Case.from_json(json.dumps(c["steps"])),
-            [hunt_case.Sent(a["step"], a["status"], a["text"], 0.0, t=a.get("t", 0.0)) for a in c["answers"]],
+            name,
+            [
+                (
+                    hunt_case.Case.from_json(json.dumps(c["steps"])),
+                    [hunt_case.Sent(a["step"], a["status"], a["text"], 0.0, t=a.get("t", 0.0)) for a in c["answers"]],
+                )
+                for c in life
+            ],
         )
-        for c in life
+        for name, life in found
     ]
+
+
+def _rank(result) -> tuple[bool, bool, int]:
+    """A confirmed reproducer first, then one that crashed a fresh server at least once, then the shortest."""
+    return result.confirmed, result.outcome is not None, -len(result.trace)
 
 
 def _skip(skipped: set[str], path: str, name: str) -> None:

@@ -53,16 +53,29 @@ def test_on_030_default_the_hunt_finds_the_seed_crash_and_shrinks_it_to_a_reprod
     sent = [json.loads(x) for x in (folder / "minimal.jsonl").read_text().split("\n") if x.strip()]
     assert 1 <= len(sent) <= 3, sent
     assert (out / "findings.md").read_text().count(SEED_CRASH) >= 1
-    # the reproducer it hands out kills a fresh 0.30.0 default server, and not one with the cache off
-    for flags, crashed in (([], True), (["--mm-processor-cache-gb", "0"], False)):
-        with vllm_server(REPORT_VERSION, flags, tmp_path / f"repro-{len(flags)}.log") as s:
-            rr = subprocess.run(
-                [sys.executable, str(folder / "repro.py"), "--url", s.base_url, "--settle", "5"],
-                capture_output=True,
-                text=True,
-                timeout=600,
-            )
-        assert rr.returncode == (1 if crashed else 0), (flags, rr.stdout[-2000:])
+    # the reproducer it hands out kills a fresh 0.30.0 default server, and not one with the cache off. When its
+    # poison is a client's hang-up, whether the hang-up lands while the image is processed is a race, and repro.py
+    # says so ("run it again on a fresh server"): it gets at most 3 fresh servers, as a user following it would
+    # (seen in CI: one survived, 1 ms hang-up lost); a cache-off server cannot drift, whatever the race
+    runs = []
+    for k in range(3):
+        rr = _repro(folder, [], tmp_path / f"repro-default-{k}.log")
+        runs.append(rr.stdout[-1500:])
+        if rr.returncode == 1 or "run it again on a fresh server" not in rr.stdout:
+            break
+    assert rr.returncode == 1, runs
+    rr = _repro(folder, ["--mm-processor-cache-gb", "0"], tmp_path / "repro-cache-off.log")
+    assert rr.returncode == 0, rr.stdout[-2000:]
+
+
+def _repro(folder, flags: list[str], log) -> subprocess.CompletedProcess:
+    with vllm_server(REPORT_VERSION, flags, log) as s:
+        return subprocess.run(
+            [sys.executable, str(folder / "repro.py"), "--url", s.base_url, "--settle", "5"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
 
 
 def test_on_032_default_the_hunt_reports_the_drift_as_retryable_and_no_crash(fixed_server, tmp_path):
