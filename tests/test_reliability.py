@@ -316,7 +316,9 @@ def test_a_locust_that_never_ends_is_stopped_with_its_greenlets_stacks_and_the_t
     monkeypatch.setattr(campaign_runner, "LOCUST_OVERRUN", 3.0)
     lf = tmp_path / "stalling.py"
     lf.write_text(STALLING)
-    f = write_campaign(tmp_path, duration=3)
+    # its run time is what ends it (then it stalls): long enough for a loaded machine's Locust to start and send
+    # (CI once recorded no request in 3 s, beside two vLLM lanes)
+    f = write_campaign(tmp_path, duration=10)
     f.write_text(f.read_text().replace(f'locustfile = "{LOCUSTFILE}"', f'locustfile = "{lf}"'))
     [res] = run(f, tmp_path / "results")
     trial = trial_dir(tmp_path / "results")
