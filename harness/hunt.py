@@ -348,7 +348,19 @@ class Hunt:
         if self.target.mode == "attach":
             raise _Spent("the attached server died (mmchaos cannot restart a server it did not start)")
         self._check_budget()
-        self._start()
+        self._start_again()
+
+    def _start_again(self) -> None:
+        # a start may fail for a reason of the moment (a port another process took between our pick and vLLM's
+        # bind): one more try, then the search ends and what it found is still shrunk and reported
+        for attempt in (1, 2):
+            try:
+                self._start()
+                return
+            except ServerError as e:
+                self.say(f"hunt: the server did not start again (try {attempt} of 2): {e}")
+                if attempt == 2:
+                    raise _Spent(f"a server that did not start again ({e})") from e
 
     def _take_start(self) -> None:
         # once a crash is found, starts are kept for shrinking it: a few guesses and a confirmation, each run
@@ -458,6 +470,9 @@ class Hunt:
         self.say(f"  the life that ended at case {folder.name.split('.')[0]}: {len(m.start)} request(s)")
         try:
             result = m.run()
+        except ServerError as e:  # a fresh server that did not start: the next life may be shrunk on another
+            self.say(f"hunt: finding {finding.first_case} not shrunk from this life: {e}")
+            return None
         finally:
             self.state["starts"] += m.budget.starts
             self._save()
@@ -466,12 +481,14 @@ class Hunt:
 
 
 def _lives(folder: Path) -> list[tuple[str, list[tuple[hunt_case.Case, list[hunt_case.Sent]]]]]:
-    """The server lives a crash ended (each time it was met: the cases the dying server was sent), fewest requests
-    first: the cheapest to shrink, the likeliest to hold the crash and little else."""
+    """The server lives a crash ended (each time it was met: the cases the dying server was sent): first those whose
+    last case has a request the dying server did not answer as asked (not a hang-up: a request it was sent whole),
+    then the rest; fewest requests first. A death met by hang-ups alone is a race that a fresh server may not run
+    again (seen: eight fresh servers survived such a life); a short life is cheap to shrink and holds little else."""
     found = [(p.stem, json.loads(p.read_text())) for p in (folder / "lives").glob("*.json")]
     if (folder / "life.json").exists():  # written by older hunts
         found.append(("life", json.loads((folder / "life.json").read_text())))
-    found.sort(key=lambda x: (sum(len(c["steps"]) for c in x[1]), x[0]))
+    found.sort(key=lambda x: (not _names_a_request(x[1]), sum(len(c["steps"]) for c in x[1]), x[0]))
     return [
         (
             name,
@@ -485,6 +502,25 @@ def _lives(folder: Path) -> list[tuple[str, list[tuple[hunt_case.Case, list[hunt
         )
         for name, life in found
     ]
+
+
+def _names_a_request(life: list[dict]) -> bool:
+    """Whether the life's last case holds a request sent whole (no hang-up, or one answered first) that got no
+    answer or a 5xx: the request a crash names (crash_trial's rule)."""
+    if not life:
+        return False
+    last = life[-1]
+    got = {a["step"]: a["status"] for a in last["answers"]}
+    return any(_named(step.get("hang_up_ms"), got.get(i)) for i, step in enumerate(last["steps"]))
+
+
+def _hung_up(hang_up_ms: float | None, status: int | None) -> bool:
+    return hang_up_ms is not None and status is None  # one answered first was a plain request
+
+
+def _named(hang_up_ms: float | None, status: int | None) -> bool:
+    """A request of the crash's case that the dying server did not answer, or answered 5xx, sent whole."""
+    return not _hung_up(hang_up_ms, status) and (status is None or status >= 500)
 
 
 def _rank(result) -> tuple[bool, bool, int]:
@@ -524,7 +560,7 @@ def crash_trial(hunt: Hunt, life: list, finding: Finding, folder: Path) -> None:
         for i, step in enumerate(case.steps):
             body = step.body if step.body is not None else {}
             status = got[i].status if i in got else None
-            hung_up = step.hang_up_ms is not None and status is None  # one answered first was a plain request
+            hung_up = _hung_up(step.hang_up_ms, status)
             template, urls = body_template(_with_data_urls(body, images))
             rows.append(
                 {
@@ -553,7 +589,7 @@ def crash_trial(hunt: Hunt, life: list, finding: Finding, folder: Path) -> None:
     # the requests of the last case the dying server did not answer (or answered 5xx) are the ones the crash
     # names: the minimizer's first guess is each of them after the earlier failed request that sent its image
     last = [r for r in rows if r["request_id"].startswith(f"hunt-{len(life)}-")]
-    named = [r for r in last if r["abort_after_ms"] is None and (r["status"] is None or r["status"] >= 500)]
+    named = [r for r in last if _named(r["abort_after_ms"], r["status"])]
     events = PartWriter(table_dir(folder, "log_events"), schema.LOG_EVENTS, tag="hunt")
     for r in named:
         events.add(

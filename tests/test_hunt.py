@@ -286,7 +286,7 @@ def test_a_crash_trial_keeps_no_key_of_the_target(tmp_path):
     assert all(key.encode() not in f.read_bytes() for f in (tmp_path / "trial").rglob("*") if f.is_file())
 
 
-def test_a_crash_is_shrunk_from_its_shortest_lives_first_and_an_answered_hang_up_is_a_plain_request(tmp_path):
+def test_a_crash_is_shrunk_from_a_life_naming_a_whole_request_first_and_a_hang_up_answered_is_plain(tmp_path):
     from mmchaos.harness import hunt
     from mmchaos.harness.hunt_oracles import Finding
     from mmchaos.harness.server import Target
@@ -308,8 +308,11 @@ def test_a_crash_is_shrunk_from_its_shortest_lives_first_and_an_answered_hang_up
     (folder / "lives").mkdir(parents=True)
     (folder / "lives" / "2.json").write_text(json.dumps(long_life))
     (folder / "lives" / "10.json").write_text(json.dumps(short))
+    shortest = [{"steps": [asdict(hang_up)], "answers": [{"step": 0, "status": None, "text": ""}]}]
+    (folder / "lives" / "7.json").write_text(json.dumps(shortest))
     lives = hunt._lives(folder)
-    assert [name for name, _ in lives] == ["10", "2"]  # fewest requests first
+    # a life whose crash names a request sent whole first (hang-ups alone are a race), then fewest requests first
+    assert [name for name, _ in lives] == ["10", "7", "2"]
     life = lives[0][1]
     assert [len(c.steps) for c, _ in life] == [2]
     h = hunt.Hunt(Target(mode="engine", engine="0.30.0"), tmp_path / "h", hunt.Budget(1, 1, 1, 1))
@@ -323,3 +326,17 @@ def test_a_crash_is_shrunk_from_its_shortest_lives_first_and_an_answered_hang_up
 
 def pd_isna(x) -> bool:
     return x is None or x != x
+
+
+@pytest.mark.integration
+def test_a_server_that_does_not_start_again_ends_the_search_with_its_reason(tmp_path):
+    from mmchaos.harness import hunt
+    from mmchaos.harness.server import Target
+
+    said: list[str] = []
+    dies = f"{sys.executable} -c 'import sys; sys.exit(3)' {{host}} {{port}}"
+    h = hunt.Hunt(Target(mode="command", command=dies), tmp_path / "h", hunt.Budget(5, 5, 100, 10), say=said.append)
+    with pytest.raises(hunt._Spent) as spent:  # what ends the search (findings kept, shrunk, reported), no traceback
+        h._start_again()
+    assert "did not start again" in spent.value.why and "code 3" in spent.value.why
+    assert h.state["starts"] == 2 and len(said) == 2 and h.server is None  # one more try, counted as a start

@@ -49,7 +49,7 @@ def test_on_030_default_the_hunt_finds_the_seed_crash_and_shrinks_it_to_a_reprod
     assert SEED_CRASH in [f["fingerprint"] for f in crashes], r.stderr[-3000:]
     first = next(f for f in crashes if f["fingerprint"] == SEED_CRASH)
     folder = out / "findings" / str(first["first_case"]) / "minimized"
-    assert (folder / "issue.md").is_file()
+    assert (folder / "issue.md").is_file(), r.stderr[-3000:]
     sent = [json.loads(x) for x in (folder / "minimal.jsonl").read_text().split("\n") if x.strip()]
     assert 1 <= len(sent) <= 3, sent
     assert (out / "findings.md").read_text().count(SEED_CRASH) >= 1
