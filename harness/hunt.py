@@ -18,6 +18,7 @@ import functools
 import json
 import shutil
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -110,6 +111,7 @@ class Hunt:
     # -- the run -------------------------------------------------------------------------------------------
     def run(self) -> int:
         self.out.mkdir(parents=True, exist_ok=True)
+        error: Exception | None = None
         try:
             self._start()
             api, operators = self._api()
@@ -129,8 +131,13 @@ class Hunt:
                 self.say(f"hunt: fields the schema library cannot draw from, left out: {', '.join(sorted(skipped))}")
             self.state["skipped_fields"] = sorted(skipped)
             self._replay_findings(api)
-            self._search(forms, operators, api)
-            why = "the case budget"
+            try:
+                self._search(forms, operators, api)
+                why = "the case budget"
+            except Exception as e:  # an error of the hunt's own: shown whole, and what was found still kept,
+                # shrunk and reported before the command fails with it
+                error, why = e, f"an error of its own ({type(e).__name__})"
+                self.say("".join(traceback.format_exception(e)).rstrip())
         except _Spent as e:
             why = e.why
         finally:
@@ -149,6 +156,11 @@ class Hunt:
 
         files = write_report(self)
         self.say(f"hunt: report {files['md']}")
+        if error is not None:
+            raise HuntError(
+                f"the search ended on an error of the hunt's own ({type(error).__name__}: {error}), its traceback "
+                f"above; what it found is in {files['md']}"
+            )
         return 1 if self.findings else 0
 
     def _search(self, forms, operators, api) -> None:
@@ -213,6 +225,8 @@ class Hunt:
                     {
                         "case": n,
                         "why": why,
+                        "seconds": round(self.seconds_before + time.time() - self.t0, 1),  # since the hunt began
+                        "start": self.state["starts"],  # the server start it was sent to
                         "steps": json.loads(case.to_json()),
                         "statuses": [s.status for s in sent],
                         "answers": [s.text[:160] for s in sent],

@@ -340,3 +340,28 @@ def test_a_server_that_does_not_start_again_ends_the_search_with_its_reason(tmp_
         h._start_again()
     assert "did not start again" in spent.value.why and "code 3" in spent.value.why
     assert h.state["starts"] == 2 and len(said) == 2 and h.server is None  # one more try, counted as a start
+
+
+def test_an_error_of_the_hunts_own_mid_search_still_reports_what_was_found_then_fails_in_one_line(tmp_path):
+    from mmchaos.harness import hunt
+    from mmchaos.harness.hunt_oracles import Finding
+    from mmchaos.harness.server import Target
+
+    class Broken(hunt.Hunt):  # the server and the search replaced: what run() does around them is under test
+        def _start(self) -> None:
+            self.model = "m"
+
+        def _api(self):
+            return api_schema.routes(OPENAPI), []
+
+        def _search(self, forms, operators, api) -> None:
+            self.findings["server_error|500|x"] = Finding("server_error", "server_error|500|x", "a 500", first_case=1)
+            raise RuntimeError("a bug of ours")
+
+    said: list[str] = []
+    h = Broken(Target(mode="engine", engine="0.30.0"), tmp_path / "h", hunt.Budget(1, 1, 1, 1), say=said.append)
+    with pytest.raises(hunt.HuntError, match=r"error of the hunt's own \(RuntimeError: a bug of ours"):
+        h.run()
+    assert any("Traceback" in line and "a bug of ours" in line for line in said)
+    assert "a 500" in (tmp_path / "h" / "findings.md").read_text()
+    assert json.loads((tmp_path / "h" / "state.json").read_text())["findings"][0]["title"] == "a 500"
