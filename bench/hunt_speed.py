@@ -31,7 +31,7 @@ def one(engine: str, seed: int, max_cases: int, flags: list[str], out: Path) -> 
     cmd += ["--max-minutes", "30"] + (["--", *flags] if flags else [])
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     if r.returncode not in (0, 1):
-        raise SystemExit(f"hunt failed (exit {r.returncode}): {r.stderr.strip().splitlines()[-1:]}")
+        raise SystemExit(f"hunt failed (exit {r.returncode}):\n" + "\n".join(r.stderr.strip().splitlines()[-40:]))
     state = json.loads((out / "state.json").read_text())
     cases = [json.loads(x) for x in (out / "cases.jsonl").read_text().split("\n") if x.strip()]
     first: dict[str, dict] = {}
