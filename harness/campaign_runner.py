@@ -38,11 +38,12 @@ from . import crash_watch, distributed, engines, model, provenance
 from .campaign_plan import CampaignPlan, Config, Run
 from .fault_injector import FaultInjector
 from .fault_proxy import FaultProxy, ProxyError
-from .processes import stop_group
+from .processes import stop_group, wait_port_free
 from .server import Server, ServerError, Target
 
 COMPLETED, INTERRUPTED, FAILED, RUNNING = "completed", "interrupted", "failed", "running"
 DONE = "done"  # the progress phase reported once per trial, with its TrialResult
+RETRY_PORT_WAIT = 15.0  # seconds a failed restart waits for its port to be free before its one more try
 TICK = 0.2  # seconds between observations of the server: detection within a second
 LOCUST_GRACE = 20.0  # seconds Locust may take to stop its users and flush its rows
 LOCUST_OVERRUN = 60.0  # seconds past its run time (and its workers' wait) after which a Locust that has not ended
@@ -546,22 +547,31 @@ class CampaignRunner:
         port = server.port
         server.stop()
         self._report(config=cfg.name, trial=trial, phase="restarting server")
-        new = Server(target, folder / schema.SERVER_LOG, port=port, redactor=self.redactor)
-        try:
-            new.start()
-            new.wait_healthy(
-                self.camp.crash.startup_timeout,
-                progress=lambda t, _: self._report(
-                    config=cfg.name, trial=trial, phase=f"restarting server ({t:.0f} s)"
-                ),
-            )
-        except ServerError as e:
-            new.stop()
-            result.error = f"restart failed: {str(e).splitlines()[0]}"
-            return None
-        except BaseException:  # Ctrl-C while it starts: the caller only knows the old server
-            new.stop()
-            raise
+        # one more try when a start fails: the freed port is an ephemeral one, which another process's outgoing
+        # connection may hold for a moment (on a busy machine), and a start may fail for a reason of the moment
+        for attempt in (1, 2):
+            new = Server(target, folder / schema.SERVER_LOG, port=port, redactor=self.redactor)
+            try:
+                new.start()
+                new.wait_healthy(
+                    self.camp.crash.startup_timeout,
+                    progress=lambda t, _: self._report(
+                        config=cfg.name, trial=trial, phase=f"restarting server ({t:.0f} s)"
+                    ),
+                )
+                break
+            except ServerError as e:
+                new.stop()
+                why = str(e).splitlines()[0]
+                if attempt == 2:
+                    result.error = f"restart failed: {why}"
+                    return None
+                self._report(config=cfg.name, trial=trial, phase=f"restart failed ({why}); one more try")
+                if port is not None:
+                    wait_port_free(port, RETRY_PORT_WAIT)
+            except BaseException:  # Ctrl-C while it starts: the caller only knows the old server
+                new.stop()
+                raise
         watch.rebind(new)
         watch.healthy_at(new.healthy_at)
         return new

@@ -30,6 +30,16 @@ def port_in_use(port: int, host: str = LOOPBACK) -> bool:
     return False
 
 
+def wait_port_free(port: int, timeout: float, host: str = LOOPBACK) -> bool:
+    """Whether ``port`` became free within ``timeout`` seconds (polled: a port has no event to wait on)."""
+    end = time.monotonic() + timeout
+    while port_in_use(port, host):
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.25)
+    return True
+
+
 def group_members(pgid: int) -> list[psutil.Process]:
     """Live (non-zombie) processes of the process group ``pgid``."""
     found = []

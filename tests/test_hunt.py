@@ -365,3 +365,30 @@ def test_an_error_of_the_hunts_own_mid_search_still_reports_what_was_found_then_
     assert any("Traceback" in line and "a bug of ours" in line for line in said)
     assert "a 500" in (tmp_path / "h" / "findings.md").read_text()
     assert json.loads((tmp_path / "h" / "state.json").read_text())["findings"][0]["title"] == "a 500"
+
+
+def test_a_budget_spent_as_a_case_begins_ends_the_search_as_itself_not_as_hypothesis_flakiness():
+    from hypothesis.stateful import RuleBasedStateMachine, rule
+
+    from mmchaos.harness import hunt
+
+    begun = []
+
+    class Cases(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            begun.append(1)
+            if len(begun) > 5:  # the hunt's begin_case: its budget checked before any draw
+                raise hunt._Spent("5 case(s)")
+            super().__init__()
+
+        @rule(x=st.integers(0, 10))
+        def one(self, x):
+            pass
+
+        @rule(y=st.text())
+        def other(self, y):
+            pass
+
+    with pytest.raises(hunt._Spent) as spent:  # Hypothesis alone turns it into FlakyStrategyDefinition
+        hunt.run_cases(Cases, max_examples=50)
+    assert spent.value.why == "5 case(s)" and len(begun) == 6

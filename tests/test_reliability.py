@@ -230,6 +230,50 @@ def test_server_sigkill_mid_load_is_a_crash_and_the_restarted_server_takes_the_l
 
 
 @pytest.mark.integration
+def test_a_port_held_for_a_moment_while_restarting_gets_one_more_try(tmp_path, reaper):
+    root = tmp_path / "results"
+    f = write_campaign(tmp_path, policy="restart", duration=120, max_requests=5000)  # ends at its budget
+    squatter = socket.socket()
+    squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    seen: list[str] = []
+
+    def kill_and_take_port(trial):
+        [pgid] = manifest(trial)["server_pgids"]
+        reaper.add(pgid)
+        port = server_port(trial)
+        killpg(pgid, signal.SIGKILL)
+        deadline = time.time() + 30  # only a process that never exits reaches it
+        while True:
+            try:
+                squatter.bind(("127.0.0.1", port))
+                break
+            except OSError:
+                if time.time() > deadline:
+                    raise
+                time.sleep(0.02)
+        squatter.listen()
+
+    fault = Fault(root, kill_and_take_port)
+
+    def progress(state: dict) -> None:
+        fault(state)
+        phase = state.get("phase", "")
+        seen.append(phase)
+        if phase.endswith("one more try"):  # the runner's first try failed on the held port: let it go
+            squatter.close()
+
+    try:
+        [res] = run(f, root, progress=progress)
+    finally:
+        squatter.close()
+    trial = trial_dir(root)
+    assert any(p.startswith("restart failed (port ") for p in seen), seen[-20:]
+    assert len(res.crashes) == 1 and not res.error, res.error
+    assert len(manifest(trial)["server_pgids"]) == 2  # the second try's server took the load
+    assert_no_orphans(recorded_pgids(trial), reaper)
+
+
+@pytest.mark.integration
 def test_port_taken_while_restarting_fails_the_restart_cleanly(tmp_path, reaper):
     root = tmp_path / "results"
     f = write_campaign(tmp_path, policy="restart", duration=120)  # the failed restart ends it; 120 s: a hang

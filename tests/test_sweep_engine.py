@@ -81,10 +81,11 @@ def test_the_points_ran_where_they_say(sweep):
         ({"malformed_post": 0}, "completed"),
         ({"malformed_post": 10}, "completed"),
     ]
-    for point in (0, 10):
+    for point, r in zip((0, 10), results):
         m = json.loads((camp / "v0.30-default" / f"malformed_post={point}_t000" / schema.MANIFEST).read_text())
         assert m["sweep"] == {"malformed_post": point} and m["workload"]["mix"]["malformed_post"] == point
-        assert len(m["server_pgids"]) == 1 + (m["crashes"] >= 1)  # the first crash is followed by a restart
+        # the first crash is followed by a restart (seen once in CI: a restart that failed, now tried twice)
+        assert len(m["server_pgids"]) == 1 + (m["crashes"] >= 1), r.error
 
 
 def test_no_poison_no_crash_and_poison_crashes_by_the_drift_chain(sweep):
