@@ -90,7 +90,7 @@ def test_the_points_ran_where_they_say(sweep):
 
 def test_no_poison_no_crash_and_poison_crashes_by_the_drift_chain(sweep):
     camp, _, (calm, poisoned) = sweep
-    assert calm.crashes == []
+    assert calm.crashes == [], _story(camp / "v0.30-default" / "malformed_post=0_t000")
     assert 1 <= len(poisoned.crashes) <= 2
     assert {c.chain for c in poisoned.crashes} == {CHAIN_030}
     crashes = read_table(camp / "v0.30-default" / "malformed_post=10_t000", "crashes").to_pandas()
@@ -169,3 +169,22 @@ def test_the_fit_and_predict_read_the_sweep(sweep):
     assert p.stdout.splitlines()[1].startswith("v0.30-default: mean time between crashes ")
     assert "caveat: measured on mmchaos's tiny random-weight model on CPU" in p.stdout
     assert "caveat: no client disconnect was sent in this campaign" in p.stdout
+
+
+def _story(trial) -> str:
+    """What a crash with no poison in the mix met (seen once in CI, under two engine lanes; cause not found): the
+    drift lines, and every request that carried an image of a request they name, in order."""
+    events = read_table(trial, "log_events").to_pandas()
+    drift = events[events["signature"].astype(str).isin(["cache_drift", "expected_cached_item"])]
+    rows = read_table(trial, "requests").to_pandas().sort_values("t_start")
+    hashes = rows.loc[rows["request_id"].isin(set(drift["request_id"].dropna())), "image_hashes"].dropna()
+    named = {h for hs in hashes for h in str(hs).split(",")}
+    carried = rows[rows["image_hashes"].fillna("").map(lambda hs: bool(named & set(hs.split(","))))]
+    cols = [c for c in ("t_start", "kind", "case", "endpoint", "status", "outcome", "latency_ms", "error") if c in rows]
+    by_kind = rows.groupby(["kind", "outcome"], dropna=False).size()
+    return (
+        "drift lines:\n"
+        + "\n".join(drift["line"].astype(str).str[:300])
+        + f"\nrequests with their images:\n{carried[cols].to_string(max_rows=60)}"
+        + f"\nall requests by kind and outcome:\n{by_kind}"
+    )
