@@ -9,6 +9,7 @@ signalled by those recorded ids. Everything runs against the stand-in on 127.0.0
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -229,6 +230,24 @@ def test_server_sigkill_mid_load_is_a_crash_and_the_restarted_server_takes_the_l
     assert_analysable(root)
 
 
+def _kill_and_take_port(squatter: socket.socket, reaper, trial: Path) -> None:
+    """SIGKILL the trial's server and listen on its port with ``squatter`` (bound once the port is free)."""
+    [pgid] = manifest(trial)["server_pgids"]
+    reaper.add(pgid)
+    port = server_port(trial)
+    killpg(pgid, signal.SIGKILL)
+    deadline = time.time() + 30  # only a process that never exits reaches it
+    while True:  # the port is free once the killed process has finished exiting
+        try:
+            squatter.bind(("127.0.0.1", port))
+            break
+        except OSError:
+            if time.time() > deadline:
+                raise
+            time.sleep(0.02)
+    squatter.listen()
+
+
 @pytest.mark.integration
 def test_a_port_held_for_a_moment_while_restarting_gets_one_more_try(tmp_path, reaper):
     root = tmp_path / "results"
@@ -237,21 +256,7 @@ def test_a_port_held_for_a_moment_while_restarting_gets_one_more_try(tmp_path, r
     squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     seen: list[str] = []
 
-    def kill_and_take_port(trial):
-        [pgid] = manifest(trial)["server_pgids"]
-        reaper.add(pgid)
-        port = server_port(trial)
-        killpg(pgid, signal.SIGKILL)
-        deadline = time.time() + 30  # only a process that never exits reaches it
-        while True:
-            try:
-                squatter.bind(("127.0.0.1", port))
-                break
-            except OSError:
-                if time.time() > deadline:
-                    raise
-                time.sleep(0.02)
-        squatter.listen()
+    kill_and_take_port = functools.partial(_kill_and_take_port, squatter, reaper)
 
     fault = Fault(root, kill_and_take_port)
 
@@ -280,21 +285,7 @@ def test_port_taken_while_restarting_fails_the_restart_cleanly(tmp_path, reaper)
     squatter = socket.socket()
     squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # the dead server's TIME_WAITs do not count
 
-    def kill_and_take_port(trial):
-        [pgid] = manifest(trial)["server_pgids"]
-        reaper.add(pgid)
-        port = server_port(trial)
-        killpg(pgid, signal.SIGKILL)
-        deadline = time.time() + 30  # only a process that never exits reaches it
-        while True:  # the port is free once the killed process has finished exiting
-            try:
-                squatter.bind(("127.0.0.1", port))
-                break
-            except OSError:
-                if time.time() > deadline:
-                    raise
-                time.sleep(0.02)
-        squatter.listen()
+    kill_and_take_port = functools.partial(_kill_and_take_port, squatter, reaper)
 
     try:
         [res] = run(f, root, progress=Fault(root, kill_and_take_port))
