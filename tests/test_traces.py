@@ -290,8 +290,12 @@ def test_a_replayed_log_is_judged_as_a_retrying_client_sees_its_server(tmp_path)
     # its load time is the log's (first request to last answer), not Locust's start-up and shutdown around it
     account, [row] = manifest(trial)["replay"], results.trials.to_dict("records")
     assert row["status"] == "completed" and row["t_start"] == account["t_first"]
-    assert row["duration_s"] == pytest.approx(account["t_done"] - account["t_first"]) and row["duration_s"] < 5
-    assert row["duration_s"] < manifest(trial)["t_load_end"] - manifest(trial)["t_load_start"] - 1
+    assert row["duration_s"] == pytest.approx(account["t_done"] - account["t_first"])
+    # bounded by events, not by how long Locust took to start and stop on this machine: the log's time runs from
+    # its first request to its last answer, inside the load window
+    ends = sent["t_start"] + sent["latency_ms"] / 1000
+    assert account["t_first"] <= sent["t_start"].min() and account["t_done"] >= ends.max()
+    assert manifest(trial)["t_load_start"] <= account["t_first"] <= account["t_done"] <= manifest(trial)["t_load_end"]
 
 
 @pytest.mark.integration
