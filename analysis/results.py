@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 
 from mmchaos import manifest as M
 from mmchaos import schema as S
+from mmchaos.errors import MmchaosError
 from mmchaos.tables import part_files, table_dir
 
 # Partition columns added while scanning; double underscore so they cannot meet a schema column.
@@ -55,7 +56,7 @@ _TRIAL_MARKERS = (S.MANIFEST, S.SERVER_LOG, *S.TABLE_DIRS.values())
 _ALWAYS_WRITTEN = ("requests", "health", "metrics")
 
 
-class LoadError(ValueError):
+class LoadError(MmchaosError, ValueError):
     """The folder is not a campaign we can read (missing, empty, no trials)."""
 
 

@@ -32,6 +32,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from mmchaos import schema
 from mmchaos.auth import auth_headers
+from mmchaos.errors import MmchaosError
 from mmchaos.files import write_json_atomic
 from mmchaos.logtail import LogTail
 from mmchaos.payloads import api_schema, hunt_bodies
@@ -51,8 +52,8 @@ TICK = 0.2  # seconds between observations of the server, as in a campaign
 SHRINK_RUNS = 7  # candidate runs kept for shrinking a crash (the minimizer's guesses, then its confirmation)
 
 
-class HuntError(Exception):
-    """The hunt cannot run (one line)."""
+class HuntError(MmchaosError):
+    """The hunt cannot run (one line; the command line says it and exits 2)."""
 
 
 class _Spent(BaseException):  # a BaseException: Hypothesis lets it through without replaying the case

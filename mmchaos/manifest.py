@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .campaign_file import Crash
+from .errors import MmchaosError
 
 Status = Literal["running", "completed", "interrupted", "failed"]
 TargetMode = Literal["engine", "command", "attach"]
@@ -143,7 +144,7 @@ class TrialManifest(Record):
         return self.t_load_start or self.t_start, self.t_load_end or self.t_end
 
 
-class ManifestError(ValueError):
+class ManifestError(MmchaosError, ValueError):
     """A manifest that is no JSON object at all (one line: the file and why)."""
 
 
