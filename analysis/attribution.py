@@ -111,7 +111,18 @@ class _ImageIndex:
         r = c.requests
         img = r.loc[
             (r["n_images"] > 0) & r["image_hashes"].notna(),
-            ["config", "trial", "t_start", "kind", "case", "image_hashes", "request_id", "status", "outcome"],
+            [
+                "config",
+                "trial",
+                "t_start",
+                "latency_ms",
+                "kind",
+                "case",
+                "image_hashes",
+                "request_id",
+                "status",
+                "outcome",
+            ],
         ]
         self.configs = c.configs
         self.img = img
@@ -300,11 +311,14 @@ def _with_causes(c: CampaignResults, events: pd.DataFrame, index: _ImageIndex) -
     e, p = by_hash.join(ev_key[ev_of] * max(len(uniques), 1) + codes, life[ev_of], ref_t[ev_of])
     if not len(e):
         return events
-    pairs = pd.DataFrame({"event": ev_of[e], "row": parent[p]}).drop_duplicates()
+    # per (event, named image): the rule follows each image alone (a second image answered since says nothing of
+    # the first; seen: a multi-image request whose new image had just failed after render, beside an image in use)
+    pairs = pd.DataFrame({"event": ev_of[e], "image": codes[e], "row": parent[p]}).drop_duplicates()
     img = index.img
     rid = img["request_id"].to_numpy(dtype=object)[pairs["row"]]
     pairs = pairs[rid != skip[pairs["event"].to_numpy()]]
-    rows = pairs["row"].to_numpy()
+    rows, pev = pairs["row"].to_numpy(), pairs["event"].to_numpy()
+    group = pev * max(len(uniques), 1) + pairs["image"].to_numpy()
     kind, case = index.kind[rows], index.case[rows]
     outcome = img["outcome"].astype(str).to_numpy()[rows]
     combos = {
@@ -313,11 +327,29 @@ def _with_causes(c: CampaignResults, events: pd.DataFrame, index: _ImageIndex) -
     }
     failed = np.array([combos[k] for k in zip(kind, case, outcome)], dtype=bool)
     answered = (outcome == S.OK) & ~failed
-    found = cause_rule.causes(
-        pairs["event"].to_numpy(), index.t[rows], ref_t[pairs["event"].to_numpy()], failed, answered
-    )
+    per_image = cause_rule.causes(group, index.t[rows], ref_t[pev], failed, answered)
+    found: dict[int, int] = {}
+    for k in sorted(per_image.values(), key=lambda k: index.t[rows[k]]):  # an event's earliest cause of its images
+        found.setdefault(int(pev[k]), k)
     status = img["status"].to_numpy(dtype=float)
-    for ev, k in found.items():
+    t_end = index.t + img["latency_ms"].to_numpy(dtype=float, na_value=np.nan) / 1000
+    ok_end = np.where(outcome == S.OK, t_end[rows], np.nan)
+    # no failure before it: were an image's first uses at once? (the missed request and one in flight beside it)
+    where = pd.Series(np.arange(len(img)), index=img["request_id"].astype(object).to_numpy())
+    where = where[~where.index.duplicated()]
+    at_once: dict[int, int] = {}
+    for _, ks in pd.Series(np.arange(len(pairs))).groupby(group):
+        ev = int(pev[ks.iat[0]])
+        if ev in found or skip[ev] is None or skip[ev] not in where.index:
+            continue
+        n = int(where[skip[ev]])
+        ks = ks.to_numpy()
+        j = cause_rule.at_once(
+            ok_end[ks], index.t[rows[ks]], t_end[rows[ks]], index.t[n], np.nan_to_num(t_end[n], nan=np.inf)
+        )
+        if j is not None and (ev not in at_once or index.t[rows[ks[j]]] < index.t[rows[at_once[ev]]]):
+            at_once[ev] = int(ks[j])
+    for ev, k in [*found.items(), *at_once.items()]:
         r = rows[k]
         use = cause_rule.Use(
             float(index.t[r]),
@@ -327,9 +359,10 @@ def _with_causes(c: CampaignResults, events: pd.DataFrame, index: _ImageIndex) -
             str(outcome[k]),
             rid_of(img, r),
         )
-        t_event = float(events.at[ev, "t"])
-        events.at[ev, "cause"] = cause_rule.describe(use, t_event)
-        events.at[ev, "cause_kind"], events.at[ev, "cause_case"] = use.kind, use.case or NO_CASE
+        t_event, race = float(events.at[ev, "t"]), ev in at_once
+        events.at[ev, "cause"] = cause_rule.describe(use, t_event, at_once=race)
+        events.at[ev, "cause_kind"] = cause_rule.AT_ONCE if race else use.kind
+        events.at[ev, "cause_case"] = cause_rule.label(use) if race else use.case or NO_CASE  # race: the other use
         events.at[ev, "cause_status"], events.at[ev, "cause_before_s"] = use.status, t_event - use.t
         events.at[ev, "cause_request_id"] = use.request_id
     return events

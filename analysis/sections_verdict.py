@@ -6,6 +6,7 @@ import datetime as dt
 
 import pandas as pd
 
+from mmchaos import cause_rule
 from mmchaos.verdict_rule import CHECKS
 
 from . import stats
@@ -112,11 +113,18 @@ def finding(cfg, v, cr, dr, attribution, cst, baseline) -> str:
         mine = a[a["event"] == event] if len(a) else a
         caused = mine[mine["caused"] > 0] if len(mine) else mine
         if len(caused):  # the server named the image: its first post-render failure is the cause
-            t = caused.iloc[0]
-            parts.append(
-                f"{int(t['caused'])} of {int(t['events'])} {what_events} caused by {_what(t)} (the image "
-                "the server named had failed after render there first)"
-            )
+            # the first cause, and a race of first uses beside it (it needs no failure: said whenever met)
+            said_rows = [caused.iloc[0]] + [t for _, t in caused.iloc[1:].iterrows() if t["kind"] == cause_rule.AT_ONCE]
+            for t in said_rows:
+                parts.append(
+                    f"{int(t['caused'])} of {int(t['events'])} {what_events} caused by "
+                    + (
+                        f"the image's first two uses at once, one of them {t['case']} (no request had failed: "
+                        "the API server rendered both before the engine got the one with the image)"
+                        if t["kind"] == cause_rule.AT_ONCE
+                        else f"{_what(t)} (the image the server named had failed after render there first)"
+                    )
+                )
             continue
         # no evidence: a window statistic names a case only from enough incidents, and never one that cannot poison
         top = (

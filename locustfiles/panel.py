@@ -111,8 +111,9 @@ class Panel:
     def on_attempt(self, a: Attempt) -> None:
         self.outcomes.add(a)
         images = a.image_hashes.split(",") if a.image_hashes else []
+        me = cause_rule.Use(a.t, a.kind, a.case, a.status, a.outcome, a.request_id, t_end=time.time()) if a.t else None
         if a.drift:
-            cause = self._cause(images, a.t or time.time(), a.request_id)
+            cause = self._cause(images, a.t or time.time(), a.request_id, me)
             self._drift_event({"t": a.t, "kind": a.kind, "error": a.error, "signature": a.drift}, cause)
         if a.request_id and images:
             self.images_of[a.request_id] = images
@@ -120,19 +121,34 @@ class Panel:
                 self.images_of.popitem(last=False)
         if a.request_id in self.pending:  # the drift line came before its request's answer
             event, m = self.pending.pop(a.request_id)
-            event["cause"] = self._cause(self._named_images(m), event["t"], a.request_id)
+            event["cause"] = self._cause(self._named_images(m), event["t"], a.request_id, me)
             if self.open_crash is not None and self.open_crash["cause"] is None:
                 self.open_crash["cause"] = self.last_cause
-        if a.t is not None:
-            use = cause_rule.Use(a.t, a.kind, a.case, a.status, a.outcome, a.request_id)
+        if me is not None:
             for h in images:
-                self.uses.setdefault(h, deque(maxlen=USES_PER_IMAGE)).append(use)
+                self.uses.setdefault(h, deque(maxlen=USES_PER_IMAGE)).append(me)
 
-    def _cause(self, images: list[str], t: float, request_id: str | None) -> str | None:
-        """The incident's cause (mmchaos/cause_rule.py) among the uses of the images the server named."""
-        uses = [u for h in images for u in self.uses.get(h, ()) if u.request_id != request_id or u.request_id is None]
-        found = cause_rule.cause(uses, t)
-        self.last_cause = cause_rule.describe(found, t) if found else None
+    def _cause(
+        self, images: list[str], t: float, request_id: str | None, named: cause_rule.Use | None = None
+    ) -> str | None:
+        """The incident's cause (mmchaos/cause_rule.py) among the uses of each image the server named (the earliest
+        of its images'); without one, a race of the image's first uses beside the missed request ``named`` (as
+        recorded when it was answered, if it was)."""
+        if named is None and request_id:
+            named = next((u for h in images for u in self.uses.get(h, ()) if u.request_id == request_id), None)
+        found, race = None, None
+        for h in images:
+            uses = [u for u in self.uses.get(h, ()) if u.request_id != request_id or u.request_id is None]
+            c = cause_rule.cause(uses, t)
+            if c is not None and (found is None or c.t < found.t):
+                found = c
+            r = cause_rule.first_use_at_once(uses, named) if named is not None else None
+            if r is not None and (race is None or r.t < race.t):
+                race = r
+        if found is not None:
+            self.last_cause = cause_rule.describe(found, t)
+        else:
+            self.last_cause = cause_rule.describe(race, t, at_once=True) if race is not None else None
         return self.last_cause
 
     def _named_images(self, m) -> list[str]:

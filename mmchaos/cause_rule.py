@@ -8,6 +8,13 @@ believing the engine holds it. The cause is the first such failure since the ima
 followed it until the event could only find the drifted entry. A use answered after the poison would itself
 have met the drift. No such failure, no cause: a pre-render case, which by our catalogue cannot poison, is never
 named by this rule.
+
+One more cause needs no failure at all (measured on 0.30.0 with no poison in the mix, docs/findings.md): the
+image's first two uses at once. P0 renders requests concurrently and P1 takes them one at a time: the first to be
+rendered stores the image in P0's cache and carries its data; the second finds P0's entry and goes without data;
+when it reaches the engine first, the engine misses it. So when no use of the image was answered before the missed
+request was sent, a use in flight beside it (sent before it was answered, answered after it was sent) is the
+cause, named as :data:`AT_ONCE`.
 """
 
 from __future__ import annotations
@@ -33,6 +40,10 @@ class Use:
     status: int | None
     outcome: str
     request_id: str | None = None
+    t_end: float | None = None  # when its answer or failure came (None: not known)
+
+
+AT_ONCE = "first_use_at_once"  # the cause's kind when two requests carried a new image at once
 
 
 def failed_after_render(kind: str | None, case: str | None, outcome: str) -> bool:
@@ -73,12 +84,38 @@ def cause(uses: Iterable[Use], t_event: float) -> Use | None:
     return uses[found[0]] if found else None
 
 
+def at_once(answered_end: ArrayLike, t: ArrayLike, t_end: ArrayLike, named_t: float, named_end: float) -> int | None:
+    """Of an event's other uses (sent before its drift line), the index of the first one in flight beside the missed
+    request (sent at ``named_t``, answered at ``named_end``): when none of them had been answered before it was
+    sent. ``answered_end[i]`` is when use ``i`` was answered (NaN: not answered), ``t_end[i]`` when it ended (NaN:
+    never)."""
+    answered_end, t = np.asarray(answered_end, dtype=float), np.asarray(t, dtype=float)
+    t_end = np.asarray(t_end, dtype=float)
+    if (answered_end <= named_t).any():  # the engine had the image before: no race of first uses
+        return None
+    beside = np.flatnonzero((t <= named_end) & ~(t_end < named_t))  # NaN end: still in flight
+    return int(beside[np.argmin(t[beside])]) if len(beside) else None
+
+
+def first_use_at_once(uses: Iterable[Use], named: Use) -> Use | None:
+    """The use that rendered the image beside the missed request ``named`` (see the module), or None."""
+    uses = [u for u in uses if u.request_id is None or u.request_id != named.request_id]
+    nan = float("nan")
+    ok_end = [u.t_end if u.outcome == schema.OK and u.t_end is not None else nan for u in uses]
+    ends = [u.t_end if u.t_end is not None else nan for u in uses]
+    end = named.t_end if named.t_end is not None else float("inf")
+    k = at_once(ok_end, [u.t for u in uses], ends, named.t, end)
+    return None if k is None else uses[k]
+
+
 def label(u: Use) -> str:
     """``malformed_post/dimensions_unsupported`` (the kind, and its case when it has one)."""
     return u.kind + (f"/{u.case}" if u.case else "")
 
 
-def describe(u: Use, t_event: float) -> str:
-    """``malformed_post/dimensions_unsupported (HTTP 400), 1.0 s before``."""
+def describe(u: Use, t_event: float, at_once: bool = False) -> str:
+    """``malformed_post/dimensions_unsupported (HTTP 400), 1.0 s before``; for a race of first uses, ``the
+    image's first use at once with batch (HTTP 500), 0.0 s before``."""
     got = f"HTTP {u.status}" if u.status is not None else u.outcome
-    return f"{label(u)} ({got}), {t_event - u.t:.1f} s before"
+    said = f"{label(u)} ({got}), {t_event - u.t:.1f} s before"
+    return f"the image's first use at once with {said}" if at_once else said

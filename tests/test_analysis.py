@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from cli_inprocess import mmchaos
 
+from mmchaos import cause_rule
 from mmchaos import manifest as M
 from mmchaos import schema as S
 from mmchaos.analysis import intervals as I
@@ -767,6 +768,49 @@ def test_no_cause_without_a_post_render_failure_since_the_images_last_answer(tmp
     )
     assert pd.isna(events.loc[4.5, "cause"])
     assert pd.isna(events.loc[30.1, "cause"])  # the abort at 10 s was the server's before the crash at 20 s
+
+
+def test_an_image_s_first_two_uses_at_once_are_the_cause_when_nothing_failed(tmp_path):
+    """Measured on 0.30.0 with no poison in the mix: a batch and a single request carried a new image 0.2 ms
+    apart; the single one was missed. No use had failed, none had been answered before it: a race of first uses,
+    named with the other request. Once the image had been answered, a later miss has no such cause."""
+    events, summary = _trial_with(
+        tmp_path / "c",
+        [
+            req(2.0, "batch", S.HTTP_ERROR, 500, "h1,h2,h3", latency=30),
+            req(2.0002, "valid_image", S.HTTP_ERROR, 500, "h1", latency=30, request_id="mmc-r-0-0-2"),
+            req(5.0, "valid_image", hashes="h4", latency=20),  # answered at 5.02: the engine holds h4
+            req(6.0, "valid_image", S.HTTP_ERROR, 503, "h4", request_id="mmc-r-0-0-6"),
+            req(6.0001, "multi_image", S.HTTP_ERROR, 503, "h4,h5"),
+        ],
+        [(2.1, "aa" * 8, "mmc-r-0-0-2"), (6.1, "bb" * 8, "mmc-r-0-0-6")],
+    )
+    race = events.loc[2.1]
+    assert (race["cause_kind"], race["cause_case"], race["cause_status"]) == (cause_rule.AT_ONCE, "batch", 500)
+    assert race["cause"].startswith("the image's first use at once with batch (HTTP 500)")
+    assert pd.isna(events.loc[6.1, "cause"])  # h4 was answered before: no race of first uses, no failure
+    s = summary.set_index(["event", "kind", "case"])
+    assert s.loc[("drift", cause_rule.AT_ONCE, "batch"), "caused"] == 1
+    words = report.write_report(tmp_path / "c").markdown.read_text().split("In plain words:")[1].split("\n\n")[1]
+    assert "1 of 2 drift lines caused by the image's first two uses at once, one of them batch" in words, words
+
+
+def test_each_named_image_is_followed_alone(tmp_path):
+    """Seen on 0.30.0: a multi-image request missed; one of its images was new and had just failed after render,
+    the other was in use and answered since. The answered image says nothing of the new one: the 400 is the cause."""
+    events, _ = _trial_with(
+        tmp_path / "c",
+        [
+            req(1.0, "valid_image", hashes="old", latency=10),
+            req(6.6, "malformed_post", S.HTTP_ERROR, 400, "new", "dimensions", 400, latency=10),
+            req(6.9, "valid_image", hashes="old", latency=10),
+            req(7.0, "multi_image", S.HTTP_ERROR, 500, "new,old,old", request_id="mmc-r-0-0-7"),
+        ],
+        [(7.05, "cc" * 8, "mmc-r-0-0-7")],
+    )
+    drift = events.loc[7.05]
+    assert (drift["cause_kind"], drift["cause_case"]) == ("malformed_post", "dimensions")
+    assert drift["cause_before_s"] == pytest.approx(0.45)
 
 
 def test_plain_words_name_the_cause_and_never_a_pre_render_case_from_two_incidents(tmp_path):

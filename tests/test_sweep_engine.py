@@ -1,11 +1,11 @@
 """A two-point sweep on the real vLLM 0.30.0 (default flags), restart policy: what the hazard model rests on, pinned
 on the real server. Three server starts at most (one per point, one restart after the first crash).
 
-- with no poison in the mix nothing crashes, and the whole load window is up time;
 - with post-render 400s in the mix it crashes, every crash named by the chain `cache_drift → detokenizer_assert`;
-- every crash's drift line names a request that carried the image of a poison event of that server's life (a
-  post-render 400 on an image the engine had not got, sent again), and no life crashed without one: the
-  exposure counts what kills the server;
+- every crash has a cause the report names from the server's own words: a poison event of that server's life (a
+  post-render 400 on an image the engine had not got, sent again; the exposure counts them), or a race of an
+  image's first two uses at once (no poison needed: met at the calm point in 2 of ~10 runs beside another engine
+  lane, docs/findings.md); no crash is left unexplained, and with no poison in the mix every crash is a race;
 - the sweep is in the folders, the manifests and the rows; the report's tables, the fit and `mmchaos predict`
   read it back.
 """
@@ -17,14 +17,17 @@ import subprocess
 import sys
 
 import numpy as np
+import pandas as pd
 import pytest
 from conftest import REPORT_VERSION, TESTS, require_engine_and_model
 
 from mmchaos import schema
 from mmchaos.analysis import hazard as H
 from mmchaos.analysis import stats
+from mmchaos.analysis.attribution import attribute
 from mmchaos.analysis.exposure import exposure
 from mmchaos.analysis.results import load_results
+from mmchaos.cause_rule import AT_ONCE
 from mmchaos.harness import campaign_plan, campaign_runner
 from mmchaos.tables import read_table
 
@@ -88,31 +91,47 @@ def test_the_points_ran_where_they_say(sweep):
         assert len(m["server_pgids"]) == 1 + (m["crashes"] >= 1), r.error
 
 
-def test_no_poison_no_crash_and_poison_crashes_by_the_drift_chain(sweep):
+def causes(c, trial: int) -> list[str | None]:
+    """The cause kind the report gives each crash of a trial (cause_rule: a poison's kind, or a race of first uses)."""
+    events, _ = attribute(c)
+    crashes = events[(events["event"] == "crash") & (events["trial"] == trial)].sort_values("t")
+    return [None if pd.isna(k) else str(k) for k in crashes["cause_kind"]]
+
+
+def test_poison_crashes_by_the_drift_chain_and_without_poison_only_a_race_does(sweep):
     camp, _, (calm, poisoned) = sweep
-    assert calm.crashes == [], _story(camp / "v0.30-default" / "malformed_post=0_t000")
+    c = load_results(camp)
+    # with no poison in the mix a crash is rare, and always a race of first uses (P0 renders concurrently)
+    assert set(causes(c, 0)) <= {AT_ONCE}, _story(camp / "v0.30-default" / "malformed_post=0_t000")
+    assert {x.chain for x in calm.crashes} <= {CHAIN_030}
     assert 1 <= len(poisoned.crashes) <= 2
     assert {c.chain for c in poisoned.crashes} == {CHAIN_030}
     crashes = read_table(camp / "v0.30-default" / "malformed_post=10_t000", "crashes").to_pandas()
     assert list(crashes["chain"]) == [CHAIN_030] * len(poisoned.crashes)
-    c = load_results(camp)
     table = stats.crash_signatures(c)
     assert set(table["chain"]) == {CHAIN_030}
 
 
-def test_every_crash_had_a_poison_event_of_its_life_and_its_drift_line_names_it(sweep):
+def test_every_crash_had_a_poison_event_of_its_life_or_was_a_race_and_its_drift_line_names_it(sweep):
     camp, _, _ = sweep
     c = load_results(camp)
     exp = exposure(c).set_index("malformed_post")
     calm, hot = exp.loc[0], exp.loc[10]
-    assert calm["poison_requests"] == 0 and calm["crashes"] == 0
-    assert calm["uptime_s"] == pytest.approx(calm["duration_s"])
-    assert 1 <= hot["crashes"] <= hot["poison_events"] <= hot["reused_poison"] <= hot["poison_requests"]
+    assert calm["poison_requests"] == 0 and calm["crashes"] == len(causes(c, 0))
+    if not calm["crashes"]:
+        assert calm["uptime_s"] == pytest.approx(calm["duration_s"])
+    hot_story = _story(camp / "v0.30-default" / "malformed_post=10_t000")
+    hot_causes = causes(c, 1)
+    poisoned = [k for k in hot_causes if k != AT_ONCE]
+    assert None not in hot_causes, f"a crash the report could not explain\n{hot_story}"
+    assert 1 <= len(poisoned) <= hot["poison_events"] <= hot["reused_poison"] <= hot["poison_requests"], (
+        f"{hot.to_dict()}\n{hot_story}"
+    )
     assert hot["uptime_s"] < hot["duration_s"] and hot["answered"] < len(c.requests[c.requests["trial"] == 1])
 
     # per server life: the poison events (first 400 on an image the engine had not answered, sent again to it)
     r = c.requests[c.requests["trial"] == 1].sort_values("t_start")
-    crash_t = sorted(c.crashes["t_detected"])
+    crash_t = sorted(c.crashes.loc[c.crashes["trial"] == 1, "t_detected"])
     life = np.searchsorted(crash_t, r["t_start"].to_numpy(), side="right")
     images = r["image_hashes"].fillna("").str.split(",")
     post = r["kind"].eq("malformed_post") & r["status"].eq(400)
@@ -129,15 +148,18 @@ def test_every_crash_had_a_poison_event_of_its_life_and_its_drift_line_names_it(
             again = (same & carried & reaches.to_numpy() & (r["t_start"].to_numpy() > t)).any()
             if again and not before_ok and not before_post:
                 event_images.setdefault(lf, set()).add(h)
-    for k in range(len(crash_t)):
-        assert event_images.get(k), f"server life {k} crashed without a poison event"
-    # the drift line that preceded each crash names a request that carried one of those images
+    for k, why in enumerate(hot_causes):
+        if why != AT_ONCE:
+            assert event_images.get(k), f"server life {k} crashed without a poison event\n{hot_story}"
+    # the drift line that preceded each crash a poison caused names a request that carried one of those images
     drift = c.log_events[c.log_events["signature"].astype(str).eq("cache_drift") & c.log_events["trial"].eq(1)]
     named = drift.dropna(subset=["image_hash"])
     assert len(named) >= 1
     for _, ev in named.iterrows():
         # the life it was logged in (a dying server's last lines are read up to 2 s after the crash's detection)
         lf = int(np.searchsorted(crash_t, ev["t"] - LAST_WORDS_S, side="left"))
+        if lf < len(hot_causes) and hot_causes[lf] == AT_ONCE:
+            continue
         assert set(ev["image_hash"].split(",")) & event_images.get(lf, set()), ev["line"]
 
 
@@ -172,8 +194,8 @@ def test_the_fit_and_predict_read_the_sweep(sweep):
 
 
 def _story(trial) -> str:
-    """What a crash with no poison in the mix met (seen once in CI, under two engine lanes; cause not found): the
-    drift lines, and every request that carried an image of a request they name, in order."""
+    """What a crash met: the drift lines, and every request that carried an image of a request they name, in
+    order."""
     events = read_table(trial, "log_events").to_pandas()
     drift = events[events["signature"].astype(str).isin(["cache_drift", "expected_cached_item"])]
     rows = read_table(trial, "requests").to_pandas().sort_values("t_start")

@@ -563,3 +563,19 @@ def test_drift_and_crash_events_name_their_cause_by_the_image_the_server_named(t
     assert crash["cause"] == drift["cause"]
     [tab] = [t for t in panel_tables.tables(p, p.state()) if t["key"] == panel_tables.TAB_EVENTS]
     assert [r["cause"] for r in tab["data"] if r["event"] in ("drift", "crash")] == [drift["cause"]] * 2
+
+
+def test_the_panel_names_a_race_of_first_uses_as_the_report_does(tmp_path):
+    """No request failed: a batch and a single request carried a new image at once, and the drift line names the
+    single one. The panel says what the report says (mmchaos/cause_rule.py), live."""
+    p = _panel()
+    t0 = time.time() - 60  # the recorder's times are epoch seconds: an answer comes after its request was sent
+
+    def ctx(kind, rid, hashes):
+        return {"kind": kind, "request_id": rid, "image_hashes": hashes}
+
+    _request(p, _resp(500, "engine dead"), ctx("batch", "mmc-ab-0-1-1", "h9,h8"), t0)
+    body = '{"error": {"message": "Multi-modal processor cache miss.", "code": 503}}'
+    _request(p, _resp(503, body), ctx("valid_image", "mmc-ab-0-2-1", "h9"), t0 + 0.0002)
+    [drift] = [e for e in p.state()["events"] if e["event"] == "drift"]
+    assert drift["cause"].startswith("the image's first use at once with batch (HTTP 500)"), drift
