@@ -270,10 +270,21 @@ def machine(
             self._send(steps)
 
         @precondition(lambda self: bool(singles))
-        @rule(data=st.data())
-        def operate(self, data):
+        @rule(data=st.data(), alongside=st.integers(0, TOGETHER - 1))
+        def operate(self, data, alongside):
             action = data.draw(st.sampled_from(singles), label="operator action")
-            self._send([self._step(0, action, None)])
+            if alongside:  # an operator acts on a server that is serving: requests in flight as the action lands
+                self.groups += 1
+                steps = [self._step(0, action, None, together=self.groups)]
+                # a request that lands after a /pause or /sleep waits for its undo: it hangs up as the one below does
+                wait = HANG_UP_MS[-1] if action in PAIRS else None
+                for k in range(alongside):
+                    images = self._remember(self._images())
+                    path, body = self._body(data, image_forms, images, hunt_bodies.MINIMAL, media_only=True)
+                    steps.append(self._step(1 + k % (SESSIONS - 1), path, body, hang_up_ms=wait, together=self.groups))
+                self._send(steps)
+            else:
+                self._send([self._step(0, action, None)])
             if action in PAIRS:  # a request while it holds, then the action that undoes it
                 path, body = self._body(data, forms, self._remember(self._images()), hunt_bodies.MINIMAL)
                 self._send([self._step(1, path, body, hang_up_ms=HANG_UP_MS[-1])])

@@ -21,7 +21,8 @@ POOLING_ROUTES = (
     "/v2/rerank",
     "/v2/embed",
 )
-OPERATOR_ROUTES = ("/reset_mm_cache", "/reset_prefix_cache")
+# what an operator does to a running server (VLLM_SERVER_DEV_MODE=1); /wake_up and /resume undo /sleep and /pause
+OPERATOR_ROUTES = ("/reset_mm_cache", "/reset_prefix_cache", "/sleep", "/wake_up", "/pause", "/resume")
 
 
 class ApiSchemaError(ValueError):

@@ -92,7 +92,7 @@ class _Server:
         return [self.send(i, step) for i, step in indexed]
 
 
-def _machine_run(examples: int, seed: int = 0):
+def _machine_run(examples: int, seed: int = 0, operators=("/reset_mm_cache",)):
     from hypothesis import HealthCheck, Phase
     from hypothesis import seed as seed_of
     from hypothesis.stateful import run_state_machine_as_test
@@ -100,7 +100,7 @@ def _machine_run(examples: int, seed: int = 0):
     server, cases, life = _Server(), [], hunt_case.Life()
     forms = [("/v1/embeddings", hunt_bodies.form(f, "m")) for f in api_schema.variants(OPENAPI_ROUTES.request)]
     hooks = hunt_case.Hooks(server, life, lambda sent: None, lambda case, sent: cases.append((case, sent)))
-    machine = seed_of(seed)(hunt_case.machine(forms, ["/reset_mm_cache"], hooks))
+    machine = seed_of(seed)(hunt_case.machine(forms, list(operators), hooks))
     run_state_machine_as_test(
         machine,
         settings=settings(
@@ -129,6 +129,27 @@ def test_cases_are_programs_of_the_servers_routes_and_its_operator_actions():
     # a client that hangs up always sends an image (it is what a hang-up can leave half-known to the server)
     hang_ups = [s for c, _ in cases for s in c.steps if s.hang_up_ms is not None]
     assert hang_ups and all(s.images for s in hang_ups)
+
+
+def test_an_operator_acts_while_requests_are_in_flight_and_undoes_a_pause():
+    """Measured on 0.32.0 (docs/findings.md): a /pause that lands while a pooling request is in the engine kills
+    the server. So an operator action is also sent together with requests that carry images, and a /pause or
+    /sleep is always followed by its undo (a request sent into a pause hangs up rather than wait for it)."""
+    server, cases, _ = _machine_run(60, operators=api_schema.OPERATOR_ROUTES)
+    beside = [  # per case: a case numbers its groups of steps sent together
+        s
+        for c, _ in cases
+        for s in c.steps
+        if s.body is not None and any(a.body is None and a.together == s.together is not None for a in c.steps)
+    ]
+    assert beside and all(s.images for s in beside)
+    for c, _ in cases:
+        actions = [s.path for s in c.steps if s.body is None]
+        for held, undo in hunt_case.PAIRS.items():
+            assert actions.count(held) == actions.count(undo), actions
+        for s in c.steps:  # a request sent with a /pause or /sleep in flight does not wait for its undo
+            if s.together is not None and any(a.path in hunt_case.PAIRS and a.together == s.together for a in c.steps):
+                assert s.body is None or s.hang_up_ms is not None
 
 
 def test_an_image_whose_request_failed_is_sent_again_in_the_servers_life():
