@@ -42,6 +42,9 @@ MAX_STEPS = 8  # rules a case runs at most
 SESSIONS = 3  # keep-alive connections a case's requests go out on
 HANG_UP_MS = (1.0, 2.0, 5.0, 10.0, 30.0, 100.0)  # short first: while the image is still being processed
 TOGETHER = 3  # requests sent at once, at most
+# an operator action sent with requests lands this long after them: at 0 before they are rendered, later while the
+# engine holds them (a /pause then aborts them: measured on 0.32.0, docs/findings.md)
+ACTION_DELAY_MS = (0.0, 10.0, 30.0, 60.0)
 PAIRS = {"/sleep": "/wake_up", "/pause": "/resume"}  # an operator action and the one that undoes it
 CONNECT_S = 5.0
 
@@ -54,6 +57,7 @@ class Step:
     hang_up_ms: float | None = None
     images: list[str] = field(default_factory=list)  # the hashes of the media it carries
     together: int | None = None  # steps with the same number were sent at once
+    delay_ms: float | None = None  # of a step sent at once with others: sent this long after them (its schedule)
 
 
 @dataclass
@@ -159,6 +163,8 @@ class Client:
         out: dict[int, Sent] = {}
 
         def one(i: int, step: Step) -> None:
+            if step.delay_ms:
+                time.sleep(step.delay_ms / 1000)  # the step's schedule, not a synchronisation
             out[i] = self.send(i, step)
 
         threads = [threading.Thread(target=one, args=x, daemon=True) for x in indexed]
@@ -270,12 +276,12 @@ def machine(
             self._send(steps)
 
         @precondition(lambda self: bool(singles))
-        @rule(data=st.data(), alongside=st.integers(0, TOGETHER - 1))
-        def operate(self, data, alongside):
+        @rule(data=st.data(), alongside=st.integers(0, TOGETHER - 1), delay=st.sampled_from(ACTION_DELAY_MS))
+        def operate(self, data, alongside, delay):
             action = data.draw(st.sampled_from(singles), label="operator action")
             if alongside:  # an operator acts on a server that is serving: requests in flight as the action lands
                 self.groups += 1
-                steps = [self._step(0, action, None, together=self.groups)]
+                steps = [self._step(0, action, None, together=self.groups, delay_ms=delay or None)]
                 # a request that lands after a /pause or /sleep waits for its undo: it hangs up as the one below does
                 wait = HANG_UP_MS[-1] if action in PAIRS else None
                 for k in range(alongside):

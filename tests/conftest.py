@@ -42,12 +42,12 @@ def require_engine_and_model(version: str) -> None:
 
 
 @contextlib.contextmanager
-def vllm_server(version: str, flags: list[str], log: Path, timeout: float = 420):
+def vllm_server(version: str, flags: list[str], log: Path, timeout: float = 420, env: dict | None = None):
     """A real vLLM server on the tiny model; fails (never skips) when the engine or model is missing."""
     from mmchaos.harness.server import Server, Target
 
     require_engine_and_model(version)
-    server = Server(Target(mode="engine", engine=version, flags=flags), log)
+    server = Server(Target(mode="engine", engine=version, flags=flags, env=dict(env or {})), log)
     server.start()
     try:
         server.wait_healthy(timeout)
