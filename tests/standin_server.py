@@ -13,7 +13,9 @@ its next request into it). ``--miss-after-poison`` plays vLLM 0.32: an image who
 answered once with the retryable 503 cache miss the next time it comes; ``--crash-after-poison`` plays vLLM 0.30: it
 dies (with 0.30's log lines) when that image comes again. ``--wrong-on-repeat`` answers an image it answered
 before with another embedding: a wrong answer, for the wrong-answer oracle. ``--body-log FILE`` appends each
-POST's X-Request-Id and the sha256 of its body, as received.
+POST's X-Request-Id and the sha256 of its body, as received. ``--openapi`` serves an ``/openapi.json`` listing
+``/v1/embeddings`` (its chat form only), so the hunt can run against it. Its embedding of an input is a function of
+the input (images and text): the same input gets the same vector, distinct inputs distinct ones.
 
 ``--tensor-parallel-size N`` plays vLLM's process tree for the fault tests: a child titled ``VLLM::EngineCore``
 with N children titled ``VLLM::Worker_TP<rank>``; when a worker dies the engine core exits, when the engine core
@@ -39,6 +41,8 @@ from pathlib import Path
 from typing import ClassVar
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
+
+from mmchaos.sameness import input_keys
 
 REGISTRY = CollectorRegistry()
 REQUESTS = Counter("standin_requests", "requests", ["handler", "status"], registry=REGISTRY)
@@ -97,6 +101,8 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, {"object": "list", "data": [{"id": "standin", "object": "model"}]})
         elif self.path == "/metrics":
             self._send(200, generate_latest(REGISTRY).decode(), "text/plain; version=0.0.4")
+        elif self.path == "/openapi.json" and self.opts.openapi:
+            self._send(200, OPENAPI)
         else:
             self._send(404, {"error": "not found"})
 
@@ -165,23 +171,20 @@ class Handler(BaseHTTPRequestHandler):
                 return self._send(503, {"error": {"message": "Multi-modal processor cache miss.", "code": 503}})
         if body.get("encoding_format", "float") not in ("float", "base64"):
             return self._send(400, {"error": {"message": "bad encoding_format", "code": 400}})
-        messages = body.get("messages")
-        n_inputs = (
-            len(body["input"])
-            if isinstance(body.get("input"), list) and body["input"] and not isinstance(body["input"][0], dict)
-            else len(messages)
-            if isinstance(messages, list) and messages and isinstance(messages[0], list)
-            else 1
-        )
-        vector = [0.125] * DIM
+        try:
+            keys = input_keys(self.path, body)
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return self._send(400, {"error": {"message": "cannot read the input", "code": 400}})
+        vectors = [_vector(k) for k in keys]
+        items = keys
         if self.opts.wrong_on_repeat and urls:
             with self.lock:
                 n = max(type(self).seen.get(u, 0) for u in urls)
                 for u in urls:
                     type(self).seen[u] = type(self).seen.get(u, 0) + 1
-            if n:  # an image it answered before: each time another vector (cosine 0.125 or 0 with the others)
-                vector = [1.0 if i == n % DIM else 0.0 for i in range(DIM)]
-        data = [{"index": i, "object": "embedding", "embedding": vector} for i in range(n_inputs)]
+            if n:  # an image it answered before: each time another vector (one-hot: far from the first answer)
+                vectors = [[1.0 if i == n % DIM else 0.0 for i in range(DIM)] for _ in items]
+        data = [{"index": i, "object": "embedding", "embedding": v} for i, v in enumerate(vectors)]
         self._send(200, {"object": "list", "data": data, "model": "standin"})
 
     def _told_to_die(self) -> bool:
@@ -193,6 +196,45 @@ class Handler(BaseHTTPRequestHandler):
         except FileNotFoundError:
             return False
         return True
+
+
+def _vector(key: str) -> list[float]:
+    """An input's embedding: a unit vector drawn from a hash of its key (mmchaos.sameness.input_keys: what the
+    wrong-answer oracles take for the same input). A stand-in answers consistently by that identity; a test of it
+    checks the plumbing around the comparison (forms, batches, order), never what counts as the same input."""
+    seed = hashlib.sha256(key.encode()).digest()
+    raw = [b - 127.5 for b in (seed * (DIM // len(seed) + 1))[:DIM]]
+    norm = sum(x * x for x in raw) ** 0.5
+    return [x / norm for x in raw]
+
+
+# what --openapi serves: the chat form of /v1/embeddings, as vLLM's schema gives it (trimmed)
+OPENAPI = {
+    "openapi": "3.1.0",
+    "paths": {
+        "/v1/embeddings": {
+            "post": {
+                "requestBody": {
+                    "content": {"application/json": {"schema": {"anyOf": [{"$ref": "#/components/schemas/Chat"}]}}}
+                },
+                "responses": {
+                    "200": {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Out"}}}}
+                },
+            }
+        }
+    },
+    "components": {
+        "schemas": {
+            "Chat": {
+                "title": "EmbeddingChatRequest",
+                "type": "object",
+                "required": ["messages"],
+                "properties": {"messages": {"type": "array"}, "model": {"type": "string"}},
+            },
+            "Out": {"type": "object", "required": ["data"], "properties": {"data": {"type": "array"}}},
+        }
+    },
+}
 
 
 def _image_urls(body: dict) -> list[str]:
@@ -281,6 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="answer an image it answered before with another embedding (a wrong answer)",
     )
+    p.add_argument("--openapi", action="store_true", help="serve /openapi.json (for the hunt)")
     p.add_argument("--body-log", default="", help="append 'request-id sha256(body)' of each POST to this file")
     p.add_argument("--limit-mm-per-prompt", type=json.loads, default={}, help="JSON, as vLLM's (checked, unused)")
     p.add_argument("--echo-key", action="store_true", help="quote the API key in 400 answers (a careless server)")

@@ -413,3 +413,24 @@ def test_a_budget_spent_as_a_case_begins_ends_the_search_as_itself_not_as_hypoth
     with pytest.raises(hunt._Spent) as spent:  # Hypothesis alone turns it into FlakyStrategyDefinition
         hunt.run_cases(Cases, max_examples=50)
     assert spent.value.why == "5 case(s)" and len(begun) == 6
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("wrong", [True, False], ids=["answers-a-repeat-wrongly", "answers-right"])
+def test_the_hunts_wrong_answer_oracle_catches_a_server_that_answers_a_repeat_wrongly(tmp_path, wrong):
+    """The stand-in with its /openapi.json: with --wrong-on-repeat an image it answered before gets another vector,
+    and the hunt reports the same input answered differently; a stand-in that answers right gets no such finding
+    (nor a collapse: distinct inputs get distinct vectors), whatever forms and batches the hunt sent."""
+    flags = "--openapi" + (" --wrong-on-repeat" if wrong else "")
+    cmd = f"{sys.executable} {TESTS / 'standin_server.py'} --port {{port}} {flags}"
+    out = tmp_path / "h"
+    r = _hunt("--command", cmd, "--out", str(out), "--max-cases", "25", "--max-starts", "1", "--settle", "0")
+    said = r.stdout + r.stderr
+    assert "Traceback" not in said, said[-3000:]
+    findings = json.loads((out / "state.json").read_text())["findings"]
+    wrong_answers = [f for f in findings if "the same input answered differently" in f["title"]]
+    if wrong:
+        assert r.returncode == 1 and wrong_answers, said[-3000:]
+        assert "the same input answered differently" in (out / "findings.md").read_text()
+    else:
+        assert not wrong_answers and not [f for f in findings if "answered one vector" in f["title"]], findings
