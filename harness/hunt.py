@@ -45,6 +45,7 @@ from mmchaos.tables import PartWriter, table_dir
 
 from . import crash_watch, hunt_case, hunt_oracles
 from .hunt_oracles import Finding
+from .hunt_reference import Reference
 from .minimize import HUNT_KIND
 from .server import Server, ServerError, Target
 
@@ -86,6 +87,7 @@ class Hunt:
     minimize: bool = True
     repeats: int = 2
     server_log: Path | None = None  # an attached server's log file: the log oracles read it
+    reference: str | None = None  # --reference: a second server's flags or URL (harness/hunt_reference.py)
     say: Callable[[str], None] = print
     sigs: Signatures = field(default_factory=Signatures.load)
 
@@ -107,6 +109,7 @@ class Hunt:
         self.client: hunt_case.Client | None = None
         self.hooks: hunt_case.Hooks | None = None
         self.crash: crash_watch.Crash | None = None  # a crash seen during a case's steps
+        self.ref: Reference | None = None
         self.t0 = time.time()
         self.seconds_before = float(self.state["seconds"])
 
@@ -116,6 +119,8 @@ class Hunt:
         error: Exception | None = None
         try:
             self._start()
+            if self.reference:
+                self._start_reference()
             api, operators = self._api()
             self.say(
                 f"hunt: {len(api)} pooling route(s) from /openapi.json ({', '.join(api)}); operator actions: "
@@ -146,6 +151,8 @@ class Hunt:
             if self.server is not None:
                 self.watch.finish()
                 self.server.stop()
+            if self.ref is not None:
+                self.ref.stop()
             self._save()
         self.say(
             f"hunt: stopped after {why}: {self.state['cases']} case(s), {self.state['requests']} request(s), "
@@ -310,6 +317,8 @@ class Hunt:
                     )
                 for wrong in self.answers.check(step.path, step.body, s.answer):
                     add("wrong_answer", f"wrong_answer|{wrong.split(' on ')[0]}", wrong)
+                for wrong in self.ref.disagreements(step.path, step.body, s.answer) if self.ref else []:
+                    add("wrong_answer", f"wrong_answer|the reference answered otherwise|{step.path}", wrong)
         return list(out.values())
 
     # -- the server ----------------------------------------------------------------------------------------
@@ -345,6 +354,19 @@ class Hunt:
         self.client = hunt_case.Client(self.server.base_url, headers, self.request_timeout, self.life)
         if self.hooks is not None:  # the machine sends to the new server from its next step
             self.hooks.client, self.hooks.life = self.client, self.life
+
+    def _start_reference(self) -> None:
+        assert self.reference
+        if not self.reference.startswith(("http://", "https://")):
+            self.state["starts"] += 1  # a server of ours: a start of the budget
+        log = self.out / "servers" / f"reference-{self.state['starts']}.log"
+        try:
+            self.ref = Reference.start(self.reference, self.target, log, self.startup_timeout)
+        except ServerError as e:
+            raise HuntError(f"the reference server ({self.reference}) did not start: {e}") from e
+        self.say(
+            f"hunt: reference {self.reference} at {self.ref.server.base_url}: every answer with vectors is compared"
+        )
 
     def _restart(self) -> None:
         assert self.server is not None

@@ -175,7 +175,7 @@ class Handler(BaseHTTPRequestHandler):
             keys = input_keys(self.path, body)
         except (ValueError, TypeError, KeyError, AttributeError):
             return self._send(400, {"error": {"message": "cannot read the input", "code": 400}})
-        vectors = [_vector(k) for k in keys]
+        vectors = [_vector(k, self.opts.vector_salt) for k in keys]
         items = keys
         if self.opts.wrong_on_repeat and urls:
             with self.lock:
@@ -198,11 +198,11 @@ class Handler(BaseHTTPRequestHandler):
         return True
 
 
-def _vector(key: str) -> list[float]:
+def _vector(key: str, salt: str = "") -> list[float]:
     """An input's embedding: a unit vector drawn from a hash of its key (mmchaos.sameness.input_keys: what the
     wrong-answer oracles take for the same input). A stand-in answers consistently by that identity; a test of it
     checks the plumbing around the comparison (forms, batches, order), never what counts as the same input."""
-    seed = hashlib.sha256(key.encode()).digest()
+    seed = hashlib.sha256((salt + key).encode()).digest()  # --vector-salt: another model's vectors
     raw = [b - 127.5 for b in (seed * (DIM // len(seed) + 1))[:DIM]]
     norm = sum(x * x for x in raw) ** 0.5
     return [x / norm for x in raw]
@@ -324,6 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="answer an image it answered before with another embedding (a wrong answer)",
     )
     p.add_argument("--openapi", action="store_true", help="serve /openapi.json (for the hunt)")
+    p.add_argument("--vector-salt", default="", help="answer other vectors than a stand-in without it")
     p.add_argument("--body-log", default="", help="append 'request-id sha256(body)' of each POST to this file")
     p.add_argument("--limit-mm-per-prompt", type=json.loads, default={}, help="JSON, as vLLM's (checked, unused)")
     p.add_argument("--echo-key", action="store_true", help="quote the API key in 400 answers (a careless server)")

@@ -135,7 +135,7 @@ def test_an_operator_acts_while_requests_are_in_flight_and_undoes_a_pause():
     """Measured on 0.32.0 (docs/findings.md): a /pause that lands while a pooling request is in the engine kills
     the server. So an operator action is also sent together with requests that carry images, and a /pause or
     /sleep is always followed by its undo (a request sent into a pause hangs up rather than wait for it)."""
-    server, cases, _ = _machine_run(60, operators=api_schema.OPERATOR_ROUTES)
+    _, cases, _ = _machine_run(60, operators=api_schema.OPERATOR_ROUTES)
     beside = [  # per case: a case numbers its groups of steps sent together
         s
         for c, _ in cases
@@ -434,3 +434,25 @@ def test_the_hunts_wrong_answer_oracle_catches_a_server_that_answers_a_repeat_wr
         assert "the same input answered differently" in (out / "findings.md").read_text()
     else:
         assert not wrong_answers and not [f for f in findings if "answered one vector" in f["title"]], findings
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("salt", ["other-model", ""], ids=["reference-disagrees", "reference-agrees"])
+def test_a_reference_server_that_answers_otherwise_is_a_finding(tmp_path, salt):
+    """--reference URL: every answer with vectors is sent to a second server and compared; a reference with other
+    vectors is reported (per route), one with the same vectors is not."""
+    stand = f"{sys.executable} {TESTS / 'standin_server.py'} --openapi"
+    with standin_server(tmp_path / "ref.log", "--openapi", *(["--vector-salt", salt] if salt else [])) as ref:
+        out = tmp_path / "h"
+        r = _hunt(
+            "--command", stand + " --port {port}", "--reference", ref.base_url, "--out", str(out),
+            "--max-cases", "10", "--max-starts", "1", "--settle", "0",
+        )  # fmt: skip
+    said = r.stdout + r.stderr
+    assert "Traceback" not in said and f"hunt: reference {ref.base_url}" in said, said[-3000:]
+    findings = json.loads((out / "state.json").read_text())["findings"]
+    differ = [f for f in findings if f["fingerprint"].startswith("wrong_answer|the reference answered otherwise")]
+    if salt:
+        assert r.returncode == 1 and differ and "cosine" in differ[0]["title"], findings
+    else:
+        assert not differ, findings

@@ -30,6 +30,13 @@ def add_parser(sub) -> None:
         help="launch the server with VLLM_SERVER_DEV_MODE=1, so cases also reset its caches between "
         "requests (/reset_mm_cache, /reset_prefix_cache), as an operator would",
     )
+    h.add_argument(
+        "--reference",
+        metavar="FLAGS_OR_URL",
+        help="a second server every answer with vectors is compared with (differential testing): vLLM flags for "
+        'the --engine version (e.g. "--mm-processor-cache-gb 0": no cache to drift from), or the URL of a '
+        "running server",
+    )
     h.add_argument("--server-log", help="with --url: the server's log file, so the log oracles can read it")
     h.add_argument("--out", help="the hunt's folder (default results/hunt-<target>); a re-run resumes from it")
     h.add_argument("--seed", type=int, default=0, help="the search's seed (default 0)")
@@ -59,6 +66,8 @@ def run(a) -> int:
     if len(chosen) != 1:
         raise CommandError("give one target: --engine VERSION, --command CMD or --url URL")
     env = {"VLLM_SERVER_DEV_MODE": "1"} if a.operator_actions else {}
+    if a.reference and not a.engine and not a.reference.startswith(("http://", "https://")):
+        raise CommandError("--reference FLAGS launches the --engine version with them: give --engine, or a URL")
     if a.operator_actions and not (a.engine or a.command):
         raise CommandError("--operator-actions is for a server mmchaos launches (--engine or --command)")
     if a.engine:
@@ -80,6 +89,7 @@ def run(a) -> int:
         minimize=not a.no_minimize,
         repeats=a.repeats,
         server_log=Path(a.server_log) if a.server_log else None,
+        reference=a.reference,
         say=say,
     )
     say(f"hunt: {target.mode} {shlex.join([name, *passthrough])} -> {out}")

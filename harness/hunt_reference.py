@@ -1,0 +1,77 @@
+"""The hunt's differential oracle: a second server (``--reference``) is sent every request the target answered with
+vectors, and the two answers must agree (mmchaos/sameness.py: cosine >= its bound, per input).
+
+The reference is the same engine launched with other flags (``--reference "--mm-processor-cache-gb 0"``: no cache
+to drift from), or a server already running (``--reference http://127.0.0.1:8001``). It is sent only what the target
+answered 200, one request at a time, after the case (so its own state follows the target's requests, not its
+timing). A reference that does not answer 200 says nothing: only two answers are compared.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+
+from mmchaos import sameness
+from mmchaos.auth import auth_headers
+
+from .server import Server, ServerError, Target
+
+
+def reference_target(spec: str, target: Target) -> Target:
+    """``spec``: a URL to attach to, or vLLM flags for the target's engine (``--engine`` targets only)."""
+    if spec.startswith(("http://", "https://")):
+        return Target(mode="attach", url=spec)
+    if target.mode != "engine":
+        raise ServerError("--reference FLAGS launches the target's engine with those flags: give --engine, or a URL")
+    return Target(mode="engine", engine=target.engine, model=target.model, flags=shlex.split(spec), env=target.env)
+
+
+@dataclass
+class Reference:
+    spec: str
+    server: Server
+    model: str = ""
+    timeout: float = 60.0
+
+    @classmethod
+    def start(cls, spec: str, target: Target, log: Path, startup_timeout: float) -> Reference:
+        server = Server(reference_target(spec, target), log)
+        try:
+            server.start()
+            server.wait_healthy(startup_timeout)
+        except ServerError:
+            server.stop()
+            raise
+        return cls(spec, server, server.model_name())
+
+    def stop(self) -> None:
+        self.server.stop()
+
+    def disagreements(self, path: str, body: dict, answer: dict) -> list[str]:
+        """Why the reference's answer to ``body`` is not the target's ``answer`` (one line per input that differs)."""
+        try:
+            ours = sameness.vectors(answer, body)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return []  # not an answer with vectors
+        if not ours or any(v.size == 0 for v in ours):
+            return []
+        sent = {**body, "model": self.model} if "model" in body else body
+        headers = auth_headers(self.server.api_key) if self.server.api_key else {}
+        try:
+            r = requests.post(self.server.base_url + path, json=sent, headers=headers, timeout=self.timeout)
+            theirs = sameness.vectors(r.json(), body) if r.status_code == 200 else None
+        except (requests.RequestException, ValueError, KeyError, TypeError, AttributeError, json.JSONDecodeError):
+            theirs = None
+        if theirs is None or len(theirs) != len(ours):
+            return []
+        return [
+            f"the reference ({self.spec}) answered input {i} of {path} otherwise "
+            f"(cosine {sameness.cosine(a, b):.4f} < {sameness.COSINE_MIN})"
+            for i, (a, b) in enumerate(zip(ours, theirs))
+            if not sameness.agree(a, b)
+        ]
