@@ -43,7 +43,7 @@ from mmchaos.redact import Redactor
 from mmchaos.signatures import Signatures
 from mmchaos.tables import PartWriter, table_dir
 
-from . import crash_watch, hunt_case, hunt_oracles
+from . import crash_watch, hunt_case, hunt_oracles, hunt_versions
 from .hunt_oracles import Finding
 from .hunt_reference import Reference
 from .minimize import HUNT_KIND
@@ -88,6 +88,7 @@ class Hunt:
     repeats: int = 2
     server_log: Path | None = None  # an attached server's log file: the log oracles read it
     reference: str | None = None  # --reference: a second server's flags or URL (harness/hunt_reference.py)
+    versions: list[str] = field(default_factory=list)  # --versions: where each crash's reproducer is run again
     say: Callable[[str], None] = print
     sigs: Signatures = field(default_factory=Signatures.load)
 
@@ -161,6 +162,7 @@ class Hunt:
         )
         if self.minimize:
             self._minimize_crashes()
+            self._affected_versions()
         from .hunt_report import write as write_report
 
         files = write_report(self)
@@ -473,6 +475,33 @@ class Hunt:
                 f"{'confirmed' if result.confirmed else result.note}"
             ).strip()
             self._save()
+
+    def _affected_versions(self) -> None:
+        """Each crash's confirmed reproducer on the other versions and configurations given (hunt_versions.py)."""
+        for f in self.findings.values():
+            repro = self.out / "findings" / str(f.first_case) / "minimized" / "repro.py"
+            if f.oracle != "crash" or not self.versions or not repro.exists() or "affected:" in f.detail:
+                continue
+            lines = []
+            for spec in self.versions:
+                self.say(f"hunt: finding {f.first_case}: its reproducer on {spec}")
+                got = hunt_versions.run_on(
+                    repro,
+                    spec,
+                    self.target,
+                    self.out / "servers" / "versions",
+                    self.startup_timeout,
+                    runs=max(1, self.repeats),
+                    on_start=self._count_start,
+                )
+                self.say(f"  {got.line()}" + (f": {got.detail}" if got.result == hunt_versions.COULD_NOT_RUN else ""))
+                lines.append(got.line())
+            found_on = " ".join([self.target.engine or self.target.mode, *self.target.flags])
+            f.detail = f"{f.detail}\naffected: {found_on}: crashed (found there); {'; '.join(lines)}".strip()
+            self._save()
+
+    def _count_start(self) -> None:
+        self.state["starts"] += 1
 
     def _shrink(self, finding: Finding, life: list, folder: Path) -> tuple[Path, Any] | None:
         """Shrink one life the crash ended (the minimizer, on fresh servers): (its minimized folder, its result)."""

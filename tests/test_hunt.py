@@ -14,7 +14,7 @@ from conftest import TESTS, standin_server
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmchaos.harness import hunt_case, hunt_oracles
+from mmchaos.harness import hunt_case, hunt_oracles, hunt_versions
 from mmchaos.payloads import api_schema, hunt_bodies, hunt_media
 from mmchaos.signatures import Signatures
 
@@ -261,6 +261,13 @@ def _hunt(*args):
     return subprocess.run(
         [sys.executable, "-m", "mmchaos.harness.cli", "hunt", *args], capture_output=True, text=True, timeout=300
     )
+
+
+def test_a_versions_spec_without_a_version_is_one_line_and_exit_2(tmp_path):
+    r = mmchaos("hunt", "--engine", "0.30.0", "--versions", "--mm-processor-cache-gb 0", "--out", str(tmp_path / "h"))
+    said = r.stdout + r.stderr
+    assert r.returncode == 2 and "give a version first" in said and "Traceback" not in said
+    assert hunt_versions.parse("0.30.0 --mm-processor-cache-gb 0") == ("0.30.0", ["--mm-processor-cache-gb", "0"])
 
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from mmchaos import paths
 
-from .. import arg_types
+from .. import arg_types, hunt_versions
 from ..server import Target
 from .common import CommandError, say
 
@@ -36,6 +36,14 @@ def add_parser(sub) -> None:
         help="a second server every answer with vectors is compared with (differential testing): vLLM flags for "
         'the --engine version (e.g. "--mm-processor-cache-gb 0": no cache to drift from), or the URL of a '
         "running server",
+    )
+    h.add_argument(
+        "--versions",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="run each crash's reproducer again on this version and its vLLM flags, e.g. 0.32.0 or "
+        '"0.30.0 --mm-processor-cache-gb 0" (repeatable): the finding\'s affected-versions line',
     )
     h.add_argument("--server-log", help="with --url: the server's log file, so the log oracles can read it")
     h.add_argument("--out", help="the hunt's folder (default results/hunt-<target>); a re-run resumes from it")
@@ -66,6 +74,13 @@ def run(a) -> int:
     if len(chosen) != 1:
         raise CommandError("give one target: --engine VERSION, --command CMD or --url URL")
     env = {"VLLM_SERVER_DEV_MODE": "1"} if a.operator_actions else {}
+    for spec in a.versions:
+        try:
+            hunt_versions.parse(spec)
+        except ValueError as e:
+            raise CommandError(str(e)) from e
+        if not a.engine and not a.command:
+            raise CommandError("--versions runs reproducers on servers mmchaos launches: give --engine")
     if a.reference and not a.engine and not a.reference.startswith(("http://", "https://")):
         raise CommandError("--reference FLAGS launches the --engine version with them: give --engine, or a URL")
     if a.operator_actions and not (a.engine or a.command):
@@ -90,6 +105,7 @@ def run(a) -> int:
         repeats=a.repeats,
         server_log=Path(a.server_log) if a.server_log else None,
         reference=a.reference,
+        versions=list(a.versions),
         say=say,
     )
     say(f"hunt: {target.mode} {shlex.join([name, *passthrough])} -> {out}")
