@@ -164,6 +164,18 @@ def bad_response(answer: object, schema: dict | None) -> str | None:
     return None
 
 
+def embeddings(answer: object, body: dict) -> list[np.ndarray] | None:
+    """The vectors of a 200's body, in input order; None for an answer that has none (a score's answer reads as
+    nan vectors: not an embedding to compare)."""
+    try:
+        vectors = sameness.vectors(answer, body)  # type: ignore[arg-type]
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+    if not vectors or any(v.size == 0 or not np.isfinite(v).all() for v in vectors):
+        return None
+    return vectors
+
+
 class Answers:
     """The wrong-answer oracle over one server's life: each input's first answer, compared with every later one;
     and the first answers of distinct inputs with media, which must not collapse onto one vector."""
@@ -176,11 +188,11 @@ class Answers:
         out: list[str] = []
         try:
             keys = sameness.input_keys(path, body)
-            vectors = sameness.vectors(answer, body)
         except (KeyError, TypeError, ValueError, AttributeError):
+            return out
+        vectors = embeddings(answer, body)
+        if vectors is None:
             return out  # not an answer with vectors: nothing to compare
-        if not vectors or any(v.size == 0 or not np.isfinite(v).all() for v in vectors):
-            return out  # a score's answer has no vector (sameness reads it as nan): not an embedding to compare
         media = "image_url" in str(body) or bool(body.get("images"))
         for key, vec in zip(keys, vectors):
             if key in self.first:

@@ -9,7 +9,6 @@ timing). A reference that does not answer 200 says nothing: only two answers are
 
 from __future__ import annotations
 
-import json
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ import requests
 from mmchaos import sameness
 from mmchaos.auth import auth_headers
 
+from .hunt_oracles import embeddings
 from .server import Server, ServerError, Target
 
 
@@ -54,18 +54,15 @@ class Reference:
 
     def disagreements(self, path: str, body: dict, answer: dict) -> list[str]:
         """Why the reference's answer to ``body`` is not the target's ``answer`` (one line per input that differs)."""
-        try:
-            ours = sameness.vectors(answer, body)
-        except (KeyError, TypeError, ValueError, AttributeError):
-            return []  # not an answer with vectors
-        if not ours or any(v.size == 0 for v in ours):
-            return []
+        ours = embeddings(answer, body)
+        if ours is None:
+            return []  # not an answer with vectors (a score's): nothing to compare
         sent = {**body, "model": self.model} if "model" in body else body
         headers = auth_headers(self.server.api_key) if self.server.api_key else {}
         try:
             r = requests.post(self.server.base_url + path, json=sent, headers=headers, timeout=self.timeout)
-            theirs = sameness.vectors(r.json(), body) if r.status_code == 200 else None
-        except (requests.RequestException, ValueError, KeyError, TypeError, AttributeError, json.JSONDecodeError):
+            theirs = embeddings(r.json(), body) if r.status_code == 200 else None
+        except (requests.RequestException, ValueError):
             theirs = None
         if theirs is None or len(theirs) != len(ours):
             return []

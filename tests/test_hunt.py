@@ -463,3 +463,15 @@ def test_a_reference_server_that_answers_otherwise_is_a_finding(tmp_path, salt):
         assert r.returncode == 1 and differ and "cosine" in differ[0]["title"], findings
     else:
         assert not differ, findings
+
+
+def test_only_answers_with_vectors_are_compared():
+    """A score's answer reads as nan vectors: no embedding to compare (seen: --reference called a /score answer
+    otherwise, "cosine nan", on 0.30.0); an embedding's answer is compared, by both oracles alike."""
+    body = {"model": "m", "input": ["a", "b"]}
+    score = {"data": [{"index": 0, "object": "score", "score": 0.5}]}
+    assert hunt_oracles.embeddings(score, {"model": "m", "text_1": "a", "text_2": "b"}) is None
+    vectors = hunt_oracles.embeddings(
+        {"data": [{"index": 1, "embedding": [0, 1]}, {"index": 0, "embedding": [1, 0]}]}, body
+    )
+    assert [v.tolist() for v in vectors] == [[1.0, 0.0], [0.0, 1.0]]
