@@ -8,7 +8,6 @@ goes through this process's terminal, where secrets are masked.
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 from mmchaos import paths
 from mmchaos.errors import MmchaosError
 
+from . import sigterm
 from .processes import stop_group
 
 STOP_GRACE = 25.0  # a stopping worker stops its users, then waits up to 15 s for the master's acknowledgements
@@ -44,10 +44,6 @@ def worker_argv(master_host: str, master_port: int, locustfile: Path, processes:
     return argv + (["--processes", str(processes)] if processes else [])
 
 
-def _interrupt(*_) -> None:
-    raise KeyboardInterrupt
-
-
 def serve(
     master_host: str, master_port: int, locustfile: str | None = None, processes: int = 0, once: bool = False, say=print
 ) -> int:
@@ -59,7 +55,7 @@ def serve(
     if not lf.is_file():
         raise WorkerError(f"locustfile {locustfile} not found: give the file the campaign's master runs")
     argv = worker_argv(master_host, master_port, lf, processes)
-    signal.signal(signal.SIGTERM, _interrupt)  # a supervisor's SIGTERM (Kubernetes) stops us as Ctrl-C does
+    sigterm.as_ctrl_c()
     quick_fails = 0
     proc = None
     try:

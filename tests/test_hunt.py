@@ -475,3 +475,31 @@ def test_only_answers_with_vectors_are_compared():
         {"data": [{"index": 1, "embedding": [0, 1]}, {"index": 0, "embedding": [1, 0]}]}, body
     )
     assert [v.tolist() for v in vectors] == [[1.0, 0.0], [0.0, 1.0]]
+
+
+@pytest.mark.integration
+def test_a_hunt_stopped_by_sigterm_stops_its_server_and_keeps_its_state(tmp_path):
+    """A CI job's or a supervisor's SIGTERM ends a hunt as Ctrl-C does: the server it launched is stopped (it is in
+    a session of its own: nobody else would stop it), what it found is kept, and a re-run resumes from it."""
+    import psutil
+    from test_webui import wait_for
+
+    out = tmp_path / "h"
+    cmd = f"{sys.executable} {TESTS / 'standin_server.py'} --port {{port}} --openapi"
+    argv = [sys.executable, "-m", "mmchaos.harness.cli", "hunt", "--command", cmd, "--out", str(out)]
+    p = subprocess.Popen([*argv, "--max-cases", "10000", "--max-starts", "1"], stdout=subprocess.PIPE, text=True)
+    try:
+        cases = out / "cases.jsonl"
+        wait_for(lambda: cases.exists() and len(cases.read_text().splitlines()) >= 2, 120, "two cases sent")
+        server = [
+            c for c in psutil.Process(p.pid).children(recursive=True) if "standin_server.py" in " ".join(c.cmdline())
+        ]
+        assert server, "the hunt's stand-in"
+        p.terminate()
+        assert p.wait(timeout=60) == 130
+    finally:
+        if p.poll() is None:
+            p.kill()
+    _, alive = psutil.wait_procs(server, timeout=30)
+    assert not alive, f"left behind: {[c.pid for c in alive]}"
+    assert json.loads((out / "state.json").read_text())["cases"] >= 2

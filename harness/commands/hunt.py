@@ -7,7 +7,7 @@ from pathlib import Path
 
 from mmchaos import paths
 
-from .. import arg_types, hunt_versions
+from .. import arg_types, hunt_versions, sigterm
 from ..server import Target
 from .common import CommandError, say
 
@@ -108,5 +108,6 @@ def run(a) -> int:
         versions=list(a.versions),
         say=say,
     )
+    sigterm.as_ctrl_c()  # its servers are stopped, its state kept, as on Ctrl-C
     say(f"hunt: {target.mode} {shlex.join([name, *passthrough])} -> {out}")
     return hunt.run()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import signal
 import time
 from pathlib import Path
 
@@ -10,6 +9,7 @@ from rich.markup import escape
 
 from mmchaos import paths
 
+from .. import sigterm
 from .common import CommandError, add_server_args, console, start, target_from_args
 
 HELP = "launch a server and keep it up until Ctrl-C; flags after -- go to vLLM verbatim"
@@ -21,17 +21,13 @@ def add_parser(sub) -> None:
     s.set_defaults(func=run)
 
 
-def _interrupt(*_) -> None:
-    raise KeyboardInterrupt
-
-
 def run(a) -> int:
     target = target_from_args(a, a.passthrough)
     if target.mode == "attach":
         raise CommandError("serve launches a server; to check a running one use `mmchaos repro --url URL`")
     log = Path(a.log or paths.home() / "logs" / f"serve-{time.strftime('%Y%m%d-%H%M%S')}.log")
     server = start(target, log, a.port, a.timeout)
-    signal.signal(signal.SIGTERM, _interrupt)  # a supervisor's SIGTERM stops us the way Ctrl-C does
+    sigterm.as_ctrl_c()
     try:
         console.print(f"model: {server.model_name()} — Ctrl-C stops the server")
         while server.exit_code() is None:
