@@ -229,7 +229,12 @@ OPENAPI = {
                 "title": "EmbeddingChatRequest",
                 "type": "object",
                 "required": ["messages"],
-                "properties": {"messages": {"type": "array"}, "model": {"type": "string"}},
+                "properties": {
+                    "messages": {"type": "array"},
+                    "model": {"type": "string"},
+                    "dimensions": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
+                    "encoding_format": {"enum": ["float", "base64"]},
+                },
             },
             "Out": {"type": "object", "required": ["data"], "properties": {"data": {"type": "array"}}},
         }

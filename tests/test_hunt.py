@@ -13,41 +13,19 @@ from cli_inprocess import mmchaos
 from conftest import TESTS, standin_server
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from standin_server import OPENAPI as STANDIN_OPENAPI
 
 from mmchaos.harness import hunt_case, hunt_oracles, hunt_versions
 from mmchaos.payloads import api_schema, hunt_bodies, hunt_media
 from mmchaos.signatures import Signatures
 
+# the stand-in's schema (the chat form of /v1/embeddings), with an operator action and a route the hunt never sends
 OPENAPI = {
+    **STANDIN_OPENAPI,
     "paths": {
-        "/v1/embeddings": {
-            "post": {
-                "requestBody": {
-                    "content": {"application/json": {"schema": {"anyOf": [{"$ref": "#/components/schemas/Chat"}]}}}
-                },
-                "responses": {
-                    "200": {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Out"}}}}
-                },
-            }
-        },
+        **STANDIN_OPENAPI["paths"],
         "/reset_mm_cache": {"post": {}},
         "/v1/chat/completions": {"post": {}},  # not a pooling route: never sent
-    },
-    "components": {
-        "schemas": {
-            "Chat": {
-                "title": "EmbeddingChatRequest",
-                "type": "object",
-                "required": ["messages"],
-                "properties": {
-                    "messages": {"type": "array"},
-                    "model": {"type": "string"},
-                    "dimensions": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
-                    "encoding_format": {"enum": ["float", "base64"]},
-                },
-            },
-            "Out": {"type": "object", "required": ["data"], "properties": {"data": {"type": "array"}}},
-        }
     },
 }
 
