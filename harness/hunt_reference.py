@@ -1,5 +1,5 @@
 """The hunt's differential oracle: a second server (``--reference``) is sent every request the target answered with
-vectors, and the two answers must agree (mmchaos/sameness.py: cosine >= its bound, per input).
+vectors or scores, and the two answers must agree (mmchaos/sameness.py: vectors by cosine, scores by difference).
 
 The reference is the same engine launched with other flags (``--reference "--mm-processor-cache-gb 0"``: no cache
 to drift from), or a server already running (``--reference http://127.0.0.1:8001``). It is sent only what the target
@@ -53,22 +53,47 @@ class Reference:
         self.server.stop()
 
     def disagreements(self, path: str, body: dict, answer: dict) -> list[str]:
-        """Why the reference's answer to ``body`` is not the target's ``answer`` (one line per input that differs)."""
-        ours = embeddings(answer, body)
-        if ours is None:
-            return []  # not an answer with vectors (a score's): nothing to compare
+        """Why the reference's answer to ``body`` is not the target's ``answer`` (one line per input that differs):
+        vectors by cosine, scores by their difference."""
+        ours_v, ours_s = embeddings(answer, body), _scores(answer)
+        if ours_v is None and ours_s is None:
+            return []  # neither vectors nor scores: nothing to compare
+        theirs = self._answer(path, body)
+        if theirs is None:
+            return []
+        if ours_v is not None:
+            other = embeddings(theirs, body)
+            if other is None or len(other) != len(ours_v):
+                return []
+            return [
+                f"the reference ({self.spec}) answered input {i} of {path} otherwise "
+                f"(cosine {sameness.cosine(a, b):.4f} < {sameness.COSINE_MIN})"
+                for i, (a, b) in enumerate(zip(ours_v, other))
+                if not sameness.agree(a, b)
+            ]
+        other_s = _scores(theirs)
+        if other_s is None or ours_s is None or len(other_s) != len(ours_s):
+            return []
+        return [
+            f"the reference ({self.spec}) scored pair {i} of {path} otherwise ({a:.4f} vs {b:.4f})"
+            for i, (a, b) in enumerate(zip(ours_s, other_s))
+            if not sameness.scores_agree(a, b)
+        ]
+
+    def _answer(self, path: str, body: dict) -> dict | None:
+        """The reference's 200 answer to ``body`` (None: another status, or no answer)."""
         sent = {**body, "model": self.model} if "model" in body else body
         headers = auth_headers(self.server.api_key) if self.server.api_key else {}
         try:
             r = requests.post(self.server.base_url + path, json=sent, headers=headers, timeout=self.timeout)
-            theirs = embeddings(r.json(), body) if r.status_code == 200 else None
+            out = r.json() if r.status_code == 200 else None
         except (requests.RequestException, ValueError):
-            theirs = None
-        if theirs is None or len(theirs) != len(ours):
-            return []
-        return [
-            f"the reference ({self.spec}) answered input {i} of {path} otherwise "
-            f"(cosine {sameness.cosine(a, b):.4f} < {sameness.COSINE_MIN})"
-            for i, (a, b) in enumerate(zip(ours, theirs))
-            if not sameness.agree(a, b)
-        ]
+            return None
+        return out if isinstance(out, dict) else None
+
+
+def _scores(answer: object) -> list[float] | None:
+    try:
+        return sameness.scores(answer)  # type: ignore[arg-type]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None

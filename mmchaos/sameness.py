@@ -32,6 +32,9 @@ COSINE_MIN = 0.999
 # Distinct inputs whose answers agree this closely are one vector answered twice (the CLIP collapse upstream): above
 # the closest two distinct images of the pool measured on the real engine, and above the noise of one input.
 COLLAPSE_COSINE = 0.99999
+# Two scores (a similarity in [-1, 1], or a reranker's relevance) of the same pair agree within this: bf16's rounding
+# of a cosine near 1 (2^-9), with room for another kernel order.
+SCORE_ATOL = 5e-3
 
 # Fields that say how an answer is written or when it is scheduled, not what it is.
 IGNORED = frozenset(
@@ -274,3 +277,20 @@ def vectors(answer: Mapping[str, Any], body: Mapping[str, Any] | None = None) ->
     if isinstance(by_type, Mapping) and by_type.get("float") is not None:
         return [np.asarray(e, dtype=np.float32) for e in by_type["float"]]
     raise ValueError("no embeddings in the answer")
+
+
+def scores(answer: Mapping[str, Any]) -> list[float]:
+    """The scores of a /score or /rerank answer, in the order of the pairs or documents (``index``): ``data[i].score``
+    or ``results[i].relevance_score``. ValueError on anything else."""
+    if isinstance(answer.get("data"), list) and answer["data"] and "score" in answer["data"][0]:
+        items, field = answer["data"], "score"
+    elif isinstance(answer.get("results"), list) and answer["results"]:
+        items, field = answer["results"], "relevance_score"
+    else:
+        raise ValueError("no scores in the answer")
+    return [float(d[field]) for d in sorted(items, key=lambda d: d.get("index", 0))]
+
+
+def scores_agree(a: float, b: float) -> bool:
+    """Two scores of the same pair are the same answer (within bf16's rounding)."""
+    return math.isfinite(a) and math.isfinite(b) and abs(a - b) <= SCORE_ATOL

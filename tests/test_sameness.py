@@ -119,3 +119,13 @@ def test_vectors_reads_floats_base64_and_cohere():
     assert np.array_equal(sameness.vectors({"embeddings": {"float": [v.tolist()]}})[0], v)
     with pytest.raises(ValueError):
         sameness.vectors({"object": "error"})
+
+
+def test_scores_of_score_and_rerank_answers_in_input_order_and_how_close_is_the_same():
+    score = {"data": [{"index": 1, "object": "score", "score": 0.25}, {"index": 0, "object": "score", "score": 0.9}]}
+    rerank = {"results": [{"index": 0, "relevance_score": 0.5}, {"index": 1, "relevance_score": 0.1}]}
+    assert sameness.scores(score) == [0.9, 0.25] and sameness.scores(rerank) == [0.5, 0.1]
+    with pytest.raises(ValueError):
+        sameness.scores({"data": [{"index": 0, "embedding": [1.0]}]})  # an embedding is no score
+    assert sameness.scores_agree(0.9, 0.9 + sameness.SCORE_ATOL / 2)
+    assert not sameness.scores_agree(0.9, 0.8) and not sameness.scores_agree(float("nan"), 0.9)
