@@ -56,7 +56,7 @@ def _text() -> st.SearchStrategy[str]:
 def content(images: st.SearchStrategy[Media], with_image: bool = False) -> st.SearchStrategy[list]:
     """A message's content: image parts and text parts in any order, most with an image (with ``with_image``: an
     image, then perhaps a text)."""
-    image = images.map(lambda m: {"type": "image_url", "image_url": {"url": m.url}})
+    image = images.map(lambda m: m.part)
     text = _text().map(lambda t: {"type": "text", "text": t})
     if with_image:
         return st.tuples(image, st.lists(text, max_size=1)).map(lambda x: [x[0], *x[1]])

@@ -1,5 +1,7 @@
 """The hunt's media: images drawn by Hypothesis (format, size, content seed) and the damaged forms a client may send
-(truncated, bytes of one format under another's type, not base64 at all), each as the data URL a request carries.
+(truncated, bytes of one format under another's type, not base64 at all), and now and then a short video clip
+(mp4 or webm, intact or truncated: the cache keeps videos as it keeps images), each as the data URL a request
+carries.
 Drawn images are kept in a bundle by the hunt's cases, so a later request can send the same one again: reuse is
 what the multimodal cache is about."""
 
@@ -15,12 +17,15 @@ import numpy as np
 from hypothesis import strategies as st
 from PIL import Image
 
+from . import video
 from .pool import content_hash
 
 FORMATS = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp", "GIF": "image/gif", "BMP": "image/bmp"}
 SIDES = (16, 64, 128, 300)  # vLLM resizes to its own bounds: the tiny and the large both go through that
 DAMAGE = ("none", "truncated", "wrong_mime", "not_base64", "empty", "huge_header")
 HUGE_SIDE = 60000  # a PNG header claiming 60000 x 60000 pixels: over Pillow's decompression-bomb limit
+VIDEO_ONE_IN = 8  # one medium in this many is a video clip (a few frames of 64x64: 4 patches of the tiny model each)
+VIDEO_SIDE = 64
 
 
 @dataclass(frozen=True)
@@ -33,10 +38,17 @@ class Media:
     format: str
     width: int
     height: int
+    kind: str = "image"  # or "video": which content part carries it (image_url, video_url)
 
     def describe(self) -> str:
         extra = "" if self.damage == "none" else f", {self.damage}"
         return f"{self.format} {self.width}x{self.height}{extra} #{self.hash[:8]}"
+
+    @property
+    def part(self) -> dict:
+        """The chat content part that carries it."""
+        key = "video_url" if self.kind == "video" else "image_url"
+        return {"type": key, key: {"url": self.url}}
 
 
 def encode(fmt: str, width: int, height: int, seed: int) -> bytes:
@@ -72,9 +84,30 @@ def _huge_png_header(png: bytes) -> bytes:
     return png[:12] + bytes(ihdr) + struct.pack(">I", zlib.crc32(ihdr)) + png[33:]
 
 
+def make_video(container: str, frames: int, seed: int, damage: str) -> Media:
+    v = video.clip(video.VideoSpec(container, VIDEO_SIDE, VIDEO_SIDE, frames, 4, seed))
+    data = v.data[: max(1, len(v.data) // 2)] if damage == "truncated" else v.data
+    url = f"data:{v.mime};base64,{base64.b64encode(data).decode('ascii')}"
+    return Media(url, content_hash(url.encode()), damage, container.upper(), VIDEO_SIDE, VIDEO_SIDE, kind="video")
+
+
 def media(damaged: bool = True) -> st.SearchStrategy[Media]:
-    """An image: mostly intact (a cache hit needs an image the server accepted), sometimes damaged (never, with
-    ``damaged=False``)."""
+    """An image or now and then a video: mostly intact (a cache hit needs media the server accepted), sometimes
+    damaged (never, with ``damaged=False``)."""
+    intact = st.just("none")
+    clip = st.builds(
+        make_video,
+        container=st.sampled_from(sorted(video.CONTAINERS)),
+        frames=st.sampled_from((2, 4, 8)),
+        seed=st.integers(0, 2**16),
+        damage=st.one_of(intact, intact, st.just("truncated")) if damaged else intact,
+    )
+    still = images(damaged)
+    return st.integers(1, VIDEO_ONE_IN).flatmap(lambda k: clip if k == VIDEO_ONE_IN else still)
+
+
+def images(damaged: bool = True) -> st.SearchStrategy[Media]:
+    """An image: mostly intact, sometimes damaged (never, with ``damaged=False``)."""
     intact = st.just("none")
     return st.builds(
         make,

@@ -481,3 +481,30 @@ def test_a_hunt_stopped_by_sigterm_stops_its_server_and_keeps_its_state(tmp_path
     _, alive = psutil.wait_procs(server, timeout=30)
     assert not alive, f"left behind: {[c.pid for c in alive]}"
     assert json.loads((out / "state.json").read_text())["cases"] >= 2
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_media_are_images_and_now_and_then_a_video_each_in_its_own_part(data):
+    m = data.draw(hunt_media.media())
+    part = m.part
+    if m.kind == "video":
+        assert part["type"] == "video_url" and part["video_url"]["url"].startswith(
+            ("data:video/mp4", "data:video/webm")
+        )
+    else:
+        assert part["type"] == "image_url" and part["image_url"]["url"].startswith("data:image/")
+
+
+def test_a_video_is_drawn_about_one_time_in_eight():
+    from hypothesis import HealthCheck
+
+    kinds: list[str] = []
+
+    @settings(max_examples=240, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(hunt_media.media())
+    def draw(m):
+        kinds.append(m.kind)
+
+    draw()
+    assert 0.02 < kinds.count("video") / len(kinds) < 0.3, kinds.count("video")
