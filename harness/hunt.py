@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import shutil
+import subprocess
+import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +46,7 @@ from mmchaos.redact import Redactor
 from mmchaos.signatures import Signatures
 from mmchaos.tables import PartWriter, table_dir
 
-from . import crash_watch, hunt_case, hunt_oracles, hunt_versions
+from . import crash_watch, hunt_case, hunt_oracles, hunt_versions, repro_script
 from .hunt_oracles import Finding
 from .hunt_reference import Reference
 from .minimize import HUNT_KIND
@@ -252,6 +255,8 @@ class Hunt:
                 folder.mkdir(parents=True, exist_ok=True)
                 (folder / "case.json").write_text(case.to_json())
                 (folder / "answers.json").write_text(json.dumps(_answers(sent)))
+                if x.oracle == "server_error" and x.step is not None and crash is None:
+                    self._answer_repro(x, case, sent, folder)
             if x.oracle in ("crash", "hang"):  # the poison may have come in an earlier case of the server's life
                 life = [{"steps": json.loads(c.to_json()), "answers": _answers(a)} for c, a in self.cases_of_life]
                 (folder / "lives").mkdir(parents=True, exist_ok=True)
@@ -275,8 +280,8 @@ class Hunt:
     def _judge(self, case, sent, crash, lines, api) -> list[Finding]:
         out: dict[str, Finding] = {}
 
-        def add(oracle: str, fp: str, title: str, detail: str = "") -> None:
-            out.setdefault(fp, Finding(oracle, fp, title, detail))
+        def add(oracle: str, fp: str, title: str, detail: str = "", step: int | None = None) -> None:
+            out.setdefault(fp, Finding(oracle, fp, title, detail, step=step))
 
         if crash is not None:
             oracle = "hang" if crash.reason == crash_watch.HANG else "crash"
@@ -301,12 +306,12 @@ class Hunt:
                 )
         for e in hunt_oracles.log_errors(lines, self.sigs):
             add("unknown_signature", e.fingerprint, e.title, "\n".join(e.lines[-12:])[:2000])
-        for step, s in zip(case.steps, sent):
+        for k, (step, s) in enumerate(zip(case.steps, sent)):
             got = hunt_oracles.status_finding(step.path, s.status, s.text, self.sigs)
             if got and crash is not None and got[0] == "server_error":
                 continue  # the answer of a dying server: the crash is the finding
             if got:
-                add(*got, s.text[:300])
+                add(*got, s.text[:300], step=k)
             if s.status == 200 and step.body is not None and isinstance(s.answer, dict):
                 route = api.get(step.path)
                 why = hunt_oracles.bad_response(s.answer, route.response if route else None)
@@ -476,6 +481,31 @@ class Hunt:
             ).strip()
             self._save()
 
+    def _answer_repro(self, f: Finding, case: hunt_case.Case, sent: list[hunt_case.Sent], folder: Path) -> None:
+        """A 5xx's reproducer: the one request that got it, as a standalone script (repro_script.py, expecting a
+        5xx), run at once against the server that answered it."""
+        assert f.step is not None and self.server is not None
+        step = replace(case.steps[f.step], session=0, together=None, delay_ms=None, hang_up_ms=None)
+        trace, _ = trace_of([(hunt_case.Case([step]), [replace(sent[f.step], step=0)])])
+        about = f"Found by mmchaos hunt (case {f.first_case}, step {f.step + 1}) on {self._found_on()}."
+        script = folder / "repro.py"
+        script.write_text(
+            repro_script.render(trace, repro_script.ScriptInfo(f.title, about, repro_script.SERVER_ERROR))
+        )
+        p = subprocess.run(
+            [sys.executable, str(script), "--url", self.server.base_url, "--settle", "0"],
+            capture_output=True,
+            text=True,
+            timeout=self.request_timeout + 30,
+            env={**os.environ, **({"VLLM_API_KEY": self.server.api_key} if self.server.api_key else {})},
+        )
+        self.state["requests"] += 1
+        said = "confirmed on the server that answered it" if p.returncode == 1 else "not reproduced when sent again"
+        f.detail = f"{f.detail}\nreproducer: {script} ({said})".strip()
+
+    def _found_on(self) -> str:
+        return " ".join([self.target.engine or self.target.mode, *self.target.flags])
+
     def _affected_versions(self) -> None:
         """Each crash's confirmed reproducer on the other versions and configurations given (hunt_versions.py)."""
         for f in self.findings.values():
@@ -496,8 +526,7 @@ class Hunt:
                 )
                 self.say(f"  {got.line()}" + (f": {got.detail}" if got.result == hunt_versions.COULD_NOT_RUN else ""))
                 lines.append(got.line())
-            found_on = " ".join([self.target.engine or self.target.mode, *self.target.flags])
-            f.detail = f"{f.detail}\naffected: {found_on}: crashed (found there); {'; '.join(lines)}".strip()
+            f.detail = f"{f.detail}\naffected: {self._found_on()}: crashed (found there); {'; '.join(lines)}".strip()
             self._save()
 
     def _count_start(self) -> None:
@@ -597,6 +626,44 @@ def _names_a_request(life: list[dict]) -> bool:
     return any(_named(step.get("hang_up_ms"), got.get(i)) for i, step in enumerate(last["steps"]))
 
 
+def trace_of(life: list) -> tuple[Trace, list[dict[str, Any]]]:
+    """The cases a server was sent (``life``: (case, sent) pairs) as a trace the minimizer and repro.py read: case
+    k's session j is a lane of its own; and its rows."""
+    images: dict[str, dict] = {}
+    rows: list[dict[str, Any]] = []
+    for k, (case, sent) in enumerate(life):
+        got = {s.step: s for s in sent}
+        for i, step in enumerate(case.steps):
+            body = step.body if step.body is not None else {}
+            status = got[i].status if i in got else None
+            hung_up = _hung_up(step.hang_up_ms, status)
+            template, urls = body_template(_with_data_urls(body, images))
+            rows.append(
+                {
+                    "worker": "hunt",
+                    "user_id": k * hunt_case.SESSIONS + step.session,
+                    "seq": len(rows),
+                    "attempt": 1,
+                    "request_group": str(len(rows)),
+                    "request_id": f"hunt-{k + 1}-{i + 1}",
+                    # when it was sent in the server's life (older hunts kept no time: cases 10 s apart)
+                    "t_start": got[i].t if i in got and got[i].t else k * 10.0 + i * 0.01,
+                    "endpoint": step.path,
+                    "kind": HUNT_KIND,
+                    "case": None,
+                    "probe": None,
+                    "expected_status": status,
+                    "status": status,
+                    "outcome": schema.ABORTED if hung_up else None,
+                    "image_hashes": ",".join(_url_hashes(urls)) or None,
+                    "abort_after_ms": step.hang_up_ms if hung_up else None,
+                    "body": template,
+                    "images": ",".join(_url_hashes(urls)) or None,
+                }
+            )
+    return Trace.of(pd.DataFrame(rows), list(images.values())), rows
+
+
 def _hung_up(hang_up_ms: float | None, status: int | None) -> bool:
     return hang_up_ms is not None and status is None  # one answered first was a plain request
 
@@ -636,39 +703,8 @@ def crash_trial(hunt: Hunt, life: list, finding: Finding, folder: Path) -> None:
         env=redactor.env(t.env),
     )
     write_json_atomic(folder / schema.MANIFEST, manifest.dump())
-    images: dict[str, dict] = {}
-    rows: list[dict[str, Any]] = []
-    for k, (case, sent) in enumerate(life):
-        got = {s.step: s for s in sent}
-        for i, step in enumerate(case.steps):
-            body = step.body if step.body is not None else {}
-            status = got[i].status if i in got else None
-            hung_up = _hung_up(step.hang_up_ms, status)
-            template, urls = body_template(_with_data_urls(body, images))
-            rows.append(
-                {
-                    "worker": "hunt",
-                    "user_id": k * hunt_case.SESSIONS + step.session,
-                    "seq": len(rows),
-                    "attempt": 1,
-                    "request_group": str(len(rows)),
-                    "request_id": f"hunt-{k + 1}-{i + 1}",
-                    # when it was sent in the server's life (older hunts kept no time: cases 10 s apart)
-                    "t_start": got[i].t if i in got and got[i].t else k * 10.0 + i * 0.01,
-                    "endpoint": step.path,
-                    "kind": HUNT_KIND,
-                    "case": None,
-                    "probe": None,
-                    "expected_status": status,
-                    "status": status,
-                    "outcome": schema.ABORTED if hung_up else None,
-                    "image_hashes": ",".join(_url_hashes(urls)) or None,
-                    "abort_after_ms": step.hang_up_ms if hung_up else None,
-                    "body": template,
-                    "images": ",".join(_url_hashes(urls)) or None,
-                }
-            )
-    save(Trace.of(pd.DataFrame(rows), list(images.values())), folder)
+    trace, rows = trace_of(life)
+    save(trace, folder)
     # the requests of the last case the dying server did not answer (or answered 5xx) are the ones the crash
     # names: the minimizer's first guess is each of them after the earlier failed request that sent its image
     last = [r for r in rows if r["request_id"].startswith(f"hunt-{len(life)}-")]

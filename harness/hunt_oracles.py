@@ -44,6 +44,7 @@ class Finding:
     count: int = 1
     first_case: int = 0
     cases: list[int] = field(default_factory=list)
+    step: int | None = None  # of an answer's finding: the step of its first case that got the answer
 
     def row(self) -> dict:
         return dict(self.__dict__)

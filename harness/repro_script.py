@@ -14,12 +14,14 @@ from mmchaos.payloads.bodies import URL_SLOT
 from mmchaos.payloads.traces import Trace
 
 IMAGE_TOKEN = "@IMAGE_{}@"
+CRASH, SERVER_ERROR = "crash", "5xx"
 
 
 @dataclass(frozen=True)
 class ScriptInfo:
     title: str  # one line: what it reproduces
     about: str  # a few lines for the docstring: where it came from, the server it crashed
+    expect: str = CRASH  # what reproduces it: the server dies (CRASH), or a request is answered 5xx (SERVER_ERROR)
 
 
 def render(trace: Trace, info: ScriptInfo) -> str:
@@ -56,7 +58,16 @@ def render(trace: Trace, info: ScriptInfo) -> str:
         else f"{n_sessions} sessions at once, one connection each",
         requests="\n".join(lines),
         images="\n".join(images),
+        expect=info.expect,
+        says=_SAYS[info.expect],
     )
+
+
+_SAYS = {
+    CRASH: 'prints "crashed" and exits 1 when the server stopped answering, "survived" and exits 0 when it did not',
+    SERVER_ERROR: 'prints "reproduced" and exits 1 when a request was answered 5xx, "not reproduced" and exits 0 '
+    "when none was",
+}
 
 
 def _join(template: bytes, refs: list[bytes]) -> bytes:
@@ -105,8 +116,7 @@ _SCRIPT = '''#!/usr/bin/env python3
     python3 repro.py --url http://127.0.0.1:8000 [--model NAME] [--api-key KEY]
 
 Sends the requests below ({sessions}) at their recorded times, then watches /health for --settle seconds:
-prints "crashed" and exits 1 when the server stopped answering, "survived" and exits 0 when it did not, exits 2
-when it could not be reached at all. Standard library only.
+{says}; exits 2 when it could not be reached at all. Standard library only.
 """
 
 import argparse
@@ -119,6 +129,7 @@ import threading
 import time
 import urllib.parse
 
+EXPECT = {expect!r}  # "crash": the server dies; "5xx": a request is answered 5xx
 # (session, seconds after the first request, endpoint, hang up after ms (None: wait for the answer), JSON body);
 # "@IMAGE_n@" in a body is image n (a data URL, at the end of this file)
 REQUESTS = [
@@ -238,9 +249,16 @@ def main():
         print("note: request(s) %s hung up before an answer, which leaves the image in the API server's cache only "
               "when the hang-up lands while it is rendered (a race); run it again on a fresh server"
               % ", ".join(map(str, hung_up)))
+    statuses = [results[n][2] for n in sorted(results)]
+    if EXPECT == "5xx":
+        errors = [n for n in sorted(results) if (results[n][2] or 0) >= 500]
+        print(("reproduced: request(s) %s answered 5xx" % ", ".join(map(str, errors))) if errors else "not reproduced")
+        if args.json:
+            print(json.dumps({{"reproduced": bool(errors), "crashed": bool(why), "statuses": statuses}}))
+        return 1 if errors else 0
     print(("crashed: " + why) if why else "survived: /health answered 200 for %g s" % args.settle)
     if args.json:
-        print(json.dumps({{"crashed": bool(why), "why": why, "statuses": [results[n][2] for n in sorted(results)]}}))
+        print(json.dumps({{"crashed": bool(why), "why": why, "statuses": statuses}}))
     return 1 if why else 0
 
 

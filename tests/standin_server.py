@@ -161,7 +161,17 @@ class Handler(BaseHTTPRequestHandler):
             if self.opts.miss_after_poison or self.opts.crash_after_poison:
                 with self.lock:
                     own.poisoned.update(urls)
-            return self._send(400, {"error": {"message": msg, "code": 400}})
+            code = self.opts.dimensions_status
+            return self._send(
+                code,
+                {
+                    "error": {
+                        "message": msg,
+                        "type": "InternalServerError" if code >= 500 else "BadRequestError",
+                        "code": code,
+                    }
+                },
+            )
         if self.opts.miss_after_poison:
             with self.lock:
                 missed = own.poisoned & set(urls)
@@ -329,6 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="answer an image it answered before with another embedding (a wrong answer)",
     )
     p.add_argument("--openapi", action="store_true", help="serve /openapi.json (for the hunt)")
+    p.add_argument("--dimensions-status", type=int, default=400, help="the status of an answer to 'dimensions'")
     p.add_argument("--vector-salt", default="", help="answer other vectors than a stand-in without it")
     p.add_argument("--body-log", default="", help="append 'request-id sha256(body)' of each POST to this file")
     p.add_argument("--limit-mm-per-prompt", type=json.loads, default={}, help="JSON, as vLLM's (checked, unused)")

@@ -508,3 +508,26 @@ def test_a_video_is_drawn_about_one_time_in_eight():
 
     draw()
     assert 0.02 < kinds.count("video") / len(kinds) < 0.3, kinds.count("video")
+
+
+@pytest.mark.integration
+def test_a_5xx_finding_gets_a_reproducer_confirmed_on_the_server_that_answered_it(tmp_path):
+    """A stand-in that answers `dimensions` with a 500: the finding carries repro.py, the one request that got it,
+    confirmed when it was found; the script says "reproduced" (exit 1) on such a server and "not reproduced" (exit
+    0) on one that answers 400."""
+    cmd = f"{sys.executable} {TESTS / 'standin_server.py'} --port {{port}} --openapi --dimensions-status 500"
+    out = tmp_path / "h"
+    r = _hunt("--command", cmd, "--out", str(out), "--max-cases", "20", "--max-starts", "1", "--settle", "0")
+    errors = [f for f in json.loads((out / "state.json").read_text())["findings"] if f["oracle"] == "server_error"]
+    assert r.returncode == 1 and errors, r.stdout[-3000:] + r.stderr[-2000:]
+    assert "(confirmed on the server that answered it)" in errors[0]["detail"], errors[0]
+    script = out / "findings" / str(errors[0]["first_case"]) / "repro.py"
+    for status, code, says in ((500, 1, "reproduced: request(s) 1 answered 5xx"), (400, 0, "not reproduced")):
+        with standin_server(tmp_path / f"s{status}.log", "--dimensions-status", str(status)) as s:
+            p = subprocess.run(
+                [sys.executable, str(script), "--url", s.base_url, "--settle", "0"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+        assert p.returncode == code and p.stdout.strip().splitlines()[-1] == says, p.stdout
