@@ -371,9 +371,7 @@ class Hunt:
             self.ref = Reference.start(self.reference, self.target, log, self.startup_timeout)
         except ServerError as e:
             raise HuntError(f"the reference server ({self.reference}) did not start: {e}") from e
-        self.say(
-            f"hunt: reference {self.reference} at {self.ref.server.base_url}: every answer with vectors is compared"
-        )
+        self.say(f"hunt: reference {self.reference} at {self.ref.server.base_url}: its answers are compared")
 
     def _restart(self) -> None:
         assert self.server is not None

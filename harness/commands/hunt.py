@@ -27,13 +27,14 @@ def add_parser(sub) -> None:
     h.add_argument(
         "--operator-actions",
         action="store_true",
-        help="launch the server with VLLM_SERVER_DEV_MODE=1, so cases also reset its caches between "
-        "requests (/reset_mm_cache, /reset_prefix_cache), as an operator would",
+        help="launch the server with VLLM_SERVER_DEV_MODE=1, so cases also act on it as an operator would, "
+        "between and beside requests (/reset_mm_cache, /reset_prefix_cache, /sleep and /wake_up, /pause and /resume)",
     )
     h.add_argument(
         "--reference",
         metavar="FLAGS_OR_URL",
-        help="a second server every answer with vectors is compared with (differential testing): vLLM flags for "
+        help="a second server every answer with vectors or scores is compared with (differential testing): vLLM "
+        "flags for "
         'the --engine version (e.g. "--mm-processor-cache-gb 0": no cache to drift from), or the URL of a '
         "running server",
     )
