@@ -10,9 +10,9 @@ P1 has it, and P1 has it (with the default 4 GiB cache nothing was evicted in ou
 (docs: the sweep benchmark): the reused poison requests that crashed the server were all events; those on cached
 images never did. A crash needs no poison event when two requests carry a new image at once (a race of its
 first uses, mmchaos/cause_rule.py: measured at the sweep's calm point); the exposure does not count such races, and
-the hazard fit says when trials without a poison event crashed anyway. Per trial also: the load window and how much of it the server was up (with the ``restart`` crash
-policy most rows of a crash-prone configuration are refusals while it restarts: they are no exposure), the
-requests it answered, and the crashes.
+the hazard fit says when trials without a poison event crashed anyway. Per trial also: the load window and how
+much of it the server was up (with the ``restart`` crash policy most rows of a crash-prone configuration are
+refusals while it restarts: they are no exposure), the requests it answered, and the crashes.
 """
 
 from __future__ import annotations
