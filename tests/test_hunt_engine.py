@@ -73,6 +73,18 @@ def test_on_030_default_the_hunt_finds_the_seed_crash_and_shrinks_it_to_a_reprod
         "affected: 0.30.0: crashed (found there); 0.30.0 --mm-processor-cache-gb 0: survived; 0.32.0: survived"
         in (first["detail"])
     ), first["detail"]
+    # every other reproducer it handed out (a 5xx's, its one request) replays: on one fresh server, each answered 5xx
+    others = sorted((out / "findings").glob("*/repro.py"))
+    if others:
+        with vllm_server(REPORT_VERSION, [], tmp_path / "repro-5xx.log") as s:
+            for script in others:
+                rr = subprocess.run(
+                    [sys.executable, str(script), "--url", s.base_url, "--settle", "0"],
+                    capture_output=True,
+                    text=True,
+                    timeout=300,
+                )
+                assert rr.returncode == 1 and "reproduced: request(s) 1 answered 5xx" in rr.stdout, (script, rr.stdout)
 
 
 def _repro(folder, flags: list[str], log) -> subprocess.CompletedProcess:
