@@ -151,8 +151,10 @@ class Survey:
         force: bool = False,
         settle_s: float = SETTLE_S,
         signatures: Signatures | None = None,
+        model: str | None = None,
     ):
         self.results = Path(results)
+        self.model = model  # a model other than the default: part of what a kept row was measured on
         self.configs = configs if configs is not None else dict(DEFAULT_CONFIGS)
         self.probes = probes or list(repro.SEQUENCES)
         unknown = [p for p in self.probes if p not in repro.SEQUENCES]
@@ -171,7 +173,11 @@ class Survey:
 
     def _params(self, flags: list[str], probe: str) -> dict:
         hang_ups = [self.abort_after_ms] if self.abort_after_ms else list(repro.ABORT_LADDER_MS)
-        return {"flags": self.redactor.argv(flags), **({"abort_after_ms": hang_ups} if probe == "abort_reuse" else {})}
+        return {
+            "flags": self.redactor.argv(flags),
+            **({"model": self.model} if self.model else {}),  # rows of the default model keep their params as before
+            **({"abort_after_ms": hang_ups} if probe == "abort_reuse" else {}),
+        }
 
     def _cache_path(self, version: str, config: str, probe: str) -> Path:
         return self.results / "rows" / version / config / f"{probe}.json"

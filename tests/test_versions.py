@@ -129,6 +129,10 @@ def test_measured_rows_are_kept_and_reused_unless_flags_change(tmp_path):
         ["0.3.0"]
     )
     assert other[0].flags == "--delay-ms 1" and any("fresh server" in s for s in said)
+    # another model: measured again, not the default model's row (rows were keyed by flags alone)
+    said.clear()
+    clip = _survey(tmp_path, probes=["poison_reuse"], model="clip-embed", say=said.append).run(["0.3.0"])
+    assert any("fresh server" in s for s in said) and clip[0].params["model"] == "clip-embed"
 
 
 @pytest.mark.integration

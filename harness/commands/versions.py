@@ -74,17 +74,19 @@ def run(a) -> int:
         else (lambda v: versions.install_engine(v, say=console.print))
     )
     results = Path(a.results) if a.results else paths.results_dir() / "versions"
+    model = model_build.resolve(a.model)
     # everything the user gave is checked before the package index is asked or anything is installed
     survey = versions.Survey(
         results,
         configs=_configs(a.config),
         probes=a.probes.split(",") if a.probes else None,
-        launch=versions.engine_launch(model_build.resolve(a.model)),
+        launch=versions.engine_launch(model),
         prepare=prepare,
         say=console.print,
         startup_timeout=a.timeout,
         abort_after_ms=a.abort_after_ms,
         force=a.force,
+        model=model,  # another model's rows are not this one's (None: the default model)
     )
     if a.versions:
         for v in a.versions:
