@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -114,6 +115,8 @@ class Hunt:
         self.hooks: hunt_case.Hooks | None = None
         self.crash: crash_watch.Crash | None = None  # a crash seen during a case's steps
         self.ref: Reference | None = None
+        # what findings, reports and reproducers say of the target and of --reference/--versions: keys masked
+        self.redactor = Redactor.from_environment(self.target.secrets())
         self.t0 = time.time()
         self.seconds_before = float(self.state["seconds"])
 
@@ -368,10 +371,12 @@ class Hunt:
             self.state["starts"] += 1  # a server of ours: a start of the budget
         log = self.out / "servers" / f"reference-{self.state['starts']}.log"
         try:
-            self.ref = Reference.start(self.reference, self.target, log, self.startup_timeout)
+            self.ref = Reference.start(
+                self.reference, self.target, log, self.startup_timeout, self.shown(self.reference)
+            )
         except ServerError as e:
-            raise HuntError(f"the reference server ({self.reference}) did not start: {e}") from e
-        self.say(f"hunt: reference {self.reference} at {self.ref.server.base_url}: its answers are compared")
+            raise HuntError(f"the reference server ({self.shown(self.reference)}) did not start: {e}") from e
+        self.say(f"hunt: reference {self.ref.spec} at {self.ref.server.base_url}: its answers are compared")
 
     def _restart(self) -> None:
         assert self.server is not None
@@ -502,7 +507,11 @@ class Hunt:
         f.detail = f"{f.detail}\nreproducer: {script} ({said})".strip()
 
     def _found_on(self) -> str:
-        return " ".join([self.target.engine or self.target.mode, *self.target.flags])
+        return " ".join(self.redactor.argv([self.target.engine or self.target.mode, *self.target.flags]))
+
+    def shown(self, spec: str) -> str:
+        """A user's flags or URL (--reference, --versions) as findings say it: --api-key values masked."""
+        return shlex.join(self.redactor.argv(shlex.split(spec)))
 
     def _affected_versions(self) -> None:
         """Each crash's confirmed reproducer on the other versions and configurations given (hunt_versions.py)."""
@@ -512,10 +521,11 @@ class Hunt:
                 continue
             lines = []
             for spec in self.versions:
-                self.say(f"hunt: finding {f.first_case}: its reproducer on {spec}")
+                self.say(f"hunt: finding {f.first_case}: its reproducer on {self.shown(spec)}")
                 got = hunt_versions.run_on(
                     repro,
                     spec,
+                    self.shown(spec),
                     self.target,
                     self.out / "servers" / "versions",
                     self.startup_timeout,

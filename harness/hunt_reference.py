@@ -33,13 +33,14 @@ def reference_target(spec: str, target: Target) -> Target:
 
 @dataclass
 class Reference:
-    spec: str
+    spec: str  # as findings say it
     server: Server
     model: str = ""
     timeout: float = 60.0
 
     @classmethod
-    def start(cls, spec: str, target: Target, log: Path, startup_timeout: float) -> Reference:
+    def start(cls, spec: str, target: Target, log: Path, startup_timeout: float, label: str) -> Reference:
+        """The reference server of ``spec``, started; ``label``: ``spec`` as findings say it (keys masked)."""
         server = Server(reference_target(spec, target), log)
         try:
             server.start()
@@ -47,7 +48,7 @@ class Reference:
         except ServerError:
             server.stop()
             raise
-        return cls(spec, server, server.model_name())
+        return cls(label, server, server.model_name())
 
     def stop(self) -> None:
         self.server.stop()

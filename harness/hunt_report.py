@@ -17,7 +17,7 @@ def write(hunt) -> dict[str, Path]:
     s, found = hunt.state, sorted(hunt.findings.values(), key=lambda f: (ORDER.index(f.oracle), f.first_case))
     doc = Doc("mmchaos hunt: findings")
     target = hunt.target.engine or hunt.target.command or hunt.target.url
-    flags = " ".join(hunt.target.flags) or "(defaults)"
+    flags = " ".join(hunt.redactor.argv(hunt.target.flags)) or "(defaults)"
     doc.p(
         f"Target: {hunt.target.mode} {target}, flags {flags}. Searched: {s['cases']} case(s), {s['requests']} "
         f"request(s), {s['starts']} server start(s), {s['seconds'] / 60:.1f} min, seed {s['seed']}."

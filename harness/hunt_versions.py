@@ -45,6 +45,7 @@ def parse(spec: str) -> tuple[str, list[str]]:
 def run_on(
     repro: Path,
     spec: str,
+    label: str,
     target: Target,
     log_dir: Path,
     startup_timeout: float,
@@ -52,12 +53,13 @@ def run_on(
     on_start: Callable[[], None] = lambda: None,
 ) -> Affected:
     """``repro`` on fresh servers of ``spec`` until it crashes one, or survives without saying it raced, or
-    ``runs`` servers ran it. ``on_start`` is called before each server start (the hunt counts them)."""
+    ``runs`` servers ran it. ``label``: ``spec`` as the finding and its logs' names say it (keys masked).
+    ``on_start`` is called before each server start (the hunt counts them)."""
     version, flags = parse(spec)
     result, detail = COULD_NOT_RUN, ""
     for k in range(1, runs + 1):
         on_start()
-        log = log_dir / f"{re.sub(r'[^A-Za-z0-9.]+', '_', spec).strip('_')}-{k}.log"
+        log = log_dir / f"{re.sub(r'[^A-Za-z0-9.]+', '_', label).strip('_')}-{k}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         server = Server(Target(mode="engine", engine=version, model=target.model, flags=flags, env=target.env), log)
         try:
@@ -70,11 +72,11 @@ def run_on(
                 timeout=600,
             )
         except (ServerError, subprocess.TimeoutExpired, OSError) as e:
-            return Affected(spec, COULD_NOT_RUN, k, str(e).splitlines()[0] if str(e) else type(e).__name__)
+            return Affected(label, COULD_NOT_RUN, k, str(e).splitlines()[0] if str(e) else type(e).__name__)
         finally:
             server.stop()
         result = {0: SURVIVED, 1: CRASHED}.get(p.returncode, COULD_NOT_RUN)
         detail = (p.stdout.strip().splitlines() or [""])[-1][:300]
         if result != SURVIVED or RACE_SAID not in p.stdout:
-            return Affected(spec, result, k, detail)
-    return Affected(spec, result, runs, detail)
+            return Affected(label, result, k, detail)
+    return Affected(label, result, runs, detail)

@@ -531,3 +531,25 @@ def test_a_5xx_finding_gets_a_reproducer_confirmed_on_the_server_that_answered_i
                 timeout=60,
             )
         assert p.returncode == code and p.stdout.strip().splitlines()[-1] == says, p.stdout
+
+
+def test_findings_say_the_target_reference_and_versions_with_their_keys_masked(tmp_path):
+    """A key given with the target's flags, --reference or --versions reaches neither the findings' words (their
+    affected-versions line, a reproducer's docstring, the reference's name) nor the report."""
+    from mmchaos.harness import hunt, hunt_report
+    from mmchaos.harness.server import Target
+
+    keys = ["sekret-key-123456", "other-key-654321"]
+    h = hunt.Hunt(
+        Target(mode="engine", engine="0.30.0", flags=["--api-key", keys[0]]), tmp_path / "h", hunt.Budget(1, 1, 1, 1)
+    )
+    said = [
+        h._found_on(),
+        h.shown(f"--mm-processor-cache-gb 0 --api-key {keys[1]}"),
+        h.shown(f"0.32.0 --api-key={keys[1]}"),
+    ]
+    assert said[0].startswith("0.30.0 --api-key ") and "--mm-processor-cache-gb 0 --api-key" in said[1]
+    (tmp_path / "h").mkdir()
+    files = hunt_report.write(h)
+    text = "\n".join([*said, *(p.read_text() for p in files.values())])
+    assert not [k for k in keys if k in text], text
