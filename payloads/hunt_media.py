@@ -11,7 +11,7 @@ import base64
 import io
 import struct
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from hypothesis import strategies as st
@@ -86,8 +86,9 @@ def _huge_png_header(png: bytes) -> bytes:
 
 def make_video(container: str, frames: int, seed: int, damage: str) -> Media:
     v = video.clip(video.VideoSpec(container, VIDEO_SIDE, VIDEO_SIDE, frames, 4, seed))
-    data = v.data[: max(1, len(v.data) // 2)] if damage == "truncated" else v.data
-    url = f"data:{v.mime};base64,{base64.b64encode(data).decode('ascii')}"
+    if damage == "truncated":
+        v = replace(v, data=v.data[: max(1, len(v.data) // 2)])
+    url = str(v.data_url)
     return Media(url, content_hash(url.encode()), damage, container.upper(), VIDEO_SIDE, VIDEO_SIDE, kind="video")
 
 
