@@ -90,14 +90,18 @@ def contiguous(rows) -> bool:
     return bool(rows.groupby("user_id")["seq"].apply(lambda s: sorted(s) == list(range(1, len(s) + 1))).all())
 
 
-def wait_for(condition, seconds: float, what: str):
-    deadline = time.time() + seconds
+def wait_for(condition, what: str, *, running, cap: float = 600.0):
+    """Poll ``condition`` until it holds. Bound by the event, not by a time a loaded machine may miss: it fails once
+    what would bring it about stopped running (``running()`` false) without it; ``cap`` only keeps the loop bounded."""
+    deadline = time.time() + cap
     while time.time() < deadline:
         got = condition()
         if got:
             return got
+        if not running():
+            pytest.fail(f"{what}: never came, and what would bring it about has ended")
         time.sleep(0.1)  # poll period
-    pytest.fail(f"timed out after {seconds:g} s waiting for {what}")
+    pytest.fail(f"{what}: not after {cap:g} s, with what brings it about still running")
 
 
 # --- fast checks ----------------------------------------------------------------------------------------------
@@ -260,8 +264,8 @@ def test_campaign_on_local_and_remote_workers_a_killed_worker_is_recorded_and_a_
                 ),
                 None,
             ),
-            60,
             "a local worker's first rows",
+            running=lambda: any(p in children for p in live_in_groups({local_group})),
         )
         killed.append(victim)
         os.kill(victim, signal.SIGKILL)
@@ -330,8 +334,8 @@ def test_ctrl_c_of_a_campaign_with_workers_stops_them_and_keeps_every_row(tmp_pa
     try:
         wait_for(
             lambda: len({p.name.split("-")[2] for p in (trial / "requests").glob("part-*.parquet")}) >= 2,
-            60,
             "rows of both local workers",
+            running=lambda: cli.poll() is None,  # the campaign's 120 s of load end it
         )
         reaper.update(manifest(trial)["locust_pgids"] + manifest(trial)["server_pgids"])
         cli.send_signal(signal.SIGINT)
@@ -438,7 +442,11 @@ def test_a_master_started_again_takes_the_rows_its_workers_send_again(tmp_path, 
             def parts_of(pid):
                 return list((out / "requests").glob(f"part-*-{pid}-*.parquet"))
 
-            wait_for(lambda: all(len(parts_of(w.pid)) >= 2 for w in workers), 60, "rows of both workers")
+            wait_for(
+                lambda: all(len(parts_of(w.pid)) >= 2 for w in workers),
+                "rows of both workers",
+                running=lambda: all(p.poll() is None for p in (first, *workers)),
+            )
             killpg(first.pid, signal.SIGKILL)
             t_gone = time.time()
             first.wait(timeout=10)
@@ -450,7 +458,11 @@ def test_a_master_started_again_takes_the_rows_its_workers_send_again(tmp_path, 
                 per_index = Counter(i.split("-")[2] for i in ids)  # mmc-<run>-<worker index>-<user>-<seq>
                 return len(per_index) == 2 and min(per_index.values()) >= 3
 
-            wait_for(loading_without_master, 30, "requests of both workers while no master runs")
+            wait_for(
+                loading_without_master,
+                "requests of both workers while no master runs",
+                running=lambda: all(w.poll() is None for w in workers),
+            )
             second = master()
             t_back = time.time()
 
@@ -461,7 +473,11 @@ def test_a_master_started_again_takes_the_rows_its_workers_send_again(tmp_path, 
                 during = rows[(rows["t_start"] > t_gone) & (rows["t_start"] < t_back)]
                 return during["worker"].nunique() == 2
 
-            wait_for(made_while_no_master, 40, "rows made while no master ran, taken by the second")
+            wait_for(
+                made_while_no_master,
+                "rows made while no master ran, taken by the second",
+                running=lambda: all(p.poll() is None for p in (second, *workers)),
+            )
             for w in workers:
                 killpg(w.pid, signal.SIGTERM)  # they stop, and hand their last rows to the second master
             for w in workers:
