@@ -5,9 +5,10 @@ request was served again, the requests it failed, lost or the client's retries c
 A fault's *outage* runs from its injection to the first request started after it that was answered 2xx (the end
 of its trial if none was). Its verdict (the fault axis of a configuration's verdict):
 
-- ``fails``: it *wedged* the server (/health answered 200 for ``WEDGE_S`` or more of the outage: Kubernetes'
-  default liveness probe, 10 s × 3 failures, would not have fired), or the server was not serving again
-  ``DEFAULT_RECOVER_S`` after it, or data was lost without an error: a 2xx the client recorded with no body;
+- ``fails``: it *wedged* the server (/health answered 200 for ``wedge_s`` (``WEDGE_S``) or more of the outage:
+  Kubernetes' default liveness probe, 10 s × 3 failures, would not have fired), or the server was not serving
+  again ``recover_s`` (``DEFAULT_RECOVER_S``) after it, or data was lost without an error: a 2xx the client
+  recorded with no body (``mmchaos report --max-wedge-s / --max-recovery-s`` set the two bounds);
 - ``recovers``: the server served again within the bound (whether it restarted or rode it out);
 - ``undecided``: the server had served no request before it nor after (its start, not the fault, stalled it);
   or not serving again when its trial ended, sooner than the bound after it (a longer load decides);
@@ -19,12 +20,11 @@ from __future__ import annotations
 import pandas as pd
 
 from mmchaos import schema as S
+from mmchaos.faults import DEFAULT_RECOVER_S, WEDGE_S
 
 from .results import CampaignResults
 from .stats import drift_events
 
-WEDGE_S = 30.0  # a liveness probe of periodSeconds 10 and failureThreshold 3 (Kubernetes' defaults) fires after 30 s
-DEFAULT_RECOVER_S = 180.0
 CRASH_WINDOW_S = 60.0
 FAILS, RECOVERS, UNDECIDED, NOT_INJECTED = "fails", "recovers", "undecided", "not_injected"
 _VALID = tuple(S.VALID_KINDS)
@@ -48,13 +48,11 @@ def _longest_ok_run(polls: pd.DataFrame, start: float, end: float) -> float:
     return float(best)
 
 
-def fault_effects(c: CampaignResults, recover_within: dict[str, float] | None = None) -> pd.DataFrame:
-    # recover_within: fault name -> its bound in seconds (DEFAULT_RECOVER_S for the others)
+def fault_effects(c: CampaignResults, wedge_s: float = WEDGE_S, recover_s: float = DEFAULT_RECOVER_S) -> pd.DataFrame:
     """One row per fault row of every trial, with what followed it (see the module's docstring)."""
     f = c.faults
     if f is None or f.empty:
         return pd.DataFrame()
-    bounds = recover_within or {}
     trial_end = {(str(r.config), int(r.trial)): r.t_end for r in c.trials.itertuples()} if "t_end" in c.trials else {}
     drift = drift_events(c)
     rows = []
@@ -114,7 +112,7 @@ def fault_effects(c: CampaignResults, recover_within: dict[str, float] | None = 
         groups = hit.loc[~final & (hit["outcome"] != S.OK), "request_group"].dropna().unique()
         cured = r[r["request_group"].isin(groups) & (r["outcome"] == S.OK)]["request_group"].nunique()
         d = drift[(drift["config"] == cfg) & (drift["trial"] == trial) & (drift["t"] >= t0)] if len(drift) else drift
-        bound = float(bounds.get(fr.fault, DEFAULT_RECOVER_S))
+        bound = float(recover_s)
         row.update(
             {
                 "outage_end": outage_end,
@@ -135,19 +133,21 @@ def fault_effects(c: CampaignResults, recover_within: dict[str, float] | None = 
                 "cured_by_retries": int(cured),
                 "drift_after": len(d),
                 "recover_within_s": bound,
+                "wedge_bound_s": float(wedge_s),
             }
         )
-        row["verdict"], row["why"] = _judge(row, bound, blind, end - t0)
+        row["verdict"], row["why"] = _judge(row, bound, wedge_s, blind, end - t0)
         rows.append(row)
     return pd.DataFrame(rows)
 
 
-def _judge(row: dict, bound: float, blind: float, left: float) -> tuple[str, str]:
+def _judge(row: dict, bound: float, wedge_s: float, blind: float, left: float) -> tuple[str, str]:
     if not row["served_before"] and row["served_again_after_s"] is None:
         return UNDECIDED, "the server had answered no request before it, nor after: the fault is not what stalled it"
-    if blind >= WEDGE_S:
+    if blind >= wedge_s:
         return FAILS, (
-            f"wedged: /health answered 200 for {blind:.0f} s while nothing was served (a liveness probe would not fire)"
+            f"wedged: /health answered 200 for {blind:.1f} s while nothing was served (bound {wedge_s:g} s: a "
+            "liveness probe would not fire)"
         )
     if row["empty_2xx"]:
         return FAILS, (f"{row['empty_2xx']} answers were 2xx with no body: data lost without an error the client saw")

@@ -197,6 +197,7 @@ def timelines(c: CampaignResults, cfg: str, max_trials: int = MAX_TIMELINE_TRIAL
     r = r.loc[r["config"] == cfg, ["trial", "t_rel", "outcome", "status", "expected_status", "kind"]]
     h = c.health[(c.health["config"] == cfg) & ~c.health["ok"].fillna(False).astype(bool)]
     cr = c.crashes[c.crashes["config"] == cfg]
+    fl = c.faults[(c.faults["config"] == cfg) & c.faults["t_injected"].notna()] if len(c.faults) else c.faults
     dr = drift_events(c)
     dr = dr[dr["config"] == cfg]
     m = c.metrics[(c.metrics["config"] == cfg) & c.metrics["name"].astype(str).str.contains(RUNNING_METRIC)]
@@ -205,7 +206,7 @@ def timelines(c: CampaignResults, cfg: str, max_trials: int = MAX_TIMELINE_TRIAL
     ids = set(shown["trial"])
     t_lo, t_hi = _span(
         shown["duration_s"],
-        *(f.loc[f["trial"].isin(ids), "t_rel"] for f in (r, h, cr, dr)),
+        *(f.loc[f["trial"].isin(ids), "t_rel"] for f in (r, h, cr, dr, fl) if len(f)),
         running[running.index.get_level_values(0).isin(ids)].index.get_level_values(1),
     )
     scale, unit = time_unit(t_hi)
@@ -244,6 +245,21 @@ def timelines(c: CampaignResults, cfg: str, max_trials: int = MAX_TIMELINE_TRIAL
                     ha="right" if x > x_lo + 0.9 * (x_hi - x_lo) else "left",  # near the end: inside the panel
                     va="top",
                 )
+        for f in fl[fl["trial"] == t].itertuples() if len(fl) else ():
+            x0 = f.t_rel / scale
+            x1 = x0 + (f.t_cleared - f.t_injected) / scale if not pd.isna(f.t_cleared) else None
+            if x1 is not None and x1 > x0:
+                ax.axvspan(x0, x1, color="tab:purple", alpha=0.12, lw=0)
+            ax.axvline(x0, color="tab:purple", lw=1.5)
+            ax.annotate(
+                f" {f.kind} ",
+                (x0, 0.85),
+                xycoords=("data", "axes fraction"),
+                color="tab:purple",
+                fontsize=7,
+                ha="right" if x0 > x_lo + 0.9 * (x_hi - x_lo) else "left",
+                va="top",
+            )
         ht = h.loc[h["trial"] == t, "t_rel"].to_numpy() / scale
         if len(ht):
             ax.plot(ht, np.zeros(len(ht)), "|", color="black", markersize=8, label="failed /health poll")
@@ -281,6 +297,8 @@ def timelines(c: CampaignResults, cfg: str, max_trials: int = MAX_TIMELINE_TRIAL
         for hd, lb in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(lb, hd)
     handles["crash detected"] = plt.Line2D([], [], color="darkred", ls="--")
+    if len(fl):
+        handles["fault injected (shaded while it lasts)"] = plt.Line2D([], [], color="tab:purple", lw=1.5)
     handles[RUNNING_LABEL] = plt.Line2D([], [], color="tab:blue", lw=1.0, alpha=0.8)
     axes[0, 0].set_title(f"{cfg}: timeline per trial ({bin_s:g} s bins)", fontsize=10)
     fig.legend(

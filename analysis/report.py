@@ -34,6 +34,7 @@ from . import (
 from .attribution import DEFAULT_WINDOW_S, attribute
 from .document import Doc
 from .exposure import exposure
+from .fault_effects import FAILS as FAULT_FAILS
 from .fault_effects import fault_effects
 from .results import CampaignResults, LoadError, combine, find_trials, load_results
 from .survival import first_crash_durations, kaplan_meier
@@ -56,6 +57,7 @@ class ReportResult:
     files: list[Path]
     timings: dict[str, float] = field(default_factory=dict)
     verdicts: dict[str, str] = field(default_factory=dict)  # configuration -> fails / retryable / clean
+    failed_faults: list[str] = field(default_factory=list)  # one line per fault that failed its bounds
 
     @property
     def html(self) -> Path:
@@ -74,6 +76,7 @@ def write_report(
     window_s: float = DEFAULT_WINDOW_S,
     progress: Callable[[str], None] | None = None,
     traffic: dict | None = None,
+    fault_bounds: dict[str, float] | None = None,
 ) -> ReportResult:
     """Load ``campaign_dir`` (and ``compare_with``), compute everything, write the report; return the paths.
 
@@ -81,7 +84,8 @@ def write_report(
     without extra flags). With ``compare_with``, configurations are named ``<campaign>/<config>`` and a
     side-by-side section pairs the configurations the two campaigns share. ``traffic``: a user's traffic, the
     keyword arguments of analysis.prediction.predict after the fit (rps, post_render_share, disconnect_share,
-    reuse, knobs): the crash-hazard section then gives the mean time between crashes at it.
+    reuse, knobs): the crash-hazard section then gives the mean time between crashes at it. ``fault_bounds``:
+    the keyword arguments of analysis.fault_effects.fault_effects (wedge_s, recover_s) a fault is judged by.
     """
     say = progress or (lambda _msg: None)
     timings: dict[str, float] = {}
@@ -111,8 +115,16 @@ def write_report(
     lap("load")
     base = _resolve_baseline(c, baseline, compared=compare_with is not None)
     say(f"computing statistics for {len(c.configs)} configuration(s), {len(c.requests):,} requests")
-    doc, verdict = build(
-        c, base, window_s, compared=compare_with is not None, timings=timings, lap=lap, say=say, traffic=traffic
+    doc, verdict, effects = build(
+        c,
+        base,
+        window_s,
+        compared=compare_with is not None,
+        timings=timings,
+        lap=lap,
+        say=say,
+        traffic=traffic,
+        fault_bounds=fault_bounds,
     )
     markdown, html_text = doc.to_markdown(), doc.to_html()
     lap("render")
@@ -123,7 +135,14 @@ def write_report(
         raise ReportError(f"cannot write the report into {out}: {e.strerror or e}") from e
     lap("write")
     say(f"wrote {out / REPORT_HTML}")
-    return ReportResult(out, files, timings, dict(zip(verdict["config"].astype(str), verdict["verdict"])))
+    failed = effects[effects["verdict"] == FAULT_FAILS] if not effects.empty else effects
+    return ReportResult(
+        out,
+        files,
+        timings,
+        dict(zip(verdict["config"].astype(str), verdict["verdict"])),
+        [f"{x.config} trial {x.trial}, {x.fault}: {x.why}" for x in failed.itertuples()],
+    )
 
 
 def _precheck(campaign_dir, compare_with, baseline: str | None) -> None:
@@ -166,8 +185,10 @@ def build(
     lap=lambda _n: None,
     say=lambda _m: None,
     traffic: dict | None = None,
-) -> tuple[Doc, pd.DataFrame]:
-    """Compute every table and figure and lay them out; returns the document and the verdicts."""
+    fault_bounds: dict[str, float] | None = None,
+) -> tuple[Doc, pd.DataFrame, pd.DataFrame]:
+    """Compute every table and figure and lay them out; returns the document, the verdicts and the faults'
+    effects."""
     from . import plots, plots_hazard  # matplotlib is slow to import: only when a report is really built
 
     exp = exposure(c)
@@ -181,7 +202,7 @@ def build(
     lat = stats.latency_table(c, _groups=groups)
     tput = stats.throughput(c)
     cost = stats.workaround_cost(c, baseline, _groups=groups)
-    effects = fault_effects(c)
+    effects = fault_effects(c, **(fault_bounds or {}))
     verdict = verdicts(c, effects)
     durations = first_crash_durations(c.trials, c.requests, c.crashes)
     curves = {
@@ -222,4 +243,4 @@ def build(
     sections_performance.cost(doc, cost, baseline)
     sections_performance.timelines(doc, timeline_figs)
     sections_run.trials(doc, c, durations)
-    return doc, verdict
+    return doc, verdict, effects

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import sys
 
+from rich.markup import escape
+
+from mmchaos.faults import DEFAULT_RECOVER_S, WEDGE_S
 from mmchaos.verdict_rule import LEVELS
 
+from ..arg_types import positive_number
 from .common import CommandError, console
 from .predict import add_traffic_args, traffic
 
@@ -29,6 +33,20 @@ def add_parser(sub) -> None:
         default=[],
         metavar="CONFIG=VERDICT",
         help="exit 1 unless CONFIG's verdict is VERDICT (fails, retryable or clean); repeatable",
+    )
+    r.add_argument(
+        "--max-wedge-s",
+        type=positive_number,
+        metavar="S",
+        help=f"exit 1 if a fault left /health answering 200 without service for S seconds or more (without it: "
+        f"judged at {WEDGE_S:g} s, no exit code)",
+    )
+    r.add_argument(
+        "--max-recovery-s",
+        type=positive_number,
+        metavar="S",
+        help=f"exit 1 if the server did not serve again within S seconds of a fault (without it: judged at "
+        f"{DEFAULT_RECOVER_S:g} s, no exit code)",
     )
     r.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     add_traffic_args(
@@ -63,6 +81,7 @@ def run(a) -> int:
         window_s=a.window,
         progress=progress,
         traffic=traffic(a),
+        fault_bounds={k: v for k, v in (("wedge_s", a.max_wedge_s), ("recover_s", a.max_recovery_s)) if v is not None},
     )
     print(res.html)
     code = 0
@@ -75,4 +94,10 @@ def run(a) -> int:
             code = 1
         else:
             console.print(f"{cfg} is {got}, as expected")
+    if a.max_wedge_s is not None or a.max_recovery_s is not None:
+        for line in res.failed_faults:
+            console.print(f"[red]mmchaos report: fault failed: {escape(line)}[/red]")
+            code = 1
+        if not res.failed_faults:
+            console.print("no fault wedged the server or kept it from serving past the bounds")
     return code
