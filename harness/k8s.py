@@ -101,9 +101,22 @@ def render(
         _vllm(namespace, vllm_image, model, [*base, *flags], cfg.env, api_key, gpus, plan.crash.startup_timeout),
         _service(VLLM, namespace, "vllm", VLLM_PORT, "http"),
     ]
-    return _header(plan, cfg, namespace, workers, image, model, secret_keys) + yaml.dump_all(
-        docs, Dumper=_Dumper, sort_keys=False, width=4096
-    )
+    return _header(plan, cfg, namespace, workers, image, model, secret_keys) + dump(docs)
+
+
+def dump(docs: list[dict]) -> str:
+    """Multi-document YAML as `mmchaos k8s` prints it."""
+    return yaml.dump_all(docs, Dumper=_Dumper, sort_keys=False, width=4096)
+
+
+def config_of(plan: CampaignPlan, name: str) -> Config:
+    return _config(plan, name)
+
+
+def has_api_key(plan: CampaignPlan, cfg: Config) -> bool:
+    """Whether the server is given an --api-key (the Secret then holds it, key api-key)."""
+    base = shlex.split(plan.command) if plan.target == "command" else []
+    return _hide_api_key(base)[1] or _hide_api_key(cfg.flags)[1]
 
 
 def _config(plan: CampaignPlan, name: str) -> Config:
@@ -133,7 +146,7 @@ def _server_command(plan: CampaignPlan, model_path: str | None) -> tuple[str, li
             elif not w.startswith(("--host=", "--port=")):
                 base.append(w)
     if not model:
-        raise ValueError(f"{plan.path.name} names no model the cluster can serve: pass model_path")
+        raise ValueError(f"{plan.path.name} names no model the cluster can serve: pass --model")
     return model, base
 
 
@@ -224,12 +237,12 @@ def _toml(v) -> str:
 # --- the objects ---------------------------------------------------------------------------------------------
 
 
-def _labels(component: str) -> dict:
+def labels(component: str) -> dict:
     return {"app.kubernetes.io/name": NAME, "app.kubernetes.io/component": component}
 
 
 def _meta(name: str, namespace: str, component: str) -> dict:
-    return {"name": name, "namespace": namespace, "labels": _labels(component)}
+    return {"name": name, "namespace": namespace, "labels": labels(component)}
 
 
 def _secret_env(name: str, key: str) -> dict:
@@ -252,7 +265,7 @@ def _service(name: str, namespace: str, component: str, port: int, port_name: st
         "kind": "Service",
         "metadata": _meta(name, namespace, component),
         "spec": {
-            "selector": _labels(component),
+            "selector": labels(component),
             "ports": [{"name": port_name, "port": port, "targetPort": port_name, "protocol": "TCP"}],
         },
     }
@@ -310,7 +323,7 @@ def _master_job(plan: CampaignPlan, cfg: Config, namespace: str, image: str, api
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": meta,
-        "spec": {"backoffLimit": 0, "template": {"metadata": {"labels": _labels("master")}, "spec": pod}},
+        "spec": {"backoffLimit": 0, "template": {"metadata": {"labels": labels("master")}, "spec": pod}},
     }
 
 
@@ -343,9 +356,9 @@ def _workers(namespace: str, image: str, workers: int, api_key: bool) -> dict:
         "metadata": _meta(WORKER, namespace, "worker"),
         "spec": {
             "replicas": workers,
-            "selector": {"matchLabels": _labels("worker")},
+            "selector": {"matchLabels": labels("worker")},
             "template": {
-                "metadata": {"labels": _labels("worker")},
+                "metadata": {"labels": labels("worker")},
                 "spec": _mmchaos_pod(worker, api_key, [], restartPolicy="Always"),
             },
         },
@@ -405,8 +418,8 @@ def _vllm(
         "spec": {
             "replicas": 1,
             "strategy": {"type": "Recreate"},  # never two servers on the same GPUs
-            "selector": {"matchLabels": _labels("vllm")},
-            "template": {"metadata": {"labels": _labels("vllm")}, "spec": pod},
+            "selector": {"matchLabels": labels("vllm")},
+            "template": {"metadata": {"labels": labels("vllm")}, "spec": pod},
         },
     }
 
@@ -423,6 +436,11 @@ def _header(
     ]
     if model.startswith("/"):
         lines.append(f"The model {model} is read from the PersistentVolumeClaim {MODELS} (yours to create).")
+    if plan.faults:
+        lines.append(
+            f"The campaign's {len(plan.faults)} fault(s) are not in it: `mmchaos k8s ... --faults` prints them as a "
+            "Chaos Mesh Workflow to apply when the load starts."
+        )
     if secret_keys:
         literals = " ".join(f"--from-literal={k}=..." for k in secret_keys)
         lines += [

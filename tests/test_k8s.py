@@ -4,20 +4,25 @@ kubernetes-validate ships. `python tests/test_k8s.py` rewrites deploy/k8s/exampl
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 import tomllib
 from pathlib import Path
 
+import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
 
-from mmchaos.harness import campaign_plan, cli, k8s
+from mmchaos import faults
+from mmchaos.harness import campaign_plan, chaos_mesh, cli, k8s
 from mmchaos.harness.campaign_plan import Config
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = ROOT / "campaigns" / "gpu-template.toml"
 EXAMPLE = ROOT / "deploy" / "k8s" / "example.yaml"
+FAULTS_EXAMPLE = ROOT / "deploy" / "k8s" / "faults-example.yaml"
+WORKFLOW_SCHEMA = ROOT / "tests" / "schemas" / "chaos-mesh-workflow.json"  # Chaos Mesh's CRD (trim_crd.py)
 EXAMPLE_ARGS = {"config_name": "cache-off", "workers": 4, "image": "registry.example.com/mmchaos:0.1.0"}
 K8S_VERSION = kubernetes_validate.latest_version()  # the newest Kubernetes whose schemas the package ships
 API_KEY, HF_TOKEN = "sk-test-4f9a2c7e1b3d", "hf_test_8e2d6b0a9c1f"
@@ -40,6 +45,30 @@ def with_secrets(api_key_flags: tuple[str, ...]) -> str:
         {"HF_TOKEN": HF_TOKEN, "VLLM_LOGGING_LEVEL": "INFO"},
     )
     return k8s.render(dataclasses.replace(template(), configs=[cfg]), "keyed", workers=2, image="mmchaos:test")
+
+
+# one fault of each kind Chaos Mesh can take, at seconds of load
+FAULTS = [
+    faults.Fault("kill", "tp_worker", 1, at=60),
+    faults.Fault("latency", at=10, duration=10, params={"latency_ms": 200, "jitter_ms": 50}),
+    faults.Fault("bandwidth", at=15, duration=5, params={"kbps": 50}),
+    faults.Fault("reset", at=20, duration=5, params={"after_bytes": 200}),
+    faults.Fault("silence", at=25, duration=5),
+    faults.Fault("slow_read", at=30, duration=5, params={"kbps": 5}),
+    faults.Fault("pause", at=40, duration=5),
+    faults.Fault("reset_mm_cache", at=50),
+]
+
+
+def with_faults(fs=FAULTS, flags: tuple[str, ...] = ()) -> campaign_plan.CampaignPlan:
+    plan = template()
+    cfg = dataclasses.replace(plan.configs[0], flags=(*plan.configs[0].flags, *flags))
+    return dataclasses.replace(plan, configs=[cfg], faults=list(fs))
+
+
+def render_faults_example() -> str:
+    plan = with_faults()
+    return chaos_mesh.render(plan, plan.configs[0].name)
 
 
 def docs(text: str) -> dict[tuple[str, str], dict]:
@@ -208,7 +237,67 @@ def test_what_the_cluster_cannot_have_is_refused():
         k8s.render(local, "cache-off", workers=1, image="x")
 
 
+def test_faults_are_one_chaos_mesh_workflow_valid_against_its_crd():
+    text = render_faults_example()
+    assert FAULTS_EXAMPLE.read_text() == text, "run: python tests/test_k8s.py"
+    [wf] = yaml.safe_load_all(text)
+    jsonschema.Draft7Validator(json.loads(WORKFLOW_SCHEMA.read_text())).validate(wf)
+    templates = {t["name"]: t for t in wf["spec"]["templates"]}
+    assert len(templates) == len(wf["spec"]["templates"]), "two templates share a name"
+    assert all(c in templates for t in templates.values() for c in t.get("children", []))
+    entry = templates[wf["spec"]["entry"]]
+    assert entry["templateType"] == "Parallel" and len(entry["children"]) == len(FAULTS)
+    kinds = {}
+    for f, branch in zip(FAULTS, entry["children"]):
+        wait, *steps = (templates[c] for c in templates[branch]["children"])
+        assert wait["templateType"] == "Suspend" and wait["deadline"] == f"{f.at:g}s"  # due at its time
+        kinds[f.kind] = steps
+    vllm = {"app.kubernetes.io/name": "mmchaos", "app.kubernetes.io/component": "vllm"}
+    [kill] = kinds["kill"]
+    assert kill["podChaos"]["action"] == "container-kill" and kill["podChaos"]["selector"]["labelSelectors"] == vllm
+    assert kinds["latency"][0]["networkChaos"]["delay"] == {"latency": "200ms", "jitter": "50ms"}
+    assert kinds["latency"][0]["deadline"] == "10s"  # it lasts its duration
+    assert kinds["bandwidth"][0]["networkChaos"]["bandwidth"]["rate"] == "400kbps"  # 50 kB/s in bits
+    assert kinds["silence"][0]["networkChaos"]["action"] == "partition"
+    assert kinds["reset"][0]["httpChaos"]["abort"] is True
+    do, hold, undo = kinds["pause"]
+    assert do["task"]["container"]["command"][-1] == f"{k8s.VLLM_URL}/pause?mode=abort"
+    assert hold["deadline"] == "5s" and undo["task"]["container"]["command"][-1] == f"{k8s.VLLM_URL}/resume"
+    assert len(kinds["reset_mm_cache"]) == 1  # at once: nothing to undo
+    # the Service the tasks call is the one the manifests define
+    assert ("Service", k8s.VLLM) in docs(render_example())
+
+
+def test_a_keyed_server_gets_its_operator_calls_keyed_from_the_secret():
+    text = chaos_mesh.render(with_faults(flags=("--api-key", API_KEY)), "defaults")
+    assert API_KEY not in text
+    [wf] = yaml.safe_load_all(text)
+    jsonschema.Draft7Validator(json.loads(WORKFLOW_SCHEMA.read_text())).validate(wf)
+    task = next(t for t in wf["spec"]["templates"] if t["templateType"] == "Task")["task"]["container"]
+    assert '--oauth2-bearer "$VLLM_API_KEY"' in task["command"][-1]
+    assert task["env"][0]["valueFrom"]["secretKeyRef"] == {"name": k8s.SECRET, "key": "api-key"}
+
+
+def test_faults_chaos_mesh_cannot_run_are_refused_in_one_line():
+    for fault, needle in (
+        (faults.Fault("kill", "engine_core", after_requests=40), "runs on the clock"),
+        (faults.Fault("stop", "tp_worker", 1, at=5, duration=5), "cannot stall one process"),
+    ):
+        with pytest.raises(ValueError, match=needle):
+            chaos_mesh.render(with_faults([fault]), "defaults")
+    with pytest.raises(ValueError, match="no \\[\\[fault\\]\\] table"):
+        chaos_mesh.render(template(), "cache-off")
+
+
+def test_the_schema_is_strict_a_misspelt_field_fails():
+    [wf] = yaml.safe_load_all(render_faults_example())
+    wf["spec"]["templates"][-1]["deadlin"] = "5s"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.Draft7Validator(json.loads(WORKFLOW_SCHEMA.read_text())).validate(wf)
+
+
 if __name__ == "__main__":
     EXAMPLE.parent.mkdir(parents=True, exist_ok=True)
     EXAMPLE.write_text(render_example())
-    print(f"wrote {EXAMPLE}", file=sys.stderr)
+    FAULTS_EXAMPLE.write_text(render_faults_example())
+    print(f"wrote {EXAMPLE} and {FAULTS_EXAMPLE}", file=sys.stderr)

@@ -16,8 +16,10 @@ def add_parser(sub) -> None:
     )
     k.add_argument("campaign", help="the campaign file")
     k.add_argument("--config", required=True, help="the configuration to run")
-    k.add_argument("--workers", type=arg_types.positive_int, required=True, help="Locust worker pods (one core each)")
-    k.add_argument("--image", required=True, help="the mmchaos image (deploy/Dockerfile), as the cluster pulls it")
+    k.add_argument("--workers", type=arg_types.positive_int, help="Locust worker pods (one core each); required")
+    k.add_argument(
+        "--image", help="the mmchaos image (deploy/Dockerfile), as the cluster pulls it; required (but with --faults)"
+    )
     k.add_argument("--namespace", default="mmchaos", help="default: mmchaos")
     k.add_argument("--results-size", default="10Gi", help="the results volume (default 10Gi)")
     k.add_argument(
@@ -30,14 +32,25 @@ def add_parser(sub) -> None:
         help="the model the server loads (default: the campaign's); a path is read from the "
         "PersistentVolumeClaim mmchaos-models",
     )
+    k.add_argument(
+        "--faults",
+        action="store_true",
+        help="print instead the campaign's [[fault]] tables as a Chaos Mesh Workflow (apply it when the load starts)",
+    )
     k.set_defaults(func=run)
 
 
 def run(a) -> int:
-    from .. import campaign_plan, k8s
+    from .. import campaign_plan, chaos_mesh, k8s
 
     plan = campaign_plan.load(a.campaign, check_flags=False)  # the cluster's vLLM, not an engine here, judges them
     try:
+        if a.faults:
+            sys.stdout.write(chaos_mesh.render(plan, a.config, a.namespace))
+            return 0
+        missing = [f"--{n}" for n in ("workers", "image") if getattr(a, n) is None]
+        if missing:
+            raise CommandError(f"the manifests need {' and '.join(missing)} (--faults prints the faults alone)")
         text = k8s.render(
             plan,
             a.config,
