@@ -462,7 +462,7 @@ def _check_faults(raw: list, tables: list, c: dict, configs: list[Config], w: di
     out: list[faults.Fault] = []
     for i, (table, model) in enumerate(zip(raw, tables)):
         f = model.model_dump()
-        params = {p: f[p] for kind in faults.PARAMETERS.values() for p in kind if f[p] != -1}
+        params = {p: f[p] for kind in faults.PARAMETERS.values() for p in kind if f[p] not in (-1, "")}
         at = f["at"] if f["at"] != -1 else None
         after = f["after_requests"] if f["after_requests"] != -1 else None
         fault = faults.Fault(f["kind"], f["target"], f["rank"], at, after, f["duration"], params, f["name"])
@@ -477,45 +477,31 @@ def _check_faults(raw: list, tables: list, c: dict, configs: list[Config], w: di
             raise ck.fail(f"{where}: {why}", key, "fault", i)
         if at is not None and at >= w["duration"]:
             raise ck.fail(f"{where}: at = {at:g} s is not within the load's {w['duration']:g} s", "at", "fault", i)
-        if fault.is_process:
-            _check_fault_process(fault, where, c, configs, ck, i)
+        for cfg in configs:
+            why = fault_target(cfg, c["target"], c["command"]).refuses(fault)
+            if why:
+                key = "target" if c["target"] == "attach" and fault.is_process else "rank" if "rank" in why else "kind"
+                raise ck.fail(f"{where}: config '{cfg.name}' {why}", key, "fault", i)
         if any(x.name == fault.name for x in out):
             raise ck.fail(f"two faults are named '{fault.name}': name them apart", "name", "fault", i)
         out.append(fault)
     return out
 
 
-def _check_fault_process(f: faults.Fault, where: str, c: dict, configs: list[Config], ck: _Checker, i: int) -> None:
-    if c["target"] == "attach":
-        raise ck.fail(
-            f"{where}: an attached server's processes are not mmchaos's to signal; process faults need a "
-            'server mmchaos starts (target = "engine" or "command")',
-            "target",
-            "fault",
-            i,
-        )
+def fault_target(cfg: Config, target: str, command: str, proxy: bool = True) -> faults.Target:
+    """What configuration ``cfg``'s server can take (mmchaos.faults.Target: the one rule of the web UI's form too);
+    ``target`` and ``command`` are the campaign's."""
     from .server import api_server_count, tensor_parallel_size
 
-    for cfg in configs:
-        argv = [*split_command(cfg.command or c["command"]), *cfg.flags]
-        tp, fronts = tensor_parallel_size(argv), api_server_count(argv)
-        if f.target == faults.TP_WORKER and f.rank >= tp:
-            ranks = "TP rank 0 only (tensor parallel size 1)" if tp == 1 else f"TP ranks 0-{tp - 1}"
-            raise ck.fail(
-                f"{where}: config '{cfg.name}' has {ranks}, not {f.rank}: it has no tp_worker:{f.rank} "
-                "(add --tensor-parallel-size, or aim at a rank it has)",
-                "rank",
-                "fault",
-                i,
-            )
-        if f.target == faults.API_SERVER and f.rank >= fronts:
-            raise ck.fail(
-                f"{where}: config '{cfg.name}' runs {fronts} API server(s) (--api-server-count): it has no "
-                f"api_server rank {f.rank}",
-                "rank",
-                "fault",
-                i,
-            )
+    argv = [*split_command(cfg.command or command), *cfg.flags]
+    attached = target == "attach"
+    return faults.Target(
+        started=not attached,
+        tp=tensor_parallel_size(argv),
+        api_servers=api_server_count(argv),
+        dev_mode=attached or faults.dev_mode(cfg.env),  # an attached server's routes: found by its answers
+        proxy=proxy,
+    )
 
 
 def check_engine_flags(camp: CampaignPlan, ck: _Checker | None = None) -> None:

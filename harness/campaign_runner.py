@@ -23,8 +23,8 @@ from urllib.parse import urlsplit
 import pandas  # noqa: F401  (imported up front: a Ctrl-C must never land in its first, lazy import)
 import pyarrow.parquet as pq
 
+from mmchaos import faults, paths, schema
 from mmchaos import options as locust_options
-from mmchaos import paths, schema
 from mmchaos.auth import API_KEY_ENV
 from mmchaos.files import write_files_atomic, write_json_atomic
 from mmchaos.manifest import ProcessRow, ReplayAccount, TrialManifest
@@ -35,7 +35,8 @@ from mmchaos.signatures import Signatures
 from mmchaos.tables import PART_GLOB, PartWriter, compact, read_table, table_dir
 
 from . import crash_watch, distributed, engines, model, provenance
-from .campaign_plan import CampaignPlan, Config, Run
+from .campaign_plan import CampaignPlan, Config, Run, fault_target
+from .fault_control import FaultControl
 from .fault_injector import FaultInjector
 from .fault_proxy import FaultProxy, ProxyError
 from .processes import stop_group, wait_port_free
@@ -44,6 +45,8 @@ from .server import Server, ServerError, Target
 COMPLETED, INTERRUPTED, FAILED, RUNNING = "completed", "interrupted", "failed", "running"
 DONE = "done"  # the progress phase reported once per trial, with its TrialResult
 RETRY_PORT_WAIT = 15.0  # seconds a failed restart waits for its port to be free before its one more try
+# a trial's Locust with its web UI instead of headless (campaign run --web-port): it starts at once, on loopback
+WEB_UI_ARGS = ["--autostart", "--autoquit", "5", "--web-host", "127.0.0.1"]
 TICK = 0.2  # seconds between observations of the server: detection within a second
 LOCUST_GRACE = 20.0  # seconds Locust may take to stop its users and flush its rows
 LOCUST_OVERRUN = 60.0  # seconds past its run time (and its workers' wait) after which a Locust that has not ended
@@ -132,6 +135,8 @@ def locust_argv(
     point: dict | None = None,
     repeat: int | None = None,
     watch_url: str = "",
+    fault_control: str = "",
+    web_port: int | None = None,
 ) -> list[str]:
     """Locust's command line for a trial; ``base_url`` is where the users send (the fault proxy, when the trial has
     network faults), ``watch_url`` where /health and /metrics are polled (the server itself)."""
@@ -145,7 +150,7 @@ def locust_argv(
         "locust",
         "-f",
         str(locustfile),
-        "--headless",
+        *(["--headless"] if web_port is None else WEB_UI_ARGS + ["--web-port", str(web_port)]),
         "--only-summary",
         "-u",
         str(w.users),
@@ -196,6 +201,8 @@ def locust_argv(
         argv += ["--replay", w.trace, "--replay-speed", str(w.replay_speed)]
     if watch_url and watch_url != base_url:
         argv += ["--watch-url", watch_url]
+    if fault_control:
+        argv += ["--fault-control", fault_control]
     return argv
 
 
@@ -207,8 +214,10 @@ class CampaignRunner:
         force: bool = False,
         progress=None,
         signatures: Signatures | None = None,
+        web_port: int | None = None,
     ):
         self.camp = camp
+        self.web_port = web_port  # each trial's Locust web UI on 127.0.0.1:web_port (None: headless)
         self.root = Path(results_root or paths.results_dir())
         self.force = force
         self.progress = progress  # callable(dict) for the live display
@@ -327,7 +336,7 @@ class CampaignRunner:
     ) -> None:
         """The server's processes by role, recorded as it becomes healthy: the only pids a fault may go to."""
         identities = server.processes()
-        injector.bind(identities, restart)
+        injector.bind(identities, restart, server.base_url, server.api_key)
         manifest.processes = [
             *manifest.processes,
             *(ProcessRow(**i.row(), restart=restart) for i in identities.values()),
@@ -352,6 +361,7 @@ class CampaignRunner:
         locust = None
         proxy = None  # the fault proxy between Locust and the server, when the trial has network faults
         injector = None
+        control = None  # faults by hand (the web UI's form) and the panel's list of faults
         local_workers = None  # [workload] processes: this machine's Locust workers, a process group of their own
         watch = None
         t_load = None
@@ -374,8 +384,8 @@ class CampaignRunner:
             watch = crash_watch.CrashWatch(server, folder, self.sigs, hang_after=crash_cfg.hang_after)
             watch.healthy_at(server.healthy_at)
             load_url = server.base_url
-            if self.camp.faults:
-                if any(not f.is_process for f in self.camp.faults):
+            if self.camp.faults or self.web_port is not None:
+                if self.web_port is not None or any(f.kind in faults.NETWORK_KINDS for f in self.camp.faults):
                     # in front of where the load would go: the server's url (an attached server's, a command's own)
                     up = urlsplit(server.base_url)
                     up_port = up.port or (443 if up.scheme == "https" else 80)
@@ -388,8 +398,21 @@ class CampaignRunner:
                     manifest.fault_proxy = proxy.url
                 injector = FaultInjector(self.camp.faults, folder, proxy)
                 self._bind_processes(injector, server, manifest, folder, 0)
+                fits = fault_target(cfg, self.camp.target, self.camp.command, proxy is not None)
+                control = FaultControl(injector, fits).start()
             argv = locust_argv(
-                self.camp, cfg, trial, folder, load_url, model, run_id, point, repeat, watch_url=server.base_url
+                self.camp,
+                cfg,
+                trial,
+                folder,
+                load_url,
+                model,
+                run_id,
+                point,
+                repeat,
+                watch_url=server.base_url,
+                fault_control=control.url if control else "",
+                web_port=self.web_port,
             )
             dist = distributed.Distribution.of(self.camp.workload)
             if dist:
@@ -420,6 +443,8 @@ class CampaignRunner:
                     self._record_pgid(manifest, folder, "locust_pgids", local_workers.pid)
             t_load = time.time()
             manifest.t_load_start = t_load
+            if control is not None:
+                control.t_start = t_load
             overran = False
             deadline = t_load + self.camp.workload.duration + LOCUST_OVERRUN + (dist.max_wait if dist else 0)
             while locust.poll() is None:
@@ -427,8 +452,8 @@ class CampaignRunner:
                     overran = True
                     dump_greenlets(locust)
                     break
-                if injector is not None:
-                    for row in injector.tick(time.time(), time.time() - t_load, counter.requests):
+                if control is not None:
+                    for row in control.tick(counter.requests):
                         self._report(config=cfg.name, trial=trial, phase=f"fault: {row['fault']} ({row['outcome']})")
                 crash = watch.check()
                 if crash:
@@ -489,6 +514,8 @@ class CampaignRunner:
         finally:
             if t_load is not None:
                 manifest.t_load_end = time.time()  # before the stops: a trial's clock is its load
+            if control is not None:
+                control.stop()
             if injector is not None:
                 injector.finish(time.time())  # a stopped process continued, the proxy's faults off: then the stops
             # Locust on SIGTERM stops its users and flushes its recorder; whatever of its group is left after the

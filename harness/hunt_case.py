@@ -35,6 +35,7 @@ import requests
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
+from mmchaos import faults
 from mmchaos.payloads import hunt_bodies
 from mmchaos.payloads.hunt_media import Media, media
 
@@ -45,7 +46,7 @@ TOGETHER = 3  # requests sent at once, at most
 # an operator action sent with requests lands this long after them: at 0 before they are rendered, later while the
 # engine holds them (a /pause then aborts them: measured on 0.32.0, docs/findings.md)
 ACTION_DELAY_MS = (0.0, 10.0, 30.0, 60.0)
-PAIRS = {"/sleep": "/wake_up", "/pause": "/resume"}  # an operator action and the one that undoes it
+PAIRS = faults.UNDO  # an operator action and the one that undoes it
 CONNECT_S = 5.0
 
 

@@ -49,6 +49,7 @@ class Panel:
         # far, from the pacers
         self.p95_ms: Callable[[], float | None] = lambda: None
         self.due: Callable[[], int] = lambda: 0
+        self.fault_relay = None  # fault_form.FaultRelay: the faults of a server mmchaos started (--fault-control)
         self.reset(None)
 
     def reset(self, run_id: str | None) -> None:
@@ -398,6 +399,7 @@ class Panel:
                 "classified": self.classified,
             },
             "verdict": self.verdict(),
+            "faults": list(self.fault_relay.rows) if self.fault_relay is not None else [],
             "open_loop": self.open_loop(),
             "gates": [asdict(g) for g in self.gates(options)] if options is not None else [],
             "timeline": {

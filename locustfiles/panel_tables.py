@@ -3,20 +3,23 @@
 
 from __future__ import annotations
 
+from .fault_form import rows_for_panel
 from .panel import RECENT_S, Panel, clock
 from .panel_outcomes import CATEGORIES
 
-TAB_VERDICT, TAB_EVENTS, TAB_OUTCOMES, TAB_SERVER = (
+TAB_VERDICT, TAB_EVENTS, TAB_OUTCOMES, TAB_SERVER, TAB_FAULTS = (
     "mmchaos-verdict",
     "mmchaos-events",
     "mmchaos-outcomes",
     "mmchaos-server",
+    "mmchaos-faults",
 )
 TABS = [
     {"title": "mmchaos: verdict", "key": TAB_VERDICT},
     {"title": "mmchaos: events", "key": TAB_EVENTS},
     {"title": "mmchaos: outcomes", "key": TAB_OUTCOMES},
     {"title": "mmchaos: server", "key": TAB_SERVER},
+    {"title": "mmchaos: faults", "key": TAB_FAULTS},
 ]
 TABLES = [
     {
@@ -56,6 +59,17 @@ TABLES = [
         ],
     },
     {"key": TAB_SERVER, "structure": [{"key": "item", "title": "Item"}, {"key": "value", "title": "Value"}]},
+    {
+        "key": TAB_FAULTS,
+        "structure": [
+            {"key": "time", "title": "Time (since the first)"},
+            {"key": "fault", "title": "Fault"},
+            {"key": "source", "title": "Source"},
+            {"key": "target", "title": "Target"},
+            {"key": "outcome", "title": "Outcome"},
+            {"key": "detail", "title": "Detail"},
+        ],
+    },
 ]
 _COLUMN = {
     "ok": "ok",
@@ -105,6 +119,7 @@ def tables(panel: Panel, st: dict) -> list[dict]:
         {"key": TAB_EVENTS, "data": ev},
         {"key": TAB_OUTCOMES, "data": out},
         {"key": TAB_SERVER, "data": _server_rows(st)},
+        {"key": TAB_FAULTS, "data": rows_for_panel(panel.fault_relay)},
     ]
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from flask import Blueprint, Response, jsonify, request
 from locust.runners import STATE_INIT, STATE_SPAWNING
 
+from .fault_form import FaultRelay, register_routes
 from .panel_tables import TABLES, TABS, tables
 from .web_form import apply_mangled_form_fields
 
@@ -62,6 +63,7 @@ def _init(environment, web_ui=None, **_):
     web_ui.template_args["extended_tables"] = TABLES
     web_ui.template_args["extended_csv_files"] = [
         {"href": "./mmchaos/timeline", "title": "mmchaos timeline (page)"},
+        {"href": "./mmchaos/faults", "title": "mmchaos faults: fire one by hand (page)"},
         {"href": "./mmchaos/state", "title": "mmchaos panel state (JSON)"},
     ]
     base = getattr(environment.parsed_options, "web_base_path", "") or ""
@@ -80,6 +82,9 @@ def _init(environment, web_ui=None, **_):
     def mmchaos_timeline():
         return Response(TIMELINE_PAGE.read_text(), mimetype="text/html")
 
+    panel.fault_relay = relay = FaultRelay(getattr(environment.parsed_options, "fault_control", "") or "").start()
+    environment.events.quit.add_listener(lambda **_: relay.stop())
+    register_routes(bp, web_ui, panel.fault_relay)
     web_ui.app.register_blueprint(bp)
 
     @web_ui.app.before_request

@@ -180,7 +180,9 @@ class Config(Section):
 # each fault parameter (mmchaos/faults.py) a key of [[fault]] (declared apart: mypy types an inline **{...} of
 # create_model without its field definitions' type)
 _PARAMETER_KEYS: dict[str, Any] = {
-    p: (Number, Field(-1, description=f"{p} of the fault (-1: not given)"))
+    p: (str, Field("", description=f"{p} of the fault: {' | '.join(faults.CHOICES[p])} (empty: its default)"))
+    if p in faults.CHOICES
+    else (Number, Field(-1, description=f"{p} of the fault (-1: not given)"))
     for kind in faults.PARAMETERS.values()
     for p in kind
 }

@@ -208,6 +208,14 @@ OPTIONS = [
         "when the users load it through a fault proxy)",
         ui=False,
     ),
+    Option(
+        "fault_control",
+        str,
+        "",
+        "the fault control of a server mmchaos started (the URL `mmchaos serve` prints): the web UI's fault form "
+        "fires faults through it and the panel lists every fault",
+        ui=False,
+    ),
     Option("no_trace", bool, False, "do not keep the trace (what each request sent, to replay or minimize it)"),
     Option(
         "consistency_sample",
@@ -267,6 +275,7 @@ HARNESS_OWNED = {
     "trial",
     "arrival_lanes",
     "watch_url",
+    "fault_control",
     *OPEN_LOOP,
     *GATES,
 }

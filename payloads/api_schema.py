@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from mmchaos import faults
+
 # Routes that answer from the pooling runner (embeddings, scores, classes): what the hunt may send. Operator
 # actions (``VLLM_SERVER_DEV_MODE=1``) are the other routes it uses, between requests.
 POOLING_ROUTES = (
@@ -21,8 +23,8 @@ POOLING_ROUTES = (
     "/v2/rerank",
     "/v2/embed",
 )
-# what an operator does to a running server (VLLM_SERVER_DEV_MODE=1); /wake_up and /resume undo /sleep and /pause
-OPERATOR_ROUTES = ("/reset_mm_cache", "/reset_prefix_cache", "/sleep", "/wake_up", "/pause", "/resume")
+# what an operator does to a running server (VLLM_SERVER_DEV_MODE=1), each action followed by its undo
+OPERATOR_ROUTES = tuple(r for pair in faults.OPERATOR_ROUTES.values() for r in pair if r)
 
 
 class ApiSchemaError(ValueError):

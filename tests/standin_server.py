@@ -17,6 +17,10 @@ POST's X-Request-Id and the sha256 of its body, as received. ``--openapi`` serve
 ``/v1/embeddings`` (its chat form only), so the hunt can run against it. Its embedding of an input is a function of
 the input (images and text): the same input gets the same vector, distinct inputs distinct ones.
 
+With ``VLLM_SERVER_DEV_MODE=1`` in its environment it takes vLLM's operator routes: ``/pause`` (any mode) and
+``/sleep`` hold every embedding request until ``/resume`` or ``/wake_up`` while ``/health`` answers 200 (a wedge on
+demand); the cache resets answer 200. Each is logged as ``operator: POST <path>``.
+
 ``--tensor-parallel-size N`` plays vLLM's process tree for the fault tests: a child titled ``VLLM::EngineCore``
 with N children titled ``VLLM::Worker_TP<rank>``; when a worker dies the engine core exits, when the engine core
 dies the server does (vLLM's log lines), and an embedding request waits while a worker is stopped (SIGSTOP).
@@ -58,6 +62,7 @@ class Handler(BaseHTTPRequestHandler):
     lock = threading.Lock()
     poisoned: ClassVar[set[str]] = set()
     seen: ClassVar[dict[str, int]] = {}  # image URL -> times answered (--wrong-on-repeat)
+    held = threading.Event()  # set: a /pause or /sleep holds the embedding requests
 
     def log_message(self, *args):  # keep the log for our own lines
         pass
@@ -111,6 +116,14 @@ class Handler(BaseHTTPRequestHandler):
             return self.hang_up()
         n = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(n)
+        route = self.path.split("?", 1)[0]
+        if route in OPERATOR and os.environ.get("VLLM_SERVER_DEV_MODE") == "1":
+            self.say(f"operator: POST {self.path}")
+            if route in ("/pause", "/sleep"):
+                type(self).held.set()
+            elif route in ("/resume", "/wake_up"):
+                type(self).held.clear()
+            return self._send(200, {"status": "ok"})
         if self.opts.body_log:
             with self.lock, open(self.opts.body_log, "a") as f:
                 f.write(f"{self.headers.get('X-Request-Id')} {hashlib.sha256(raw).hexdigest()}\n")
@@ -128,6 +141,8 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(404, {"error": "not found"})
         while ENGINE.workers and any(_stopped(pid) for pid in ENGINE.workers):
             time.sleep(0.05)  # a stalled worker: the request waits for it, as a collective would
+        while type(self).held.is_set():
+            time.sleep(0.05)  # paused or asleep: the request waits in the engine
         own = type(self)  # this server's state (a server in a thread of a test has a class of its own)
         with self.lock:
             own.count += 1
@@ -265,6 +280,9 @@ def _image_urls(body: dict) -> list[str]:
     return urls
 
 
+OPERATOR = ("/pause", "/resume", "/sleep", "/wake_up", "/reset_mm_cache", "/reset_prefix_cache")
+
+
 class ENGINE:
     core: subprocess.Popen | None = None
     workers: ClassVar[list[int]] = []
@@ -375,6 +393,7 @@ class InProcess:
                 "count": 0,
                 "poisoned": set(),
                 "seen": {},
+                "held": threading.Event(),
                 "lock": threading.Lock(),
                 "dead": False,
                 "say": say,

@@ -11,6 +11,7 @@ import threading
 import time
 from pathlib import Path
 
+import pandas as pd
 import psutil
 import pytest
 from conftest import TESTS, standin_server
@@ -18,6 +19,7 @@ from conftest import TESTS, standin_server
 from mmchaos import faults, schema
 from mmchaos.analysis.fault_effects import fault_effects
 from mmchaos.analysis.results import load_results
+from mmchaos.analysis.sections_faults import in_words
 from mmchaos.analysis.verdict import verdicts
 from mmchaos.harness import campaign_plan, campaign_runner
 from mmchaos.harness.fault_proxy import FaultProxy
@@ -36,6 +38,7 @@ def _campaign(
     duration: int = 30,
     policy: str = "restart",
     extra: str = "",
+    env: str = "",
 ) -> Path:
     where = f'command = "{STANDIN}"' if target == "command" else 'url = "http://127.0.0.1:9"'
     f = tmp_path / "f.toml"
@@ -63,6 +66,7 @@ startup_timeout = 30
 [[config]]
 name = "tp2"
 flags = {flags}
+{env}
 
 {fault}''')
     return f
@@ -83,6 +87,12 @@ flags = {flags}
         ('[[fault]]\nkind = "latency"\nat = 5\nduration = 2\n', "a latency needs latency_ms"),
         ('[[fault]]\nkind = "reset"\nat = 5\nduration = 2\nlatency_ms = 5\n', "reset takes no 'latency_ms'"),
         ('[[fault]]\nkind = "kill"\ntarget = "tp_worker"\nat = 5\nafter_requests = 3\n', "not both"),
+        ('[[fault]]\nkind = "pause"\nat = 5\nduration = 2\n', 'env = { VLLM_SERVER_DEV_MODE = "1" }'),
+        ('[[fault]]\nkind = "pause"\nat = 5\n', "a pause lasts: give duration"),
+        ('[[fault]]\nkind = "pause"\nmode = "drop"\nat = 5\nduration = 2\n', "mode must be one of abort, wait"),
+        ('[[fault]]\nkind = "sleep"\nlevel = 3\nat = 5\nduration = 2\n', "level must be one of 0, 1, 2"),
+        ('[[fault]]\nkind = "reset_mm_cache"\nat = 5\nduration = 2\n', "a reset_mm_cache is at once"),
+        ('[[fault]]\nkind = "reset_mm_cache"\ntarget = "tp_worker"\nat = 5\n', 'target = "server" or none'),
     ],
 )
 def test_fault_tables_are_checked_in_one_line(tmp_path, fault, needle):
@@ -342,3 +352,117 @@ def test_a_faults_effects_end_where_the_next_fault_begins(tmp_path):
     e = fault_effects(load_results(camp)).set_index("fault")
     assert e.loc["latency", "verdict"] == "recovers" and e.loc["latency", "empty_2xx"] == 0, e.loc["latency"]
     assert e.loc["reset", "verdict"] == "fails" and e.loc["reset", "empty_2xx"] == 2, e.loc["reset"]
+
+
+DEV = 'env = { VLLM_SERVER_DEV_MODE = "1" }'
+
+
+@pytest.mark.integration
+def test_operator_actions_are_sent_under_load_and_judged_by_the_bounds_given(tmp_path):
+    """A keep-pause holds every request while /health answers 200 (the stand-in's wedge on demand): the row says
+    what the server answered to the action and to its undo, the report says it in words, and the gates fail it
+    only when asked with a bound it exceeds. A cache reset is at once."""
+    from cli_inprocess import mmchaos
+
+    fault = (
+        '[[fault]]\nkind = "reset_mm_cache"\nafter_requests = 10\n\n'
+        '[[fault]]\nkind = "pause"\nmode = "keep"\nafter_requests = 30\nduration = 4\n'
+    )
+    # the stand-in answers in 20 ms: the run ends at its 120th request (a minute bounds it), after the pause
+    f = _campaign(tmp_path, fault, duration=60, extra="max_requests = 120\n", flags='["--delay-ms", "20"]', env=DEV)
+    assert subprocess.run([sys.executable, "-m", "mmchaos.harness.cli", "campaign", "check", str(f)]).returncode == 0
+    [result] = campaign_runner.CampaignRunner(campaign_plan.load(f), tmp_path / "results").run()
+    trial = tmp_path / "results" / "faults" / "tp2" / "t000"
+    rows = read_table(trial, "faults").to_pandas().set_index("kind")
+    assert (rows["outcome"] == schema.FAULT_INJECTED).all(), rows[["outcome", "detail"]]
+    assert rows.loc["pause", "target"] == "server" and pd.isna(rows.loc["pause", "target_pid"])
+    assert "POST /pause?mode=keep: 200" in rows.loc["pause", "detail"]
+    assert "POST /resume: 200" in rows.loc["pause", "detail"]
+    assert rows.loc["pause", "t_cleared"] - rows.loc["pause", "t_injected"] >= 4
+    assert "POST /reset_mm_cache: 200" in rows.loc["reset_mm_cache", "detail"]
+    assert pd.isna(rows.loc["reset_mm_cache", "t_cleared"])
+    log = (trial / schema.SERVER_LOG).read_text()
+    assert log.index("operator: POST /pause?mode=keep") < log.index("operator: POST /resume")
+    assert not result.crashes
+
+    e = fault_effects(load_results(tmp_path / "results" / "faults")).set_index("kind")
+    pause = e.loc["pause"]
+    assert pause["health_200_without_service_s"] >= 4 and pause["verdict"] == "recovers"  # < 30 s: no wedge
+    words = in_words(next(e.reset_index().query("kind == 'pause'").itertuples()))
+    assert "/health answered 200 without service for" in words and "served again after" in words
+
+    out = tmp_path / "report"
+    plain = mmchaos("report", str(tmp_path / "results" / "faults"), "--out", str(out), "-q")
+    assert plain.returncode == 0, plain.stderr
+    assert "pause mode=keep for 4 s after 30 requests:" in (out / "report.md").read_text()
+    wedge = mmchaos("report", str(tmp_path / "results" / "faults"), "--out", str(out), "-q", "--max-wedge-s", "2")
+    assert wedge.returncode == 1 and "fault failed" in wedge.stderr and "wedged" in wedge.stderr, wedge.stderr
+    slow = mmchaos("report", str(tmp_path / "results" / "faults"), "--out", str(out), "-q", "--max-recovery-s", "1")
+    assert slow.returncode == 1 and "served again only" in slow.stderr, slow.stderr
+    loose = mmchaos(
+        "report",
+        str(tmp_path / "results" / "faults"),
+        "--out",
+        str(out),
+        "-q",
+        "--max-wedge-s",
+        "60",
+        "--max-recovery-s",
+        "60",
+    )
+    assert loose.returncode == 0 and "no fault wedged" in loose.stderr, loose.stderr
+
+
+@pytest.mark.integration
+def test_a_campaign_with_its_web_ui_lists_scheduled_faults_and_takes_faults_by_hand(tmp_path):
+    """`campaign run --web-port`: the trial's Locust serves its web UI; the panel lists the scheduled fault with its
+    outcome, a fault fired through the web UI's relay lands in the same trial's faults table (source web_ui)."""
+    import os
+    import signal
+
+    import requests
+
+    from mmchaos.harness.processes import free_port
+
+    f = _campaign(
+        tmp_path,
+        '[[fault]]\nkind = "reset_mm_cache"\nafter_requests = 5\n',
+        duration=40,
+        extra="max_requests = 100000\n",
+        flags='["--delay-ms", "20"]',
+        env=DEV,
+    )
+    port = free_port()
+    log = open(tmp_path / "run.out", "w")
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "mmchaos.harness.cli", "campaign", "run", str(f), "--results", str(tmp_path / "r")]
+        + ["--web-port", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    ui = f"http://127.0.0.1:{port}"
+    try:
+
+        def scheduled_listed():
+            try:
+                rows = requests.get(ui + "/mmchaos/state", timeout=2).json()["faults"]
+            except (requests.RequestException, ValueError, KeyError):
+                return None
+            return [r for r in rows if r["source"] == "campaign" and r["outcome"] == "injected"] or None
+
+        deadline = time.time() + 300  # bounds the loop only: it ends with the campaign
+        while not scheduled_listed():
+            assert cli.poll() is None and time.time() < deadline, (tmp_path / "run.out").read_text()
+            time.sleep(0.2)  # polling the web UI
+        r = requests.post(ui + "/mmchaos/faults/fire", json={"kind": "reset_prefix_cache"}, timeout=10)
+        assert r.status_code == 200 and r.json()["source"] == "web_ui", r.text
+    finally:
+        if cli.poll() is None:
+            os.killpg(cli.pid, signal.SIGINT)  # as Ctrl-C: the trial stops, its rows kept
+        cli.wait(timeout=120)
+        log.close()
+    rows = read_table(tmp_path / "r" / "faults" / "tp2" / "t000", "faults").to_pandas().set_index("kind")
+    assert rows.loc["reset_mm_cache", "source"] == "campaign"
+    assert rows.loc["reset_prefix_cache", "source"] == "web_ui"
+    assert rows.loc["reset_prefix_cache", "outcome"] == schema.FAULT_INJECTED

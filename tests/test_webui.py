@@ -152,7 +152,10 @@ def test_panel_counts_match_the_recorded_rows(standin, tmp_path):
             panel_tables.TAB_EVENTS,
             panel_tables.TAB_OUTCOMES,
             panel_tables.TAB_SERVER,
+            panel_tables.TAB_FAULTS,
         }
+        # no fault control given: the faults tab says how to get one
+        assert "--fault-control" in tabs[panel_tables.TAB_FAULTS][0]["detail"]
         verdict = {r["item"]: r for r in tabs[panel_tables.TAB_VERDICT]}
         assert verdict["verdict"]["state"] == st["verdict"]["title"]
         assert verdict["gate max-crashes"]["state"] == "passed"

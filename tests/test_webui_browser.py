@@ -14,6 +14,9 @@ import contextlib
 import os
 import re
 import shlex
+import signal
+import subprocess
+import sys
 
 import pytest
 import requests
@@ -202,5 +205,110 @@ def test_server_text_is_shown_as_text_not_markup(tmp_path):
                 assert page.evaluate("window.__mmchaos_xss") is None
                 assert page.locator("img[src=x]").count() == 0 and page.locator("td script").count() == 0
             assert requests.get(ui.url + "/mmchaos/state", timeout=5).json()["options"]["weight_text"] == 0
+        finally:
+            ui.stop()
+
+
+@contextlib.contextmanager
+def served_standin(tmp_path, *flags: str, dev_mode: bool = True):
+    """`mmchaos serve` of a stand-in playing TP=2 (its own process group, stopped by it): yields the addresses it
+    prints (the fault proxy to load, the fault control for the web UI) and the serve process."""
+    standin = ROOT / "tests/standin_server.py"
+    cmd = f"{sys.executable} {standin} --port {{port}} --tensor-parallel-size 2 {' '.join(flags)}"
+    out = tmp_path / "serve.out"
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1" if dev_mode else "0"}
+    with open(out, "w") as f:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "mmchaos.harness.cli", "serve", "--command", cmd, "--log", str(tmp_path / "s.log")],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=ROOT,
+            env=env,
+        )
+    try:
+        wait_for(lambda: "--fault-control" in out.read_text() or proc.poll() is not None, 60, "serve's addresses")
+        found = re.search(r"--host (\S+) --fault-control (\S+?)`", out.read_text())
+        assert proc.poll() is None and found, out.read_text()
+        yield found.group(1), found.group(2), proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)  # serve stops its server as on Ctrl-C
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
+def fault_rows(page):
+    return page.locator("#faults tr")
+
+
+def test_faults_fired_by_hand_from_the_web_ui(tmp_path):
+    """A server `mmchaos serve` started: the fault page lists only what it can take, a pause and a kill of TP worker
+    1 fired from its form reach the server, and the panel's faults tab lists both with their outcome."""
+    OUTPUT.mkdir(exist_ok=True)
+    shot = OUTPUT / "webui-faults-by-hand.png"
+    with served_standin(tmp_path, "--delay-ms", "20") as (load_url, control, _serve):
+        ui = LocustUI(
+            tmp_path, "--host", load_url, "--fault-control", control, "--results-dir", str(tmp_path / "results")
+        ).wait_up()
+        try:
+            with browser_page(tmp_path / "chromium-profile") as page, what_the_page_showed(page, ui, shot):
+                start_from_form(page, ui.url + "/", users=2, spawn_rate=2, run_time="120s")
+                page.goto(ui.url + "/mmchaos/faults")
+                page.locator("#kind option", has_text="pause").wait_for(state="attached")
+                kinds = page.locator("#kind option").all_inner_texts()
+                assert {"kill", "stop", "latency", "pause", "reset_mm_cache"} <= set(kinds), kinds
+                page.select_option("#kind", "kill")
+                targets = page.locator("#target option").all_inner_texts()
+                assert targets == ["tp_worker:0", "tp_worker:1", "engine_core", "api_server:0"], targets
+                # a pause that keeps, for 2 s
+                page.select_option("#kind", "pause")
+                page.select_option("select[name=mode]", "keep")
+                page.fill("#duration", "2")
+                page.click("#go")
+                page.locator("#said.fired", has_text="pause").wait_for()
+                fault_rows(page).filter(has_text="pause server by hand").filter(has_text="POST /resume: 200").wait_for(
+                    timeout=30_000
+                )
+                # a fault the server cannot take is refused in one line, through the same relay
+                bad = {"kind": "kill", "target": "tp_worker:2"}
+                r = requests.post(ui.url + "/mmchaos/faults/fire", json=bad, timeout=10)
+                assert r.status_code == 400 and "has TP ranks 0-1, not 2" in r.json()["error"], r.text
+                # a kill of TP worker 1: the stand-in's engine core exits, and the server with it
+                page.select_option("#kind", "kill")
+                page.select_option("#target", "tp_worker:1")
+                page.click("#go")
+                page.locator("#said.fired", has_text="kill").wait_for()
+                kill = fault_rows(page).filter(has_text="kill tp_worker:1 by hand")
+                kill.filter(has_text="injected").wait_for()
+                assert "VLLM::Worker_TP1" in kill.inner_text()
+                page.screenshot(path=str(shot), full_page=True)
+                page.goto(ui.url + "/")
+                open_tab(page, "mmchaos: faults")
+                page.locator("tbody tr").filter(has_text="kill tp_worker:1 by hand").filter(
+                    has_text="injected"
+                ).wait_for()
+                assert page.locator("tbody tr").filter(has_text="pause server by hand").count() == 1
+                page.screenshot(path=str(OUTPUT / "webui-panel-faults.png"), full_page=True)
+            st = ui.state()
+        finally:
+            ui.stop()
+    assert [f["fault"] for f in st["faults"]] == ["pause server by hand #1", "kill tp_worker:1 by hand #2"]
+    assert [f["outcome"] for f in st["faults"]] == ["injected", "injected"]
+
+
+def test_the_fault_form_offers_no_operator_action_without_dev_mode(tmp_path):
+    with served_standin(tmp_path, dev_mode=False) as (load_url, control, _serve):
+        ui = LocustUI(tmp_path, "--host", load_url, "--fault-control", control).wait_up()
+        try:
+            with browser_page(tmp_path / "chromium-profile") as page:
+                page.goto(ui.url + "/mmchaos/faults")
+                page.locator("#kind option", has_text="kill").wait_for(state="attached")
+                kinds = page.locator("#kind option").all_inner_texts()
+                assert "pause" not in kinds and "reset_mm_cache" not in kinds and "latency" in kinds, kinds
+            r = requests.post(ui.url + "/mmchaos/faults/fire", json={"kind": "pause", "duration": 2}, timeout=10)
+            assert r.status_code == 400 and "VLLM_SERVER_DEV_MODE" in r.json()["error"], r.text
         finally:
             ui.stop()

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from mmchaos import paths
 
+from .. import arg_types
 from .common import also_redact, console
 
 
@@ -17,6 +18,13 @@ def add_parser(sub) -> None:
     cr.add_argument("file")
     cr.add_argument("--force", action="store_true", help="re-run finished trials too")
     cr.add_argument("--results", help=f"results root (default: {paths.results_dir()})")
+    cr.add_argument(
+        "--web-port",
+        type=arg_types.port,
+        metavar="PORT",
+        help="run each trial's Locust with its web UI on http://127.0.0.1:PORT (watch it, fire faults by hand from "
+        "its mmchaos faults page) instead of headless",
+    )
     cc = csub.add_parser("check", help="validate the file as run would, without running or writing anything")
     cc.add_argument("file")
     cc.add_argument("--results", help=f"results root to check (default: {paths.results_dir()})")
@@ -46,7 +54,9 @@ def run(a) -> int:
         points = f" × {len(camp.points)} sweep points" if camp.sweep else ""
         print(f"{camp.path}: ok — {len(camp.configs)} configurations{points} × {camp.trials} trials")
         return 0
-    runner = campaign_runner.CampaignRunner(camp, results, force=a.force)
+    runner = campaign_runner.CampaignRunner(camp, results, force=a.force, web_port=a.web_port)
+    if a.web_port:
+        console.print(f"each trial's web UI: http://127.0.0.1:{a.web_port} (faults by hand: ./mmchaos/faults)")
     with CampaignProgress(camp, console) as progress:
         runner.progress = progress.update
         try:

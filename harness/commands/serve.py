@@ -1,4 +1,5 @@
-"""`mmchaos serve`: launch a server and keep it up until Ctrl-C."""
+"""`mmchaos serve`: launch a server and keep it up until Ctrl-C, with its fault control (faults fired by hand from
+Locust's web UI: harness/fault_control.py) and a fault proxy for the network faults."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 from rich.markup import escape
 
 from mmchaos import paths
+from mmchaos.redact import split_command
 
 from .. import sigterm
 from .common import CommandError, add_server_args, console, start, target_from_args
@@ -28,9 +30,17 @@ def run(a) -> int:
     log = Path(a.log or paths.home() / "logs" / f"serve-{time.strftime('%Y%m%d-%H%M%S')}.log")
     server = start(target, log, a.port, a.timeout)
     sigterm.as_ctrl_c()
+    control = proxy = None
     try:
+        proxy, control = _fault_control(server, target, log)
         console.print(f"model: {server.model_name()} — Ctrl-C stops the server")
+        console.print(
+            f"faults by hand: load it with `locust --host {proxy.url} --fault-control {control.url}` (through the "
+            f"fault proxy, so network faults reach the load; the server itself: {server.base_url}); fault rows in "
+            f"{log.with_suffix('')}/faults"
+        )
         while server.exit_code() is None:
+            control.tick()  # what a fault fired by hand started ends after its duration
             time.sleep(0.5)  # idle wait for the user's Ctrl-C or the server's exit
         console.print(f"server exited with code {server.exit_code()}: {escape(server.last_log_line())}")
         return 1
@@ -38,4 +48,35 @@ def run(a) -> int:
         console.print("stopping server")
         return 0
     finally:
+        if control is not None:
+            control.stop()
+            control.injector.finish(time.time())  # a stopped process continued, a pause resumed
+        if proxy is not None:
+            proxy.stop()
         server.stop()
+
+
+def _fault_control(server, target, log: Path):
+    """The fault proxy in front of the server and the control endpoint of faults by hand, on loopback."""
+    import os
+    from urllib.parse import urlsplit
+
+    from mmchaos import faults
+
+    from ..fault_control import FaultControl
+    from ..fault_injector import FaultInjector
+    from ..fault_proxy import FaultProxy
+    from ..server import api_server_count, tensor_parallel_size
+
+    up = urlsplit(server.base_url)
+    proxy = FaultProxy(up.hostname or server.host, up.port or 80).start()
+    injector = FaultInjector([], log.with_suffix(""), proxy, source="web_ui")
+    injector.bind(server.processes(), 0, server.base_url, server.api_key)
+    argv = [*split_command(target.command), *target.flags]
+    fits = faults.Target(
+        started=True,
+        tp=tensor_parallel_size(argv),
+        api_servers=api_server_count(argv),
+        dev_mode=faults.dev_mode({**os.environ, **target.env}),
+    )
+    return proxy, FaultControl(injector, fits).start()
