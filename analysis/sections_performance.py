@@ -83,8 +83,8 @@ def timelines(doc, timeline_figs) -> None:
     doc.p(
         "Per trial: successful requests per second (green), unexpected failures per second (red; malformed "
         "requests answered as expected and deliberate aborts are not counted), crashes (dashed), failed /health "
-        "polls (black ticks), logged cache drift (orange triangles) and requests running on the server from "
-        "/metrics (blue, right axis)."
+        "polls (black ticks), logged cache drift (orange triangles), faults injected (purple lines labelled with "
+        "their kind, shaded while they last) and requests running on the server from /metrics (blue, right axis)."
     )
     for i, (cfg, (png, hidden)) in enumerate(timeline_figs.items()):
         doc.h(3, cfg)

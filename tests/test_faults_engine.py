@@ -22,7 +22,9 @@ pytestmark = pytest.mark.engine
 BOUND_S = 120  # the load's cap: every trial here ends at its crash long before
 
 
-def _run(tmp_path: Path, version: str, flags: list[str], faults: str, env: str = ""):
+def _run(
+    tmp_path: Path, version: str, flags: list[str], faults: str, env: str = "", policy: str = "stop", bound=BOUND_S
+):
     require_engine_and_model(version)
     f = tmp_path / "f.toml"
     f.write_text(f'''
@@ -36,7 +38,7 @@ seed = 5
 locustfile = "{TESTS.parent / "locustfiles/embeddings.py"}"
 users = 2
 spawn_rate = 2
-duration = {BOUND_S}
+duration = {bound}
 
 [workload.mix]  # valid requests only: no poison, so the 0.30 cache-drift crash cannot stand in for the fault's
 valid_image = 6
@@ -53,7 +55,8 @@ image_preset = "small"
 pool_size = 8
 
 [crash]
-policy = "stop"
+policy = "{policy}"
+max_restarts = 1
 hang_after = 10
 startup_timeout = 420
 
@@ -111,6 +114,10 @@ after_requests = 300
     s = effects.loc[stall]
     assert s["outcome"] == "injected" and s["served_before"] and pd_isna(s["exited_after_s"])
     assert s["served_again_after_s"] >= 15 and s["health_200_without_service_s"] >= 10
+    # the gates' bounds decide: 10 s without service is a wedge by --max-wedge-s 10, not by the default 30 s
+    assert s["verdict"] == "recovers"
+    tight = fault_effects(load_results(tmp_path / "results" / "faults"), wedge_s=10).set_index("fault").loc[stall]
+    assert tight["verdict"] == "fails" and tight["why"].startswith("wedged"), tight["why"]
     # a killed rank: the engine core notices at once and the server exits; /health answers 200 until it does
     k = effects.loc[kill]
     assert rows.loc[kill, "outcome"] == "injected" and result.crashes
@@ -160,6 +167,7 @@ at = 22
     assert lat["verdict"] == "recovers" and pd_isna(lat["exited_after_s"])  # slower, never down
     # a reset after the status line: the client records a 2xx with no body, the server is unharmed
     assert effects.loc[reset, "empty_2xx"] > 0 and pd_isna(effects.loc[reset, "exited_after_s"])
+    assert effects.loc[reset, "verdict"] == "fails" and "no body" in effects.loc[reset, "why"]  # data lost
     # one API server killed: vLLM's launcher sees it die and takes the whole server down
     assert rows.loc[kill, "target_pid"] == pids["api_server:1"] and result.crashes
     assert "Process ApiServer_1" in log and "died" in log
@@ -190,12 +198,15 @@ after_requests = 6
 def test_operator_actions_under_load_on_the_fixed_release(tmp_path, flags):
     """Cache resets, a sleep and a draining pause are harmless under load; a pause that aborts the requests a
     keep-pause holds in the engine kills 0.32.0 with the cache on or off (the assertion on the pooling request's
-    missing detokenizer, no drift line: docs/findings.md). On CPU vLLM ignores the sleep itself ("sleep mode is not
-    supported on CPU") and only pauses; its mode ``abort`` is a pause's, left out here: whether it meets a request in
-    the engine is a race."""
+    missing detokenizer: docs/findings.md). On CPU vLLM ignores the sleep itself ("sleep mode is not supported on
+    CPU") and only pauses; its mode ``abort`` is a pause's, left out here: whether it meets a request in the engine
+    is a race. With the cache on, the server is restarted after the crash: served again only after a start, which
+    the recovery bound judges (on 0.32.0 a pause also clears the multimodal caches, so a request rendered in between
+    may log a retryable cache miss just before the death)."""
     quiet = ["reset_mm_cache at 4 s", "reset_prefix_cache at 6 s", "sleep level=1 mode=wait for 2 s at 8 s"]
     quiet.append("pause mode=wait for 2 s at 13 s")
     keep, abort = "pause mode=keep for 4 s at 18 s", "pause mode=abort for 1 s at 20 s"
+    restart = not flags  # one configuration shows the recovery; the other's trial ends at its crash
     result, rows, effects, log, _ = _run(
         tmp_path,
         FIXED_VERSION,
@@ -230,16 +241,17 @@ at = 20
 duration = 1
 """,
         env='env = { VLLM_SERVER_DEV_MODE = "1" }',
+        policy="restart" if restart else "stop",
+        bound=60 if restart else BOUND_S,
     )
     for name in quiet:
         e = effects.loc[name]
         assert rows.loc[name, "outcome"] == "injected" and ": 200 in" in rows.loc[name, "detail"], rows.loc[name]
         assert pd_isna(e["exited_after_s"]) and e["failed"] == 0 and e["verdict"] == "recovers", e["why"]
     assert "sleep mode is not supported on CPU" in log  # what the sleep is here: a pause (its level ignored)
-    assert effects.loc[quiet[2], "served_again_after_s"] >= 2  # held while it lasted, served at its wake-up
     assert rows.loc[keep, "outcome"] == rows.loc[abort, "outcome"] == "injected"
     assert result.crashes, "the aborting pause under a keep-pause did not kill the server"
-    assert result.crashes[0].signature == "detokenizer_assert" and "drift" not in (result.crashes[0].chain or "")
+    assert result.crashes[0].signature == "detokenizer_assert", result.crashes[0]
     assert not pd_isna(effects.loc[abort, "exited_after_s"]), effects.loc[abort, "why"]
     # what it killed: the requests the keep-pause held were answered 500 by the abort (then the client's retries met
     # a closed server)
@@ -247,3 +259,8 @@ duration = 1
     t_keep, t_abort = rows.loc[keep, "t_injected"], rows.loc[abort, "t_injected"]
     held = r[(r["t_start"] < t_abort) & (r["t_start"] + r["latency_ms"] / 1000 > t_abort)]  # in flight at the abort
     assert (held["status"] == 500).any(), (t_keep, t_abort, held[["t_start", "latency_ms", "status", "error"]])
+    if restart:  # served again by the restarted server: within the default bound, not within --max-recovery-s 5
+        back = effects.loc[abort, "served_again_after_s"]
+        assert effects.loc[abort, "verdict"] == "recovers" and back > 5, effects.loc[abort, "why"]
+        tight = fault_effects(load_results(tmp_path / "results" / "faults"), recover_s=5).set_index("fault")
+        assert tight.loc[abort, "verdict"] == "fails" and "served again only" in tight.loc[abort, "why"]
