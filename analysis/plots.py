@@ -59,6 +59,17 @@ def empty(message: str) -> bytes:
     return to_png(fig)
 
 
+def line_png(x, y, xlabel: str, ylabel: str) -> bytes:
+    """One line over a count (e.g. the hunt's coverage over its cases), as a small PNG."""
+    fig, ax = plt.subplots(figsize=(7, 3))
+    ax.step(x, y, where="post", color="tab:blue", lw=1.5)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.25)
+    return to_png(fig)
+
+
 def to_png(fig, tight: bool = True) -> bytes:
     """PNG bytes. ``tight=False`` for figures that set their own margins (saves a full layout pass)."""
     buf = io.BytesIO()

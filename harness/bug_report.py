@@ -24,11 +24,9 @@ def write(m: Minimizer, result: Result) -> dict[str, Path]:
 
 
 def issue_markdown(m: Minimizer, result: Result, script: str) -> str:
-    manifest = m.manifest
-    version = manifest.engine or "(a server started by a command)"
-    packages = manifest.engine_packages or {}
-    dist = next((f"{k} {v}" for k, v in packages.items() if k.startswith("vllm") and v), f"vLLM {version}")
-    model = (manifest.target_detail.model if manifest.target_detail else None) or str(paths.default_model_dir())
+    version = m.target.engine or "(a server started by a command)"
+    dist = next((f"{k} {v}" for k, v in m.packages.items() if k.startswith("vllm") and v), f"vLLM {version}")
+    model = m.target.model or str(paths.default_model_dir())
     tiny = Path(model).resolve() == paths.default_model_dir().resolve()
     model_text = (
         "a tiny random-weight Qwen3-VL embedding model (Qwen3VLForConditionalGeneration, 64-dim output, "

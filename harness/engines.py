@@ -43,6 +43,15 @@ OLDEST_SUPPORTED = (0, 27, 1)
 # Extra pins a version needs on top of its own requirements (measured: newer transformers break 0.27.1; on 0.30.0,
 # 5.24 refuses every video with a 400 while 5.19 embeds them, and the report's image trigger crashes it with either).
 EXTRA_PINS = {"0.27.1": ["transformers==5.10.4"], "0.30.0": ["transformers==5.19.0"]}
+# every CPU engine also gets coverage.py: the hunt measures which of vLLM's lines its cases reach (hunt_coverage.py)
+COVERAGE_PIN = "coverage==7.18.0"
+
+
+def extra_pins(version: str, flavor: str = "cpu") -> list[str]:
+    """What an engine gets on top of its own requirements."""
+    return [*EXTRA_PINS.get(version, []), COVERAGE_PIN] if flavor == "cpu" else []
+
+
 REMOVE = ["torchaudio", "torchcodec"]
 MANIFEST = "manifest.json"
 FLAGS_FILE = "serve-flags.txt"
@@ -241,7 +250,7 @@ def install(version: str, *, force: bool = False, flavor: str = "cpu", say=print
             raise EngineError(
                 f"vLLM {version} is installed here as the {e.flavor} flavour: add --force to replace it with {flavor}"
             )
-        pins = EXTRA_PINS.get(version, []) if flavor == "cpu" else []
+        pins = extra_pins(version, flavor)
         if e.manifest().get("extra_pins", []) != pins:
             _repin(e, pins, say)
         say(f"vLLM {version} already installed at {e.root}")
@@ -259,7 +268,7 @@ def install(version: str, *, force: bool = False, flavor: str = "cpu", say=print
         _run([sys.executable, "-m", "venv", str(e.root / "venv")], log_path, "creating the virtualenv", say)
         size = "(2-5 min, ~3.5 GB)" if flavor == "cpu" else "(CUDA wheels: several GB)"
         say(f"installing {dist}=={version} {size}")
-        pins = [f"{dist}=={version}", *([TORCH_PIN, *EXTRA_PINS.get(version, [])] if flavor == "cpu" else [])]
+        pins = [f"{dist}=={version}", *([TORCH_PIN] if flavor == "cpu" else []), *extra_pins(version, flavor)]
         _run(
             [str(e.python), "-m", "pip", "install", "--disable-pip-version-check", *pins], log_path, "pip install", say
         )
@@ -284,7 +293,7 @@ def install(version: str, *, force: bool = False, flavor: str = "cpu", say=print
             "python": platform.python_version(),
             "packages": {k: pkgs.get(k) for k in (dist, "torch", "torchvision", "transformers", "tokenizers")},
             "fixes": fixes,
-            "extra_pins": EXTRA_PINS.get(version, []) if flavor == "cpu" else [],
+            "extra_pins": extra_pins(version, flavor),
         }
         write_json_atomic(e.manifest_path, manifest)  # written last: its presence means "usable"
     except BaseException:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import random
 import shlex
 import shutil
 import subprocess
@@ -42,12 +43,12 @@ from mmchaos.logtail import LogTail
 from mmchaos.payloads import api_schema, hunt_bodies
 from mmchaos.payloads.bodies import body_template
 from mmchaos.payloads.pool import DataURL
-from mmchaos.payloads.traces import Trace, save
+from mmchaos.payloads.traces import Trace
 from mmchaos.redact import Redactor
 from mmchaos.signatures import Signatures
-from mmchaos.tables import PartWriter, table_dir
 
-from . import crash_watch, hunt_case, hunt_oracles, hunt_versions, repro_script
+from . import crash_watch, hunt_case, hunt_corpus, hunt_oracles, hunt_versions, repro_script
+from .hunt_coverage import EngineCoverage
 from .hunt_oracles import Finding
 from .hunt_reference import Reference
 from .minimize import HUNT_KIND
@@ -93,6 +94,8 @@ class Hunt:
     server_log: Path | None = None  # an attached server's log file: the log oracles read it
     reference: str | None = None  # --reference: a second server's flags or URL (harness/hunt_reference.py)
     versions: list[str] = field(default_factory=list)  # --versions: where each crash's reproducer is run again
+    coverage: bool = True  # measure vLLM's lines in the engine's processes and search by them (hunt_coverage.py)
+    mutate_share: float = hunt_corpus.MUTATE_SHARE  # of the cases: mutants of corpus cases (hunt_corpus.py)
     say: Callable[[str], None] = print
     sigs: Signatures = field(default_factory=Signatures.load)
 
@@ -109,7 +112,7 @@ class Hunt:
         }
         if (self.out / "state.json").exists():
             self.state = json.loads((self.out / "state.json").read_text())
-        self.findings = {f["fingerprint"]: Finding(**f) for f in self.state["findings"]}
+        self.findings = {f["fingerprint"]: Finding.from_row(f) for f in self.state["findings"]}
         self.server: Server | None = None
         self.client: hunt_case.Client | None = None
         self.hooks: hunt_case.Hooks | None = None
@@ -119,6 +122,23 @@ class Hunt:
         self.redactor = Redactor.from_environment(self.target.secrets())
         self.t0 = time.time()
         self.seconds_before = float(self.state["seconds"])
+        self.corpus = hunt_corpus.Corpus(self.state)
+        self.state.setdefault("mutants", 0)
+        self.state.setdefault("first_steps", [])
+        self._first_steps = set(self.state["first_steps"])
+        self.cov: EngineCoverage | None = None
+        self.blind = ""  # why the search has no coverage (said in the report); empty: it has
+        if not self.coverage:
+            self.blind = "coverage off (--no-coverage)"
+        elif self.target.mode != "engine":
+            self.blind = (
+                "the target is not an engine mmchaos installed (--engine): its processes do not measure coverage"
+            )
+        else:
+            self.cov = EngineCoverage(self.out / "coverage")
+            self.cov.seen = self.cov.lines()  # a re-run: what earlier runs reached is not new
+            self.cov.curve = [tuple(x) for x in self.state.get("coverage", {}).get("curve", [])]
+        self.pids: list[int] = []
 
     # -- the run -------------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -126,6 +146,8 @@ class Hunt:
         error: Exception | None = None
         try:
             self._start()
+            if self.blind:
+                self.say(f"hunt: searching blind: {self.blind}")
             if self.reference:
                 self._start_reference()
             api, operators = self._api()
@@ -185,7 +207,13 @@ class Hunt:
         is restarted); the next run searches on from another seed."""
         assert self.client is not None
         hooks = hunt_case.Hooks(
-            self.client, self.life, self._after_step, lambda c, s: self._end_case(c, s, api), self._check_budget
+            self.client,
+            self.life,
+            self._after_step,
+            lambda c, s: self._end_case(c, s, api),
+            lambda: self._begin_case(api),
+            self._vary_first,
+            self.state.setdefault("media_drawn", {}),
         )
         self.hooks = hooks
         while True:
@@ -207,6 +235,46 @@ class Hunt:
                 self._end_case(case, hunt_case.replay(case, self.client), api, "replay")
 
     # -- one case ------------------------------------------------------------------------------------------
+    def _begin_case(self, api) -> None:
+        """Before the machine draws a case: the budget, and a mutant of a corpus case while mutants are below their
+        share of the cases sent."""
+        self._check_budget()
+        while self.state["corpus"] and self.state["mutants"] < self.mutate_share * (self.state["cases"] + 1):
+            self._send_mutant(api)
+            self._check_budget()
+
+    def _send_mutant(self, api) -> None:
+        rng = random.Random(f"{self.state['seed']}:{self.state['cases']}")
+        for _ in range(8):  # a mutant nothing sent before: a few tries
+            a, b = (hunt_case.Case.from_json(self._corpus_case(n)) for n in rng.choices(self.state["corpus"], k=2))
+            case, how = hunt_corpus.mutate(a, b, rng)
+            if self.corpus.novel(case):
+                break
+        else:
+            self.state["mutants"] += 1  # counted as sent: the share is kept even when nothing new was made
+            return
+        self.state["mutants"] += 1
+        assert self.client is not None
+        self._end_case(case, hunt_case.replay(case, self.client), api, f"mutant ({how})")
+
+    def _corpus_case(self, n: int) -> str:
+        return (self.out / "corpus" / f"{n}.json").read_text()
+
+    def _vary_first(self, steps: list[hunt_case.Step]) -> list[hunt_case.Step]:
+        """A case's first requests as sent: as drawn, unless a case began with the same request (each machine run's
+        first example is Hypothesis's simplest, the same after every restart); then a variation of them
+        (hunt_corpus.mutate)."""
+        rng = random.Random(f"{self.state['seed']}:{self.state['cases']}:first")
+        case = hunt_case.Case(steps)
+        for _ in range(8):
+            key = hunt_corpus.case_hash(hunt_case.Case(case.steps[:1]))
+            if key not in self._first_steps:
+                self._first_steps.add(key)
+                self.state["first_steps"].append(key)
+                return case.steps
+            case, _how = hunt_corpus.mutate(hunt_case.Case(steps), hunt_case.Case(steps), rng)
+        return steps
+
     def _after_step(self, sent: hunt_case.Sent) -> None:
         """After each step: a request the server did not answer, or answered 5xx, may mean it died; then the case
         ends here (its other steps would meet a dead server)."""
@@ -226,6 +294,15 @@ class Hunt:
         self.crash = None
         lines = self.tail.new_lines()
         found = self._judge(case, sent, crash, lines, api)
+        repeat = not self.corpus.sent(case)
+        new_lines = self.cov.new_lines(n, self.pids) if self.cov is not None else None
+        statuses_list = [s.status for s in sent]
+        joins = self.corpus.consider(
+            n, case, statuses_list, new_lines, any(x.fingerprint not in self.findings for x in found)
+        )
+        if joins:
+            (self.out / "corpus").mkdir(exist_ok=True)
+            (self.out / "corpus" / f"{n}.json").write_text(case.to_json())
         with open(self.out / "cases.jsonl", "a") as f:
             f.write(
                 json.dumps(
@@ -239,6 +316,10 @@ class Hunt:
                         "answers": [s.text[:160] for s in sent],
                         "findings": [x.fingerprint for x in found],
                         "crash": crash.chain if crash else None,
+                        "shape": hunt_corpus.shape(case),
+                        "repeat": repeat,
+                        "new_lines": new_lines,
+                        "corpus": joins,
                     },
                     separators=(",", ":"),
                 )
@@ -266,7 +347,8 @@ class Hunt:
                 (folder / "lives" / f"{n}.json").write_text(json.dumps(life))
         statuses = ",".join("-" if s.status is None else str(s.status) for s in sent)
         mark = f"; NEW: {'; '.join(x.title for x in new)}" if new else ""
-        self.say(f"  case {n}: {len(case.steps)} request(s) [{statuses}]{mark}")
+        lines_said = f", +{new_lines} vLLM lines" if new_lines else ""
+        self.say(f"  case {n} ({why}): {len(case.steps)} request(s) [{statuses}]{lines_said}{mark}")
         self._save()
         if crash is not None:
             self._restart()
@@ -283,8 +365,10 @@ class Hunt:
     def _judge(self, case, sent, crash, lines, api) -> list[Finding]:
         out: dict[str, Finding] = {}
 
-        def add(oracle: str, fp: str, title: str, detail: str = "", step: int | None = None) -> None:
-            out.setdefault(fp, Finding(oracle, fp, title, detail, step=step))
+        flags = self.redactor.argv(self.target.flags)
+
+        def add(oracle: str, fp: str, title: str, detail: str = "", step: int | None = None, **typed) -> None:
+            out.setdefault(fp, Finding(oracle, fp, title, detail, step=step, flags=flags, **typed))
 
         if crash is not None:
             oracle = "hang" if crash.reason == crash_watch.HANG else "crash"
@@ -293,6 +377,7 @@ class Hunt:
                 f"{oracle}|{crash.chain or crash.signature}",
                 f"the server died: {crash.chain}",
                 f"reason {crash.reason}, exit code {crash.exit_code}",
+                chain=crash.chain or crash.signature,
             )
         for m in self.sigs.scan("\n".join(lines)):
             if m.signature.drift:
@@ -306,15 +391,23 @@ class Hunt:
                     f"drift|log|{process}|{m.signature.name}",
                     f"cache drift logged ({m.signature.name}, {process})",
                     m.line[:300],
+                    process=process,
                 )
         for e in hunt_oracles.log_errors(lines, self.sigs):
-            add("unknown_signature", e.fingerprint, e.title, "\n".join(e.lines[-12:])[:2000])
+            add(
+                "unknown_signature",
+                e.fingerprint,
+                e.title,
+                "\n".join(e.lines[-12:])[:2000],
+                process=e.process,
+                frames=e.frames[-hunt_oracles.FRAMES_KEPT :],
+            )
         for k, (step, s) in enumerate(zip(case.steps, sent)):
             got = hunt_oracles.status_finding(step.path, s.status, s.text, self.sigs)
             if got and crash is not None and got[0] == "server_error":
                 continue  # the answer of a dying server: the crash is the finding
             if got:
-                add(*got, s.text[:300], step=k)
+                add(*got, s.text[:300], step=k, route=step.path, status=s.status)
             if s.status == 200 and step.body is not None and isinstance(s.answer, dict):
                 route = api.get(step.path)
                 why = hunt_oracles.bad_response(s.answer, route.response if route else None)
@@ -324,11 +417,13 @@ class Hunt:
                         f"bad_response|{step.path}|{why.split(':')[0]}",
                         f"a 200 from {step.path} does not match its response schema",
                         why,
+                        route=step.path,
                     )
                 for wrong in self.answers.check(step.path, step.body, s.answer):
-                    add("wrong_answer", f"wrong_answer|{wrong.split(' on ')[0]}", wrong)
+                    add("wrong_answer", f"wrong_answer|{wrong.split(' on ')[0]}", wrong, step=k, route=step.path)
                 for wrong in self.ref.disagreements(step.path, step.body, s.answer) if self.ref else []:
-                    add("wrong_answer", f"wrong_answer|the reference answered otherwise|{step.path}", wrong)
+                    fp = f"wrong_answer|the reference answered otherwise|{step.path}"
+                    add("wrong_answer", fp, wrong, step=k, route=step.path)
         return list(out.values())
 
     # -- the server ----------------------------------------------------------------------------------------
@@ -339,7 +434,8 @@ class Hunt:
         log.parent.mkdir(parents=True, exist_ok=True)
         if self.target.mode == "attach" and self.server_log is not None:
             log = Path(self.server_log)
-        self.server = Server(self.target, log)
+        target = self.target if self.cov is None else replace(self.target, env={**self.target.env, **self.cov.env()})
+        self.server = Server(target, log)
         try:
             self.server.start()
             self.server.wait_healthy(self.startup_timeout)
@@ -347,6 +443,7 @@ class Hunt:
             self.server.stop()
             self.server = None
             raise
+        self._measure()
         self.watch = crash_watch.CrashWatch(self.server, self.out / "servers" / str(self.state["starts"]), self.sigs)
         self.watch.healthy_at(self.server.healthy_at)
         self.tail = LogTail(log)
@@ -364,6 +461,19 @@ class Hunt:
         self.client = hunt_case.Client(self.server.base_url, headers, self.request_timeout, self.life)
         if self.hooks is not None:  # the machine sends to the new server from its next step
             self.hooks.client, self.hooks.life = self.client, self.life
+
+    def _measure(self) -> None:
+        """The new server's processes, whose coverage each case reads; a server none of whose processes answer
+        leaves the hunt searching blind (said once)."""
+        assert self.server is not None
+        if self.cov is None:
+            return
+        self.pids = [i.pid for i in self.server.processes().values()]
+        if self.cov.started(self.pids):
+            return
+        why = self.cov.unavailable() or "no process of the server answered for its coverage"
+        self.blind = f"{why} (mmchaos engine install {self.target.engine} installs coverage.py into the engine)"
+        self.cov = None
 
     def _start_reference(self) -> None:
         assert self.reference
@@ -451,6 +561,12 @@ class Hunt:
     def _save(self) -> None:
         self.state["seconds"] = self.seconds_before + time.time() - self.t0
         self.state["findings"] = [f.row() for f in self.findings.values()]
+        self.state["blind"] = self.blind
+        if self.cov is not None:
+            self.state["coverage"] = {
+                "areas": self.cov.by_area(),
+                "curve": self.cov.curve,
+            }
         write_json_atomic(self.out / "state.json", self.state)
 
     # -- shrinking -----------------------------------------------------------------------------------------
@@ -478,6 +594,7 @@ class Hunt:
                 continue
             shutil.copytree(done[0], folder / "minimized", dirs_exist_ok=True)
             result = done[1]
+            f.reproducer, f.confirmed = str((folder / "minimized" / "repro.py").relative_to(self.out)), result.confirmed
             f.detail = (
                 f"{f.detail}\nshrunk to {len(result.trace)} request(s), "
                 f"{'confirmed' if result.confirmed else result.note}"
@@ -503,7 +620,8 @@ class Hunt:
             env={**os.environ, **({"VLLM_API_KEY": self.server.api_key} if self.server.api_key else {})},
         )
         self.state["requests"] += 1
-        said = "confirmed on the server that answered it" if p.returncode == 1 else "not reproduced when sent again"
+        f.reproducer, f.confirmed = str(script.relative_to(self.out)), p.returncode == 1
+        said = "confirmed on the server that answered it" if f.confirmed else "not reproduced when sent again"
         f.detail = f"{f.detail}\nreproducer: {script} ({said})".strip()
 
     def _found_on(self) -> str:
@@ -517,7 +635,7 @@ class Hunt:
         """Each crash's confirmed reproducer on the other versions and configurations given (hunt_versions.py)."""
         for f in self.findings.values():
             repro = self.out / "findings" / str(f.first_case) / "minimized" / "repro.py"
-            if f.oracle != "crash" or not self.versions or not repro.exists() or "affected:" in f.detail:
+            if f.oracle != "crash" or not self.versions or not repro.exists() or f.affected:
                 continue
             lines = []
             for spec in self.versions:
@@ -534,6 +652,7 @@ class Hunt:
                 )
                 self.say(f"  {got.line()}" + (f": {got.detail}" if got.result == hunt_versions.COULD_NOT_RUN else ""))
                 lines.append(got.line())
+                f.affected.append({"spec": self.shown(spec), "result": got.result})
             f.detail = f"{f.detail}\naffected: {self._found_on()}: crashed (found there); {'; '.join(lines)}".strip()
             self._save()
 
@@ -545,11 +664,15 @@ class Hunt:
         from . import bug_report
         from .minimize import MinimizeError, Minimizer
 
-        crash_trial(self, life, finding, folder / "trial")
+        trace, named = shrink_input(life)
         try:
             m = Minimizer(
-                folder / "trial",
+                trace,
+                masked(self.target),
+                finding.chain or finding.fingerprint.split("|", 1)[1],
                 folder / "minimized",
+                named=named,
+                origin=f"mmchaos hunt {self.out.resolve()} (finding {finding.first_case})",
                 repeats=self.repeats,
                 max_starts=self.budget.max_starts - self.state["starts"],
                 max_minutes=max(1.0, self.budget.max_minutes - self._minutes()),
@@ -626,7 +749,7 @@ def _lives(folder: Path) -> list[tuple[str, list[tuple[hunt_case.Case, list[hunt
 
 def _names_a_request(life: list[dict]) -> bool:
     """Whether the life's last case holds a request sent whole (no hang-up, or one answered first) that got no
-    answer or a 5xx: the request a crash names (crash_trial's rule)."""
+    answer or a 5xx: the request a crash names (shrink_input's rule)."""
     if not life:
         return False
     last = life[-1]
@@ -694,53 +817,21 @@ def _answers(sent: list[hunt_case.Sent]) -> list[dict]:
     return [{"step": x.step, "status": x.status, "text": x.text[:500], "t": x.t} for x in sent]
 
 
-def crash_trial(hunt: Hunt, life: list, finding: Finding, folder: Path) -> None:
-    """A trial folder as the minimizer reads one: the server the crash happened on, the crash, and as its trace
-    every case that server was sent, in order (case k's session j is a lane of its own)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    t = hunt.target
-    # masked as a campaign's manifest is (a masked key is a key all the same: the minimizer's client sends the mask)
-    redactor = Redactor.from_environment(t.secrets())
-    from mmchaos.manifest import TrialManifest
-
-    manifest = TrialManifest(
-        target=t.mode,
-        target_detail=t.describe(redactor),
-        engine=t.engine,
-        flags=redactor.argv(t.flags),
-        env=redactor.env(t.env),
-    )
-    write_json_atomic(folder / schema.MANIFEST, manifest.dump())
+def shrink_input(life: list) -> tuple[Trace, list[str]]:
+    """What the minimizer starts from: every case the dying server was sent, in order, as one trace (case k's
+    session j is a lane of its own); and the requests of the last case it did not answer, or answered 5xx, sent
+    whole: the ones the crash names (its first guesses are each of them after the earlier failed request that sent
+    its image)."""
     trace, rows = trace_of(life)
-    save(trace, folder)
-    # the requests of the last case the dying server did not answer (or answered 5xx) are the ones the crash
-    # names: the minimizer's first guess is each of them after the earlier failed request that sent its image
     last = [r for r in rows if r["request_id"].startswith(f"hunt-{len(life)}-")]
-    named = [r for r in last if _named(r["abort_after_ms"], r["status"])]
-    events = PartWriter(table_dir(folder, "log_events"), schema.LOG_EVENTS, tag="hunt")
-    for r in named:
-        events.add(
-            {
-                "t": 0.0,
-                "signature": None,
-                "fatal": None,
-                "mm_hash": None,
-                "request_id": r["request_id"],
-                "line": "the crash's case: no answer, or a 5xx, from the dying server",
-            }
-        )
-    events.flush()
-    crash: dict[str, Any] = {k: None for k in schema.CRASHES.names}
-    crash.update(
-        t_detected=1e9,
-        reason="process_exit",
-        signature=finding.fingerprint.split("→")[-1].strip(),
-        chain=finding.fingerprint.split("|", 1)[1],
-        restart=0,
-    )
-    w = PartWriter(table_dir(folder, "crashes"), schema.CRASHES, tag="hunt")
-    w.add(crash)
-    w.flush()
+    return trace, [r["request_id"] for r in last if _named(r["abort_after_ms"], r["status"])]
+
+
+def masked(target: Target) -> Target:
+    """``target`` with its keys masked, as the minimizer's servers and reproducers get it (a masked key is a key all
+    the same: the minimizer's client sends the mask; a reproducer never carries the real one)."""
+    redactor = Redactor.from_environment(target.secrets())
+    return replace(target, flags=redactor.argv(target.flags), env=redactor.env(target.env))
 
 
 class _HashedURL(DataURL):

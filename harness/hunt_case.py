@@ -22,6 +22,7 @@ replay steps into a server whose state the first run changed.
 
 from __future__ import annotations
 
+import functools
 import http.client
 import json
 import threading
@@ -191,6 +192,10 @@ class Hooks:
     after_step: Callable[[Sent], None]
     end_case: Callable[[Case, list[Sent]], None]
     begin_case: Callable[[], None] = lambda: None  # may raise to stop the search (a spent budget)
+    # what a case's first requests are sent as: the drawn ones, or (when a case began so before) a variation of them;
+    # never a rejection, which Hypothesis would see as the same choices drawing otherwise
+    vary_first: Callable[[list[Step]], list[Step]] = lambda steps: steps
+    drawn: dict[str, int] = field(default_factory=dict)  # media drawn, by where from: fresh, seen, suspect
 
 
 def machine(
@@ -212,10 +217,12 @@ def machine(
             self.drawn: dict[str, Media] = {}  # the images drawn for the step being built
 
         # -- drawing ------------------------------------------------------------------------------------------
-        def _images(self, fresh_first: bool = False) -> st.SearchStrategy[Media]:
+        def _images(self) -> st.SearchStrategy[Media]:
             """An image: new, or one this server was sent before (a suspect likelier)."""
-            suspect, seen = _from_life(hooks.life, "suspects"), _from_life(hooks.life, "seen")
-            return st.one_of(media(), suspect, seen) if fresh_first else st.one_of(suspect, seen, media())
+            suspect, seen = _from_life(hooks.life, "suspects", hooks.drawn), _from_life(hooks.life, "seen", hooks.drawn)
+            fresh = media().map(functools.partial(_count, hooks.drawn, "fresh"))
+            # fresh first: the branch Hypothesis leans to when it draws simply (its first examples) is a new image
+            return st.one_of(fresh, seen, suspect)
 
         def _body(self, data, where, images, depth, media_only=False) -> tuple[str, dict]:
             path, form = data.draw(st.sampled_from(where), label="route")
@@ -239,6 +246,8 @@ def machine(
         # -- sending ------------------------------------------------------------------------------------------
         def _send(self, steps: list[Step]) -> None:
             first = len(self.steps)
+            if not first:
+                steps = hooks.vary_first(steps)
             self.steps += steps
             indexed = list(enumerate(steps, first))
             sent = [hooks.client.send(*indexed[0])] if len(steps) == 1 else hooks.client.send_together(indexed)
@@ -257,13 +266,13 @@ def machine(
 
         @rule(data=st.data(), ms=st.sampled_from(HANG_UP_MS))
         def hang_up(self, data, ms):
-            images = self._remember(st.one_of(media(damaged=False), _from_life(hooks.life, "seen")))
+            images = self._remember(st.one_of(media(damaged=False), _from_life(hooks.life, "seen", hooks.drawn)))
             path, body = self._body(data, image_forms, images, hunt_bodies.MINIMAL, media_only=True)
             self._send([self._step(0, path, body, hang_up_ms=ms)])
 
         @rule(data=st.data(), session=st.integers(0, SESSIONS - 1))
         def reuse(self, data, session):
-            images = self._remember(_from_life(hooks.life, "suspects"))
+            images = self._remember(_from_life(hooks.life, "suspects", hooks.drawn))
             path, body = self._body(data, image_forms, images, hunt_bodies.MINIMAL, media_only=True)
             self._send([self._step(session, path, body)])
 
@@ -298,13 +307,24 @@ def machine(
                 self._send([self._step(0, PAIRS[action], None)])
 
         def teardown(self) -> None:
+            # an action left held (its rule cut short: Hypothesis ends an example whose draws ran past its budget)
+            # is undone, or every later case would meet a paused or sleeping server
+            actions = [s.path for s in self.steps if s.body is None]
+            for held, undo in PAIRS.items():
+                for _ in range(actions.count(held) - actions.count(undo)):
+                    self._send([self._step(0, undo, None)])
             if self.steps:
                 hooks.end_case(Case(self.steps), self.sent)
 
     return CaseMachine
 
 
-def _from_life(life: Life, which: str) -> st.SearchStrategy[Media]:
+def _count(drawn: dict[str, int], source: str, m: Media) -> Media:
+    drawn[source] = drawn.get(source, 0) + 1
+    return m
+
+
+def _from_life(life: Life, which: str, drawn: dict[str, int] | None = None) -> st.SearchStrategy[Media]:
     """An image the server's life holds: a suspect (the newest in half the draws) or any image it was sent; a new
     one while it holds none. Drawn as the same choices whatever the life holds (Hypothesis replays choices and
     insists that they draw alike), then mapped onto what it holds now."""
@@ -312,9 +332,10 @@ def _from_life(life: Life, which: str) -> st.SearchStrategy[Media]:
     def pick(x: tuple[bool, int, Media]) -> Media:
         newest, k, new = x
         hashes = [h for h in life.suspects if h in life.seen] if which == "suspects" else list(life.seen)
-        if not hashes:
-            return new
-        return life.seen[hashes[-1 if newest else k % len(hashes)]]
+        source = which if hashes else "fresh"
+        if drawn is not None:
+            drawn[source] = drawn.get(source, 0) + 1
+        return life.seen[hashes[-1 if newest else k % len(hashes)]] if hashes else new
 
     return st.tuples(st.booleans(), st.integers(0, 2**16), media()).map(pick)
 

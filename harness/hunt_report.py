@@ -13,6 +13,46 @@ from mmchaos.files import write_files_atomic
 ORDER = ("crash", "hang", "unknown_signature", "server_error", "wrong_answer", "bad_response", "drift")
 
 
+def _searched(doc: Doc, hunt) -> None:
+    """How much was searched: distinct shapes, mutants, media sources, and vLLM's lines the cases reached."""
+    s = hunt.state
+    shapes, sent = hunt.corpus.distinct()
+    drawn = s.get("media_drawn") or {}
+    total = sum(drawn.values()) or 1
+    media = ", ".join(f"{k} {100 * v / total:.0f} %" for k, v in sorted(drawn.items())) or "none drawn"
+    doc.p(
+        f"Distinct case shapes: {shapes} of {sent} case(s) sent ({shapes / max(sent, 1):.2f}); cases sent again: "
+        f"{sent - len(s.get('sent_hashes', []))}; mutants of the corpus: {s.get('mutants', 0)} "
+        f"(share asked {hunt.mutate_share:g}); corpus: {len(s.get('corpus', []))} case(s). Media drawn: {media} "
+        "(suspects: images of requests that did not get their answer)."
+    )
+    cov = s.get("coverage")
+    if hunt.blind or not cov:
+        doc.note(
+            f"Searched blind: {hunt.blind or 'no coverage was read'}. Cases were drawn without knowing which of "
+            "vLLM's lines they reached."
+        )
+        return
+    doc.table(
+        pd.DataFrame(
+            [
+                {"part of vLLM": k, "lines the cases ran": v["by_cases"], "with start-up": v["in_all"]}
+                for k, v in cov["areas"].items()
+            ]
+        ),
+        "vLLM's own lines run in the server's processes (coverage.py in each; start-up: imports and the start)",
+    )
+    curve = cov.get("curve") or []
+    if len(curve) >= 2:
+        from mmchaos.analysis.plots import line_png
+
+        doc.image(
+            "coverage_curve.png",
+            line_png([c for c, _ in curve], [n for _, n in curve], "case", "vLLM lines run by the cases"),
+            "vLLM lines reached over the cases",
+        )
+
+
 def write(hunt) -> dict[str, Path]:
     s, found = hunt.state, sorted(hunt.findings.values(), key=lambda f: (ORDER.index(f.oracle), f.first_case))
     doc = Doc("mmchaos hunt: findings")
@@ -22,6 +62,7 @@ def write(hunt) -> dict[str, Path]:
         f"Target: {hunt.target.mode} {target}, flags {flags}. Searched: {s['cases']} case(s), {s['requests']} "
         f"request(s), {s['starts']} server start(s), {s['seconds'] / 60:.1f} min, seed {s['seed']}."
     )
+    _searched(doc, hunt)
     if s.get("skipped_fields"):
         doc.note("Fields left out (the schema library cannot draw from them): " + ", ".join(s["skipped_fields"]))
     if not found:

@@ -39,7 +39,7 @@ from mmchaos.payloads.traces import Trace
 from mmchaos.signatures import Signatures
 from mmchaos.tables import read_table
 
-from . import repro_script
+from . import engines, repro_script
 from .candidate_run import Outcome, run_candidate, target_of
 from .server import ENGINE_BASE_FLAGS, Target
 
@@ -83,8 +83,13 @@ class Result:
 class Minimizer:
     def __init__(
         self,
-        trial: Path,
+        trace: Trace,
+        target: Target,
+        signature: str,
         out: Path,
+        *,
+        named: list[str] | None = None,
+        origin: str = "",
         repeats: int = 2,
         max_starts: int = 40,
         max_minutes: float = 60,
@@ -93,31 +98,56 @@ class Minimizer:
         progress: Callable[[str], None] = print,
         signatures: Signatures | None = None,
         keep_images: bool = False,
+        packages: dict | None = None,
     ):
-        self.trial, self.out, self.repeats, self.settle = Path(trial), Path(out), repeats, settle
+        """Shrink ``trace`` (the requests sent before a crash) to what still kills a fresh server of ``target`` with
+        the crash ``signature`` (its chain, root first: the same death by another mechanism is another bug).
+        ``named``: the request ids the crash's log named (the first guesses); ``origin``: where it was found, for
+        the reproducer's docstring."""
+        self.start, self.target, self.signature = trace, target, signature
+        self.packages = packages if packages is not None else _engine_packages(target)  # for the issue's text
+        self.named, self.origin = list(named or []), origin
+        self.out, self.repeats, self.settle = Path(out), repeats, settle
         self.keep_images = keep_images  # no fewer or smaller images tried
         self.startup_timeout, self.progress = startup_timeout, progress
         self.sigs = signatures or Signatures.load()
         self.budget = Budget(max_starts, max_minutes * 60)
-        try:
-            self.manifest, _ = read_manifest(self.trial / schema.MANIFEST)
-        except (OSError, ManifestError) as e:
-            raise MinimizeError(f"{self.trial} is not a trial folder (no readable {schema.MANIFEST})") from e
-        self.target: Target = target_of(self.manifest)
-        crashes = read_table(self.trial, "crashes").to_pandas().sort_values("t_detected")
-        if crashes.empty:
-            raise MinimizeError(f"trial {self.trial} did not crash: nothing to minimize")
-        self.crash = crashes.iloc[0]
-        chain = self.crash.get("chain")  # root first: the same death by another mechanism is another bug
-        self.signature = str(chain if isinstance(chain, str) and chain else self.crash["signature"])
-        trace = Trace.load(self.trial)
-        before = trace.requests.index[trace.requests["t_start"] <= float(self.crash["t_detected"])]
-        if before.empty:
-            raise MinimizeError(f"no request of trial {self.trial} was sent before its crash")
-        self.start = trace.subset(before)
+        if not len(trace):
+            raise MinimizeError(f"{origin or 'the trace'}: no request was sent before its crash")
         self.state_file = self.out / "state.json"
         self.state = self._load_state()
         self.runs = len(list((self.out / "runs").glob("[0-9]*"))) if (self.out / "runs").is_dir() else 0
+
+    @classmethod
+    def from_trial(cls, trial: Path, out: Path, **kw) -> Minimizer:
+        """A crashed trial of a campaign (or a replay): its trace up to the first crash, its server, its crash."""
+        trial = Path(trial)
+        try:
+            manifest, _ = read_manifest(trial / schema.MANIFEST)
+        except (OSError, ManifestError) as e:
+            raise MinimizeError(f"{trial} is not a trial folder (no readable {schema.MANIFEST})") from e
+        crashes = read_table(trial, "crashes").to_pandas().sort_values("t_detected")
+        if crashes.empty:
+            raise MinimizeError(f"trial {trial} did not crash: nothing to minimize")
+        crash = crashes.iloc[0]
+        chain = crash.get("chain")
+        signature = str(chain if isinstance(chain, str) and chain else crash["signature"])
+        trace = Trace.load(trial)
+        before = trace.requests.index[trace.requests["t_start"] <= float(crash["t_detected"])]
+        if before.empty:
+            raise MinimizeError(f"no request of trial {trial} was sent before its crash")
+        events = read_table(trial, "log_events").to_pandas()
+        events = events[(events["t"] <= float(crash["t_detected"]) + 5) & events["request_id"].notna()]
+        return cls(
+            trace.subset(before),
+            target_of(manifest),
+            signature,
+            out,
+            named=events["request_id"].tolist(),
+            origin=f"trial {trial.resolve()}",
+            packages=manifest.engine_packages or {},
+            **kw,
+        )
 
     # -- the search ----------------------------------------------------------------------------------------
     def run(self) -> Result:
@@ -125,7 +155,7 @@ class Minimizer:
         self.best = best
         try:
             best = self.best = self._guess(best)
-            if best is self.start and not self._crashes(best, "the trial's sequence"):
+            if best is self.start and not self._crashes(best, "the sequence that crashed"):
                 # ddmin needs a sequence that crashes: without one every start after this would be wasted
                 hint = (
                     "try --repeats 1, or another crashed trial"
@@ -202,9 +232,7 @@ class Minimizer:
         return out
 
     def _named_requests(self) -> list[str]:
-        events = read_table(self.trial, "log_events").to_pandas()
-        events = events[(events["t"] <= float(self.crash["t_detected"]) + 5) & events["request_id"].notna()]
-        return events["request_id"].tolist()
+        return self.named
 
     @staticmethod
     def _images(trace: Trace, i: int) -> set[str]:
@@ -318,7 +346,7 @@ class Minimizer:
     def script(self, trace: Trace) -> str:
         """The reproducer of ``trace`` (the same text for the same trace: candidates are known by it)."""
         title = f"{len(trace)} request(s) that crashed a vLLM server ({self.signature})"
-        about = f"Found by mmchaos minimize from {self.trial.resolve()}.\nServer: {self.server_command()}"
+        about = f"Found by mmchaos minimize from {self.origin}.\nServer: {self.server_command()}"
         return repro_script.render(trace, repro_script.ScriptInfo(title, about))
 
     def server_command(self) -> str:
@@ -330,7 +358,7 @@ class Minimizer:
 
     # -- state ---------------------------------------------------------------------------------------------
     def _load_state(self) -> dict:
-        fresh = {"trial": str(self.trial.resolve()), "signature": self.signature, "runs": {}}
+        fresh = {"trial": self.origin, "signature": self.signature, "runs": {}}
         try:
             state = json.loads(self.state_file.read_text())
         except (OSError, ValueError):
@@ -340,6 +368,16 @@ class Minimizer:
     def _save_state(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
         write_json_atomic(self.state_file, self.state)
+
+
+def _engine_packages(target: Target) -> dict:
+    """The package versions of an installed engine (its manifest), none for a command's server."""
+    if target.mode != "engine" or not target.engine:
+        return {}
+    try:
+        return dict(engines.engine(target.engine).manifest().get("packages") or {})
+    except (OSError, ValueError, engines.EngineError):
+        return {}
 
 
 def _abort_sooner_first(guess: Trace) -> list[Trace]:

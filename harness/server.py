@@ -40,7 +40,7 @@ CUDA_BASE_FLAGS = ["--runner", "pooling"]
 # read by in_engine/vllm_launch.py (stdlib only there): the server ends with this pid's thread that started it (Linux's
 # parent-death signal follows the starting thread: servers are started from the main thread)
 PARENT_ENV = "MMCHAOS_PARENT_PID"
-AMX_PERMISSION = Path(__file__).parent / "in_engine" / "amx_permission"
+ENGINE_SITE = Path(__file__).parent / "in_engine" / "engine_site"  # the sitecustomize of every engine process
 OWN_TMPDIR_ENV = "MMCHAOS_OWN_TMPDIR"  # and, when that process died first, removes this folder (its private TMPDIR)
 
 
@@ -199,8 +199,9 @@ class Server:
                     "VLLM_CPU_OMP_THREADS_BIND": "auto" if tp == 1 else "|".join(str(i) for i in range(tp)),
                     "HF_HUB_OFFLINE": "1",
                     "TRANSFORMERS_OFFLINE": "1",
-                    # every process of the engine asks for AMX first (in_engine/amx_permission/sitecustomize.py)
-                    "PYTHONPATH": os.pathsep.join(p for p in (str(AMX_PERMISSION), env.get("PYTHONPATH")) if p),
+                    # every process of the engine asks for AMX first, and measures coverage when asked
+                    # (in_engine/engine_site/sitecustomize.py)
+                    "PYTHONPATH": os.pathsep.join(p for p in (str(ENGINE_SITE), env.get("PYTHONPATH")) if p),
                 }
             )
         env.update(t.env)

@@ -22,6 +22,11 @@ from .pool import content_hash
 
 FORMATS = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp", "GIF": "image/gif", "BMP": "image/bmp"}
 SIDES = (16, 64, 128, 300)  # vLLM resizes to its own bounds: the tiny and the large both go through that
+# now and then a side from a few pixels to past what the processor keeps (it resizes to its max_pixels): its edges
+EDGE_SIDES = (1, 2, 7, 1024, 2048, 4096)
+EDGE_ONE_IN = 6  # one side in this many is an edge side
+UNCOMPRESSED, UNCOMPRESSED_MAX_PIXELS = ("BMP", "GIF"), 1024 * 1024  # formats whose large images stay large
+BLOCK = 32  # a large image is noise in blocks of this many pixels: its bytes stay a few hundred kB, not megabytes
 DAMAGE = ("none", "truncated", "wrong_mime", "not_base64", "empty", "huge_header")
 HUGE_SIDE = 60000  # a PNG header claiming 60000 x 60000 pixels: over Pillow's decompression-bomb limit
 VIDEO_ONE_IN = 8  # one medium in this many is a video clip (a few frames of 64x64: 4 patches of the tiny model each)
@@ -53,13 +58,19 @@ class Media:
 
 def encode(fmt: str, width: int, height: int, seed: int) -> bytes:
     rng = np.random.default_rng(seed)
-    pixels = rng.integers(0, 256, size=(height, width, 3), dtype=np.uint8)
+    if width * height > 512 * 512:  # noise in blocks: the same pixels to the model's patches, far fewer bytes
+        small = rng.integers(0, 256, size=(-(-height // BLOCK), -(-width // BLOCK), 3), dtype=np.uint8)
+        pixels = np.kron(small, np.ones((BLOCK, BLOCK, 1), dtype=np.uint8))[:height, :width]
+    else:
+        pixels = rng.integers(0, 256, size=(height, width, 3), dtype=np.uint8)
     buf = io.BytesIO()
     Image.fromarray(pixels).save(buf, format=fmt)
     return buf.getvalue()
 
 
 def make(fmt: str, width: int, height: int, seed: int, damage: str) -> Media:
+    while fmt in UNCOMPRESSED and width * height > UNCOMPRESSED_MAX_PIXELS:  # tens of MB a request: halved
+        width, height = max(1, width // 2), max(1, height // 2)
     data, mime = encode(fmt, width, height, seed), FORMATS[fmt]
     if damage == "truncated":
         data = data[: max(1, len(data) // 2)]
@@ -99,7 +110,7 @@ def media(damaged: bool = True) -> st.SearchStrategy[Media]:
     clip = st.builds(
         make_video,
         container=st.sampled_from(sorted(video.CONTAINERS)),
-        frames=st.sampled_from((2, 4, 8)),
+        frames=st.sampled_from((2, 4, 8, 16, 32, 64)),  # up to past what the video processor samples
         seed=st.integers(0, 2**16),
         damage=st.one_of(intact, intact, st.just("truncated")) if damaged else intact,
     )
@@ -113,8 +124,15 @@ def images(damaged: bool = True) -> st.SearchStrategy[Media]:
     return st.builds(
         make,
         fmt=st.sampled_from(sorted(FORMATS)),
-        width=st.sampled_from(SIDES),
-        height=st.sampled_from(SIDES),
+        width=_side(),
+        height=_side(),
         seed=st.integers(0, 2**16),
         damage=st.one_of(intact, intact, intact, st.sampled_from(DAMAGE[1:])) if damaged else intact,
+    )
+
+
+def _side() -> st.SearchStrategy[int]:
+    """A side: a usual one, or one in EDGE_ONE_IN an edge side (first the usual: Hypothesis draws simply first)."""
+    return st.integers(1, EDGE_ONE_IN).flatmap(
+        lambda k: st.sampled_from(EDGE_SIDES) if k == EDGE_ONE_IN else st.sampled_from(SIDES)
     )

@@ -276,28 +276,19 @@ def test_the_hunt_does_not_import_the_lists_it_must_not_need():
     assert r.stdout.strip() == "[]"
 
 
-def test_a_crash_trial_keeps_no_key_of_the_target(tmp_path):
+def test_what_the_minimizer_gets_keeps_no_key_of_the_target():
     from mmchaos.harness import hunt
-    from mmchaos.harness.hunt_oracles import Finding
     from mmchaos.harness.server import Target
 
     key = "sekret-key-123456"
-    case = hunt_case.Case([hunt_case.Step(0, "/v1/embeddings", {"model": "m", "input": "x"})])
-    h = hunt.Hunt(
-        Target(mode="engine", engine="0.30.0", flags=["--api-key", key]), tmp_path / "h", hunt.Budget(1, 1, 1, 1)
-    )
-    hunt.crash_trial(
-        h, [(case, [hunt_case.Sent(0, None, "", 0.0)])], Finding("crash", "crash|x", "x"), tmp_path / "trial"
-    )
-    assert all(key.encode() not in f.read_bytes() for f in (tmp_path / "trial").rglob("*") if f.is_file())
+    target = Target(mode="engine", engine="0.30.0", flags=["--api-key", key], env={"VLLM_API_KEY": key})
+    shown = hunt.masked(target)
+    assert key not in " ".join(shown.flags) and key not in " ".join(shown.env.values())
+    assert shown.flags[0] == "--api-key" and shown.engine == "0.30.0"
 
 
 def test_a_crash_is_shrunk_from_a_life_naming_a_whole_request_first_and_a_hang_up_answered_is_plain(tmp_path):
     from mmchaos.harness import hunt
-    from mmchaos.harness.hunt_oracles import Finding
-    from mmchaos.harness.server import Target
-    from mmchaos.payloads.traces import Trace
-    from mmchaos.tables import read_table
 
     body = {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "x"}]}]}
     hang_up = hunt_case.Step(0, "/pooling", body, hang_up_ms=1.0, images=["h1"])
@@ -321,12 +312,10 @@ def test_a_crash_is_shrunk_from_a_life_naming_a_whole_request_first_and_a_hang_u
     assert [name for name, _ in lives] == ["10", "7", "2"]
     life = lives[0][1]
     assert [len(c.steps) for c, _ in life] == [2]
-    h = hunt.Hunt(Target(mode="engine", engine="0.30.0"), tmp_path / "h", hunt.Budget(1, 1, 1, 1))
-    hunt.crash_trial(h, life, Finding("crash", "crash|a → b", "x"), tmp_path / "trial")
-    rows = Trace.load(tmp_path / "trial").requests
+    trace, named = hunt.shrink_input(life)
+    rows = trace.requests
     assert rows["outcome"].tolist()[0] == "aborted" and rows["abort_after_ms"].tolist()[0] == 1.0
     assert rows["status"].tolist()[1] == 500 and pd_isna(rows["abort_after_ms"].tolist()[1])
-    named = read_table(tmp_path / "trial", "log_events").to_pandas()["request_id"].tolist()
     assert named == [rows["request_id"].tolist()[1]]  # the minimizer's first guess: the answered one after the poison
 
 
@@ -553,3 +542,20 @@ def test_findings_say_the_target_reference_and_versions_with_their_keys_masked(t
     files = hunt_report.write(h)
     text = "\n".join([*said, *(p.read_text() for p in files.values())])
     assert not [k for k in keys if k in text], text
+
+
+@pytest.mark.integration
+def test_a_flags_axis_hunts_each_flag_set_and_a_refused_one_is_one_line(tmp_path):
+    cmd = f"{sys.executable} {TESTS / 'standin_server.py'} --port {{port}} --openapi"
+    out = tmp_path / "h"
+    r = _hunt(
+        "--command", cmd, "--out", str(out), "--max-cases", "4", "--max-starts", "4", "--settle", "0",
+        "--timeout", "20", "--flags-axis", "--delay-ms 1", "--flags-axis", "--no-such-flag 1", "--no-minimize",
+    )  # fmt: skip
+    said = r.stdout + r.stderr
+    assert r.returncode in (0, 1) and "Traceback" not in said, said[-3000:]
+    assert "--delay-ms 1: " in said and "distinct finding(s)" in said
+    assert "--no-such-flag 1: vLLM refused it at start-up" in said, said[-2000:]
+    state = json.loads((out / "flags-delay-ms-1" / "state.json").read_text())
+    assert state["cases"] == 2  # its half of the cases
+    assert all(f["flags"] == ["--delay-ms", "1"] for f in state["findings"])

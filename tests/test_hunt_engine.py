@@ -115,6 +115,9 @@ def test_on_032_default_the_hunt_reports_the_drift_as_retryable_and_no_crash(fix
         "20",
     )
     assert r.returncode == 1, r.stderr[-3000:]
+    # an attached server's processes are not ours to measure: the hunt says it searched blind
+    assert "hunt: searching blind: the target is not an engine" in r.stdout, r.stdout[-2000:]
+    assert "Searched blind" in (out / "findings.md").read_text()
     found = _findings(out)
     assert not {f["oracle"] for f in found} & {"crash", "hang"}, r.stderr[-3000:]
     drift = [f for f in found if "cache_miss" in f["fingerprint"] or "drift" in f["fingerprint"]]
@@ -141,3 +144,25 @@ def test_on_030_with_the_cache_off_there_is_no_drift(workaround_server, tmp_path
     assert r.returncode in (0, 1), r.stdout[-2000:] + r.stderr[-2000:]
     oracles = {f["oracle"] for f in _findings(out)}
     assert not oracles & {"drift", "crash", "hang"}, r.stderr[-3000:]
+
+
+def test_the_hunt_reads_vllms_own_coverage_and_searches_by_it(tmp_path):
+    """With --engine every server process measures vLLM's lines: each case says how many it reached first, cases
+    that reached new lines join the corpus, mutants of them are sent, and the report says per part of vLLM how much
+    the cases ran (beyond the server's start)."""
+    require_engine_and_model(FIXED_VERSION)
+    out = tmp_path / "hunt"
+    r = _hunt("--engine", FIXED_VERSION, "--out", str(out), "--max-cases", "12", "--max-starts", "1", "--no-minimize")
+    assert r.returncode in (0, 1), r.stdout[-2000:] + r.stderr[-2000:]
+    assert "searching blind" not in r.stdout, r.stdout[-2000:]
+    state = json.loads((out / "state.json").read_text())
+    areas = state["coverage"]["areas"]
+    for part in ("multimodal/", "v1/engine/", "entrypoints/ (pooling, serving, OpenAI)"):
+        assert areas[part]["by_cases"] > 0 and areas[part]["in_all"] >= areas[part]["by_cases"], areas
+    cases = [json.loads(x) for x in (out / "cases.jsonl").read_text().splitlines()]
+    assert len(cases) == 12 and sum(c["new_lines"] or 0 for c in cases) == areas["all of vLLM"]["by_cases"]
+    assert state["corpus"] and all((out / "corpus" / f"{n}.json").exists() for n in state["corpus"])
+    assert state["mutants"] >= 1 and any(c["why"].startswith("mutant") for c in cases)
+    assert [c for c, _ in state["coverage"]["curve"]] == list(range(1, 13))
+    report = (out / "findings.md").read_text()
+    assert "vLLM's own lines run in the server's processes" in report and "Distinct case shapes" in report

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from mmchaos import paths
 
-from .. import arg_types, hunt_versions, sigterm
+from .. import arg_types, hunt_axis, hunt_versions, sigterm
+from ..hunt_corpus import MUTATE_SHARE
 from ..server import Target
 from .common import CommandError, say
 
@@ -46,6 +47,14 @@ def add_parser(sub) -> None:
         help="run each crash's reproducer again on this version and its vLLM flags, e.g. 0.32.0 or "
         '"0.30.0 --mm-processor-cache-gb 0" (repeatable): the finding\'s affected-versions line',
     )
+    h.add_argument(
+        "--flags-axis",
+        action="append",
+        default=[],
+        metavar="FLAGS",
+        help="hunt with each of these vLLM flag sets on servers of its own, the budget shared evenly (repeatable; "
+        '"default": processor cache tiny and off, shm, 2 API servers, TP 2); each finding says its flags',
+    )
     h.add_argument("--server-log", help="with --url: the server's log file, so the log oracles can read it")
     h.add_argument("--out", help="the hunt's folder (default results/hunt-<target>); a re-run resumes from it")
     h.add_argument("--seed", type=int, default=0, help="the search's seed (default 0)")
@@ -63,6 +72,20 @@ def add_parser(sub) -> None:
         help="runs of each candidate on a fresh server when shrinking a crash (default 2)",
     )
     h.add_argument("--no-minimize", action="store_true", help="keep each crash's case, do not shrink it")
+    h.add_argument(
+        "--no-coverage",
+        action="store_true",
+        help="do not measure which of vLLM's lines the cases reach (with --engine it is measured in every server "
+        "process and steers the search; the report says how much was reached)",
+    )
+    h.add_argument(
+        "--mutants",
+        type=float,
+        default=MUTATE_SHARE,
+        metavar="SHARE",
+        help=f"share of the cases made by changing a case that taught the search something (default "
+        f"{MUTATE_SHARE:g}; 0: every case drawn afresh)",
+    )
     h.add_argument("--timeout", type=float, default=420, help="seconds to wait for a server's /health")
     h.set_defaults(func=run, passthrough=[])  # flags after -- go to vLLM verbatim
 
@@ -71,6 +94,8 @@ def run(a) -> int:
     from ..hunt import Budget, Hunt  # its HuntError is an MmchaosError: the command line says it
 
     passthrough = a.passthrough
+    if not 0 <= a.mutants < 1:
+        raise CommandError(f"--mutants {a.mutants:g}: give a share from 0 to below 1")
     chosen = [x for x in (a.engine, a.command, a.url and not a.command and a.url) if x]
     if len(chosen) != 1:
         raise CommandError("give one target: --engine VERSION, --command CMD or --url URL")
@@ -84,6 +109,8 @@ def run(a) -> int:
             raise CommandError("--versions runs reproducers on servers mmchaos launches: give --engine")
     if a.reference and not a.engine and not a.reference.startswith(("http://", "https://")):
         raise CommandError("--reference FLAGS launches the --engine version with them: give --engine, or a URL")
+    if a.flags_axis and not (a.engine or a.command):
+        raise CommandError("--flags-axis launches servers with each flag set: give --engine or --command")
     if a.operator_actions and not (a.engine or a.command):
         raise CommandError("--operator-actions is for a server mmchaos launches (--engine or --command)")
     if a.engine:
@@ -95,20 +122,35 @@ def run(a) -> int:
     name = a.engine or ("command" if a.command else "attach")
     tag = "-".join([name, *[f.lstrip("-") for f in passthrough]])[:60] if passthrough else name
     out = Path(a.out) if a.out else paths.PROJECT_ROOT / "results" / f"hunt-{tag}"
-    hunt = Hunt(
-        target,
-        out,
-        Budget(a.max_minutes, a.max_starts, a.max_requests, a.max_cases),
-        seed=a.seed,
-        settle=a.settle,
-        startup_timeout=a.timeout,
-        minimize=not a.no_minimize,
-        repeats=a.repeats,
-        server_log=Path(a.server_log) if a.server_log else None,
-        reference=a.reference,
-        versions=list(a.versions),
-        say=say,
-    )
+    budget = Budget(a.max_minutes, a.max_starts, a.max_requests, a.max_cases)
+
+    def make(target, out, budget):
+        return Hunt(
+            target,
+            out,
+            budget,
+            seed=a.seed,
+            settle=a.settle,
+            startup_timeout=a.timeout,
+            minimize=not a.no_minimize,
+            repeats=a.repeats,
+            server_log=Path(a.server_log) if a.server_log else None,
+            reference=a.reference,
+            versions=list(a.versions),
+            coverage=not a.no_coverage,
+            mutate_share=a.mutants,
+            say=say,
+        )
+
     sigterm.as_ctrl_c()  # its servers are stopped, its state kept, as on Ctrl-C
     say(f"hunt: {target.mode} {shlex.join([name, *passthrough])} -> {out}")
-    return hunt.run()
+    if not a.flags_axis:
+        return make(target, out, budget).run()
+    results = hunt_axis.run(make, target, hunt_axis.expand(a.flags_axis), out, budget, say)
+    shown = make(target, out, budget).shown
+    say("hunt: flags axis:")
+    for r in results:
+        say(f"  {r.line(lambda flags: shown(shlex.join(flags)))}")
+    if all(r.code is None for r in results):
+        raise CommandError("vLLM refused every flag set of --flags-axis at start-up (each said why above)")
+    return 1 if any(r.findings for r in results) else 0

@@ -47,7 +47,7 @@ def run(a) -> int:
     from ..minimize import Minimizer
 
     out = Path(a.out) if a.out else Path(a.trial) / "minimized"
-    m = Minimizer(
+    m = Minimizer.from_trial(
         Path(a.trial),
         out,
         repeats=a.repeats,

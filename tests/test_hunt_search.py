@@ -1,0 +1,134 @@
+"""The hunt's compass and corpus without vLLM: coverage measured in another interpreter by the engines' own
+sitecustomize (a stand-in `vllm` package), read back case by case; mutants of corpus cases; shapes and repeats."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from mmchaos.harness import hunt_corpus
+from mmchaos.harness.hunt_case import Case, Step
+from mmchaos.harness.hunt_coverage import EngineCoverage
+from mmchaos.harness.server import ENGINE_SITE
+
+pytestmark = pytest.mark.integration
+
+
+def _package(root):
+    """A stand-in `vllm` with a module per area, each function its own lines."""
+    for area in ("multimodal", "entrypoints"):
+        (root / "vllm" / area).mkdir(parents=True)
+        (root / "vllm" / area / "__init__.py").write_text("")
+        (root / "vllm" / area / "work.py").write_text(
+            textwrap.dedent(
+                """
+                def one():
+                    x = 1
+                    return x
+
+                def two():
+                    y = 2
+                    y += 1
+                    return y
+                """
+            )
+        )
+    (root / "vllm" / "__init__.py").write_text("")
+
+
+SERVER = """
+import sys
+import vllm.multimodal.work as m, vllm.entrypoints.work as e
+for line in sys.stdin:
+    {"m1": m.one, "m2": m.two, "e1": e.one}[line.strip()]()
+    print("done", flush=True)
+"""
+
+
+def test_coverage_is_measured_in_the_engines_interpreter_and_read_case_by_case(tmp_path):
+    _package(tmp_path / "pkg")
+    cov = EngineCoverage(tmp_path / "cov")
+    env = {**os.environ, **cov.env(), "PYTHONPATH": os.pathsep.join([str(ENGINE_SITE), str(tmp_path / "pkg")])}
+    p = subprocess.Popen(
+        [sys.executable, "-c", SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+
+        def case(n: int, call: str) -> int:
+            p.stdin.write(call + "\n")
+            p.stdin.flush()
+            assert p.stdout.readline().strip() == "done"
+            return cov.new_lines(n, [p.pid])
+
+        assert cov.started([p.pid])  # the process answered: imports and module lines are the start's
+        startup = len(cov.startup)
+        assert case(1, "m1") == 2  # the body of one(): its two lines
+        assert case(2, "m1") == 0  # nothing new the second time
+        assert case(3, "m2") == 3
+        assert case(4, "e1") == 2
+    finally:
+        p.stdin.close()
+        p.wait(timeout=30)
+    areas = cov.by_area()
+    assert areas["multimodal/"]["by_cases"] == 5 and areas["entrypoints/ (pooling, serving, OpenAI)"]["by_cases"] == 2
+    assert areas["all of vLLM"]["in_all"] == startup + 7
+    assert cov.curve == [(1, 2), (2, 2), (3, 5), (4, 7)]
+    assert not cov.unavailable()
+
+
+def test_a_server_that_does_not_measure_leaves_the_hunt_blind(tmp_path):
+    cov = EngineCoverage(tmp_path / "cov")
+    cov.env()
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # no sitecustomize of ours
+    try:
+        assert not cov.started([p.pid])
+    finally:
+        p.kill()
+        p.wait()
+
+
+IMG = "data:image/png;base64,QUFB"
+IMG2 = "data:image/png;base64,QkJC"
+
+
+def _step(url=IMG, path="/v1/embeddings", **kw) -> Step:
+    body = {"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}]}
+    return Step(0, path, body, images=["h1" if url == IMG else "h2"], **kw)
+
+
+def test_mutants_differ_from_their_parent_and_each_says_how():
+    a = Case([_step(), _step(IMG2, "/pooling"), Step(0, "/reset_mm_cache", None)])
+    b = Case([_step(IMG2, "/v2/embed", hang_up_ms=2.0)])
+    rng = random.Random(0)
+    hows = set()
+    for _ in range(60):
+        m, how = hunt_corpus.mutate(a, b, rng)
+        assert m.to_json() != a.to_json() and m.steps, how
+        hows.add(how.split(" ")[0])
+        groups = [s.together for s in m.steps if s.together is not None]
+        assert groups == sorted(groups)  # sent-together groups numbered in order, each a run of neighbours
+    assert {"splice", "step"} <= hows  # several operators were drawn
+
+
+def test_growing_a_requests_media_repeats_its_items():
+    body, n = hunt_corpus._grow(_step().body, 16)
+    parts = body["messages"][0]["content"]
+    assert n == 16 and len(parts) == 16 and all(p["image_url"]["url"] == IMG for p in parts)
+
+
+def test_shapes_and_repeats_are_counted():
+    state: dict = {}
+    c = hunt_corpus.Corpus(state)
+    one, two = Case([_step(), _step()]), Case([_step(), _step(IMG2)])
+    assert c.sent(one) and not c.sent(one) and c.sent(two)
+    assert hunt_corpus.shape(one) == "/v1/embeddings:1m0r /v1/embeddings:1m1r"
+    assert c.distinct() == (2, 3)
+    assert c.consider(1, one, [200, 200], 5, False) and not c.consider(2, one, [200, 200], 0, False)
+    assert c.consider(3, one, [200, 503], 0, False)  # a new outcome joins
+    assert json.loads(json.dumps(state))["corpus"] == [1, 3]  # what state.json keeps
