@@ -43,7 +43,7 @@ OLDEST_SUPPORTED = (0, 27, 1)
 # Extra pins a version needs on top of its own requirements (measured: newer transformers break 0.27.1; on 0.30.0,
 # 5.24 refuses every video with a 400 while 5.19 embeds them, and the report's image trigger crashes it with either).
 EXTRA_PINS = {"0.27.1": ["transformers==5.10.4"], "0.30.0": ["transformers==5.19.0"]}
-# every CPU engine also gets coverage.py: the hunt measures which of vLLM's lines its cases reach (hunt_coverage.py)
+# every CPU engine also gets coverage.py: the hunt measures the vLLM lines its cases reach (harness/hunt/coverage.py)
 COVERAGE_PIN = "coverage==7.18.0"
 
 

@@ -1,16 +1,14 @@
 """A trial's manifest (``manifest.json``): what was run and how it ended, as one pydantic model.
 
 Writers: the campaign runner (harness/campaign_runner.py), which writes it as the trial starts and again as it
-grows (the process groups it started, the load's window, a replay's account, how it ended); the hunt, for a crash
-it turns into a trial folder the minimizer reads (harness/hunt.py); the synthetic campaigns (analysis/synthetic*.py)
-and the tests' trial helper. Reader: the trials table (analysis/results.py).
+grows (the process groups it started, the load's window, a replay's account, how it ended); the synthetic
+campaigns (analysis/synthetic*.py) and the tests' trial helper. Reader: the trials table (analysis/results.py).
 
 What we write is checked: a key the model does not name is an error (``extra="forbid"``), and so is a value of the
 wrong type. What we read is read leniently: a manifest from another mmchaos version (a key it did not have yet, a
 key since dropped, a value written as something else) is read with the keys this model knows, a key it does not
 know is passed over, and a value it cannot read is left at its default and named in a note (:func:`read_data`).
-On disk the JSON keeps its shape: only the keys a writer set are written (``model_dump(exclude_unset=True)``), so
-the hunt's five-key manifest stays five keys.
+On disk the JSON keeps its shape: only the keys a writer set are written (``model_dump(exclude_unset=True)``).
 """
 
 from __future__ import annotations

@@ -15,8 +15,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from standin_server import OPENAPI as STANDIN_OPENAPI
 
-from mmchaos.harness import hunt_case, hunt_oracles, hunt_versions
-from mmchaos.payloads import api_schema, hunt_bodies, hunt_media
+from mmchaos.harness.hunt import api_schema
+from mmchaos.harness.hunt import bodies as hunt_bodies
+from mmchaos.harness.hunt import cases as hunt_case
+from mmchaos.harness.hunt import media as hunt_media
+from mmchaos.harness.hunt import oracles as hunt_oracles
+from mmchaos.harness.hunt import versions as hunt_versions
 from mmchaos.signatures import Signatures
 
 # the stand-in's schema (the chat form of /v1/embeddings), with an operator action and a route the hunt never sends
@@ -269,15 +273,16 @@ def test_a_target_without_openapi_json_cannot_be_hunted(tmp_path):
 def test_the_hunt_does_not_import_the_lists_it_must_not_need():
     # the search may not lean on what we already know fails: the malformed catalogue, the probes, the mix's kinds
     code = (
-        "import sys, mmchaos.harness.hunt, mmchaos.harness.commands.hunt; print([m for m in sys.modules if any(x in m "
-        "for x in ('malformed', 'catalogue', 'mutations', 'probes', 'locustfiles', 'repro_script_cases'))])"
+        "import sys, mmchaos.harness.hunt.search, mmchaos.harness.commands.hunt; "
+        "print([m for m in sys.modules if any(x in m for x in "
+        "('malformed', 'catalogue', 'mutations', 'probes', 'locustfiles', 'repro_script_cases'))])"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=TESTS.parent, check=True)
     assert r.stdout.strip() == "[]"
 
 
 def test_what_the_minimizer_gets_keeps_no_key_of_the_target():
-    from mmchaos.harness import hunt
+    from mmchaos.harness.hunt import search as hunt
     from mmchaos.harness.server import Target
 
     key = "sekret-key-123456"
@@ -288,7 +293,7 @@ def test_what_the_minimizer_gets_keeps_no_key_of_the_target():
 
 
 def test_a_crash_is_shrunk_from_a_life_naming_a_whole_request_first_and_a_hang_up_answered_is_plain(tmp_path):
-    from mmchaos.harness import hunt
+    from mmchaos.harness.hunt import search as hunt
 
     body = {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "x"}]}]}
     hang_up = hunt_case.Step(0, "/pooling", body, hang_up_ms=1.0, images=["h1"])
@@ -325,7 +330,7 @@ def pd_isna(x) -> bool:
 
 @pytest.mark.integration
 def test_a_server_that_does_not_start_again_ends_the_search_with_its_reason(tmp_path):
-    from mmchaos.harness import hunt
+    from mmchaos.harness.hunt import search as hunt
     from mmchaos.harness.server import Target
 
     said: list[str] = []
@@ -338,8 +343,8 @@ def test_a_server_that_does_not_start_again_ends_the_search_with_its_reason(tmp_
 
 
 def test_an_error_of_the_hunts_own_mid_search_still_reports_what_was_found_then_fails_in_one_line(tmp_path):
-    from mmchaos.harness import hunt
-    from mmchaos.harness.hunt_oracles import Finding
+    from mmchaos.harness.hunt import search as hunt
+    from mmchaos.harness.hunt.findings import Finding
     from mmchaos.harness.server import Target
 
     class Broken(hunt.Hunt):  # the server and the search replaced: what run() does around them is under test
@@ -365,7 +370,7 @@ def test_an_error_of_the_hunts_own_mid_search_still_reports_what_was_found_then_
 def test_a_budget_spent_as_a_case_begins_ends_the_search_as_itself_not_as_hypothesis_flakiness():
     from hypothesis.stateful import RuleBasedStateMachine, rule
 
-    from mmchaos.harness import hunt
+    from mmchaos.harness.hunt import search as hunt
 
     begun = []
 
@@ -525,7 +530,8 @@ def test_a_5xx_finding_gets_a_reproducer_confirmed_on_the_server_that_answered_i
 def test_findings_say_the_target_reference_and_versions_with_their_keys_masked(tmp_path):
     """A key given with the target's flags, --reference or --versions reaches neither the findings' words (their
     affected-versions line, a reproducer's docstring, the reference's name) nor the report."""
-    from mmchaos.harness import hunt, hunt_report
+    from mmchaos.harness.hunt import report as hunt_report
+    from mmchaos.harness.hunt import search as hunt
     from mmchaos.harness.server import Target
 
     keys = ["sekret-key-123456", "other-key-654321"]

@@ -12,9 +12,9 @@ import textwrap
 
 import pytest
 
-from mmchaos.harness import hunt_corpus
-from mmchaos.harness.hunt_case import Case, Step
-from mmchaos.harness.hunt_coverage import EngineCoverage
+from mmchaos.harness.hunt import corpus as hunt_corpus
+from mmchaos.harness.hunt.cases import Case, Step
+from mmchaos.harness.hunt.coverage import EngineCoverage
 from mmchaos.harness.server import ENGINE_SITE
 
 pytestmark = pytest.mark.integration

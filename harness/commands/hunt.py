@@ -7,8 +7,10 @@ from pathlib import Path
 
 from mmchaos import paths
 
-from .. import arg_types, hunt_axis, hunt_versions, sigterm
-from ..hunt_corpus import MUTATE_SHARE
+from .. import arg_types, sigterm
+from ..hunt import axis as hunt_axis
+from ..hunt import versions as hunt_versions
+from ..hunt.corpus import MUTATE_SHARE
 from ..server import Target
 from .common import CommandError, say
 
@@ -91,7 +93,7 @@ def add_parser(sub) -> None:
 
 
 def run(a) -> int:
-    from ..hunt import Budget, Hunt  # its HuntError is an MmchaosError: the command line says it
+    from ..hunt.search import Budget, Hunt  # its HuntError is an MmchaosError: the command line says it
 
     passthrough = a.passthrough
     if not 0 <= a.mutants < 1:

@@ -1,4 +1,4 @@
-"""Line coverage of vLLM's own code in every process of an engine, for the hunt's search (harness/hunt_coverage.py
+"""Line coverage of vLLM's own code in every process of an engine, for the hunt's search (harness/hunt/coverage.py
 reads it). Started by sitecustomize.py when MMCHAOS_COVERAGE_DIR names a folder; runs in the engine's interpreter.
 
 Each process (API servers, the engine core, the workers) records into a data file of its own, ``cov.<pid>``

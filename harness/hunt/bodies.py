@@ -22,7 +22,7 @@ from typing import Any
 from hypothesis import strategies as st
 from hypothesis_jsonschema import from_schema
 
-from .hunt_media import Media
+from .media import Media
 
 # the fields a media-aware strategy draws, by name (the same names mean the same thing on every pooling route)
 MEDIA_FIELDS = frozenset(

@@ -3,7 +3,7 @@
 Each rule of :class:`CaseMachine` is an action a client or an operator takes, sent as soon as it is drawn, so the
 next rule is drawn knowing what the server answered (Hypothesis's stateful testing):
 
-- ``request``: a body of one of the routes the server lists (:mod:`mmchaos.payloads.hunt_bodies`), minimal, with a
+- ``request``: a body of one of the routes the server lists (:mod:`.bodies`), minimal, with a
   parameter or two, or with any, on one of a few keep-alive sessions;
 - ``hang_up``: a client that sends a body carrying an image and gives up after a few milliseconds, while the server
   is still processing it (its own connection, closed at the delay);
@@ -14,7 +14,7 @@ next rule is drawn knowing what the server answered (Hypothesis's stateful testi
   ``/pause`` then ``/resume``, each pair around a request).
 
 Images come from the case, from the server's life (every image it was sent, until it restarts: :class:`Life`) or
-are new (:mod:`mmchaos.payloads.hunt_media`). What a case cannot know is the server's state: the server is shared
+are new (:mod:`.media`). What a case cannot know is the server's state: the server is shared
 by the cases until one crashes it (its cache then holds what earlier cases sent, as a production server's does),
 and a crash restarts it. Shrinking is the minimizer's, on fresh servers (:mod:`.hunt`): Hypothesis's own would
 replay steps into a server whose state the first run changed.
@@ -37,8 +37,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
 from mmchaos import faults
-from mmchaos.payloads import hunt_bodies
-from mmchaos.payloads.hunt_media import Media, media
+
+from . import bodies
+from .media import Media, media
 
 MAX_STEPS = 8  # rules a case runs at most
 SESSIONS = 3  # keep-alive connections a case's requests go out on
@@ -198,9 +199,7 @@ class Hooks:
     drawn: dict[str, int] = field(default_factory=dict)  # media drawn, by where from: fresh, seen, suspect
 
 
-def machine(
-    forms: list[tuple[str, hunt_bodies.Form]], operators: list[str], hooks: Hooks
-) -> type[RuleBasedStateMachine]:
+def machine(forms: list[tuple[str, bodies.Form]], operators: list[str], hooks: Hooks) -> type[RuleBasedStateMachine]:
     """The state machine class of a hunt against a server whose API gives ``forms`` and ``operators``."""
     image_forms = [(p, f) for p, f in forms if f.takes_media] or forms
     singles = [p for p in operators if p not in PAIRS.values()]
@@ -259,7 +258,7 @@ def machine(
                 hooks.after_step(s)
 
         # -- the rules ----------------------------------------------------------------------------------------
-        @rule(data=st.data(), depth=st.sampled_from(hunt_bodies.DEPTHS), session=st.integers(0, SESSIONS - 1))
+        @rule(data=st.data(), depth=st.sampled_from(bodies.DEPTHS), session=st.integers(0, SESSIONS - 1))
         def request(self, data, depth, session):
             path, body = self._body(data, forms, self._remember(self._images()), depth)
             self._send([self._step(session, path, body)])
@@ -267,13 +266,13 @@ def machine(
         @rule(data=st.data(), ms=st.sampled_from(HANG_UP_MS))
         def hang_up(self, data, ms):
             images = self._remember(st.one_of(media(damaged=False), _from_life(hooks.life, "seen", hooks.drawn)))
-            path, body = self._body(data, image_forms, images, hunt_bodies.MINIMAL, media_only=True)
+            path, body = self._body(data, image_forms, images, bodies.MINIMAL, media_only=True)
             self._send([self._step(0, path, body, hang_up_ms=ms)])
 
         @rule(data=st.data(), session=st.integers(0, SESSIONS - 1))
         def reuse(self, data, session):
             images = self._remember(_from_life(hooks.life, "suspects", hooks.drawn))
-            path, body = self._body(data, image_forms, images, hunt_bodies.MINIMAL, media_only=True)
+            path, body = self._body(data, image_forms, images, bodies.MINIMAL, media_only=True)
             self._send([self._step(session, path, body)])
 
         @rule(data=st.data(), n=st.integers(2, TOGETHER))
@@ -281,7 +280,7 @@ def machine(
             self.groups += 1
             steps = []
             for k in range(n):
-                path, body = self._body(data, forms, self._remember(self._images()), hunt_bodies.MINIMAL)
+                path, body = self._body(data, forms, self._remember(self._images()), bodies.MINIMAL)
                 steps.append(self._step(k % SESSIONS, path, body, together=self.groups))
             self._send(steps)
 
@@ -296,13 +295,13 @@ def machine(
                 wait = HANG_UP_MS[-1] if action in PAIRS else None
                 for k in range(alongside):
                     images = self._remember(self._images())
-                    path, body = self._body(data, image_forms, images, hunt_bodies.MINIMAL, media_only=True)
+                    path, body = self._body(data, image_forms, images, bodies.MINIMAL, media_only=True)
                     steps.append(self._step(1 + k % (SESSIONS - 1), path, body, hang_up_ms=wait, together=self.groups))
                 self._send(steps)
             else:
                 self._send([self._step(0, action, None)])
             if action in PAIRS:  # a request while it holds, then the action that undoes it
-                path, body = self._body(data, forms, self._remember(self._images()), hunt_bodies.MINIMAL)
+                path, body = self._body(data, forms, self._remember(self._images()), bodies.MINIMAL)
                 self._send([self._step(1, path, body, hang_up_ms=HANG_UP_MS[-1])])
                 self._send([self._step(0, PAIRS[action], None)])
 

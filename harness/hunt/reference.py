@@ -18,8 +18,8 @@ import requests
 from mmchaos import sameness
 from mmchaos.auth import auth_headers
 
-from .hunt_oracles import embeddings
-from .server import Server, ServerError, Target
+from ..server import Server, ServerError, Target
+from .oracles import embeddings
 
 
 def reference_target(spec: str, target: Target) -> Target:

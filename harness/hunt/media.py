@@ -17,8 +17,8 @@ import numpy as np
 from hypothesis import strategies as st
 from PIL import Image
 
-from . import video
-from .pool import content_hash
+from mmchaos.payloads import video
+from mmchaos.payloads.pool import content_hash
 
 FORMATS = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp", "GIF": "image/gif", "BMP": "image/bmp"}
 SIDES = (16, 64, 128, 300)  # vLLM resizes to its own bounds: the tiny and the large both go through that

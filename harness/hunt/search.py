@@ -1,7 +1,7 @@
 """`mmchaos hunt`: search for failures nobody listed, with requests generated from the server's own API.
 
-The loop: start (or attach to) the target, read its /openapi.json, draw cases (:mod:`.hunt_case`) with Hypothesis
-from a seed, send each, and judge it by the oracles (:mod:`.hunt_oracles`); a crash restarts the server (a fresh
+The loop: start (or attach to) the target, read its /openapi.json, draw cases (:mod:`.cases`) with Hypothesis
+from a seed, send each, and judge it by the oracles (:mod:`.oracles`); a crash restarts the server (a fresh
 start: the state a case meets is a known one, and the cost is a start) while the other findings leave it up (its
 cache then carries the earlier cases' images, as a production server's does). Each distinct finding is kept with
 the case that found it; each crash is then shrunk by the minimizer on fresh servers to a confirmed reproducer.
@@ -40,19 +40,19 @@ from mmchaos.auth import auth_headers
 from mmchaos.errors import MmchaosError
 from mmchaos.files import write_json_atomic
 from mmchaos.logtail import LogTail
-from mmchaos.payloads import api_schema, hunt_bodies
 from mmchaos.payloads.bodies import body_template
 from mmchaos.payloads.pool import DataURL
 from mmchaos.payloads.traces import Trace
 from mmchaos.redact import Redactor
 from mmchaos.signatures import Signatures
 
-from . import crash_watch, hunt_case, hunt_corpus, hunt_oracles, hunt_versions, repro_script
-from .hunt_coverage import EngineCoverage
-from .hunt_oracles import Finding
-from .hunt_reference import Reference
-from .minimize import HUNT_KIND
-from .server import Server, ServerError, Target
+from .. import crash_watch, repro_script
+from ..minimize import HUNT_KIND
+from ..server import Server, ServerError, Target
+from . import api_schema, bodies, cases, corpus, oracles, versions
+from .coverage import EngineCoverage
+from .findings import Finding
+from .reference import Reference
 
 TICK = 0.2  # seconds between observations of the server, as in a campaign
 SHRINK_RUNS = 7  # candidate runs kept for shrinking a crash (the minimizer's guesses, then its confirmation)
@@ -92,10 +92,10 @@ class Hunt:
     minimize: bool = True
     repeats: int = 2
     server_log: Path | None = None  # an attached server's log file: the log oracles read it
-    reference: str | None = None  # --reference: a second server's flags or URL (harness/hunt_reference.py)
+    reference: str | None = None  # --reference: a second server's flags or URL (harness/reference.py)
     versions: list[str] = field(default_factory=list)  # --versions: where each crash's reproducer is run again
-    coverage: bool = True  # measure vLLM's lines in the engine's processes and search by them (hunt_coverage.py)
-    mutate_share: float = hunt_corpus.MUTATE_SHARE  # of the cases: mutants of corpus cases (hunt_corpus.py)
+    coverage: bool = True  # measure vLLM's lines in the engine's processes and search by them (coverage.py)
+    mutate_share: float = corpus.MUTATE_SHARE  # of the cases: mutants of corpus cases (corpus.py)
     say: Callable[[str], None] = print
     sigs: Signatures = field(default_factory=Signatures.load)
 
@@ -114,15 +114,15 @@ class Hunt:
             self.state = json.loads((self.out / "state.json").read_text())
         self.findings = {f["fingerprint"]: Finding.from_row(f) for f in self.state["findings"]}
         self.server: Server | None = None
-        self.client: hunt_case.Client | None = None
-        self.hooks: hunt_case.Hooks | None = None
+        self.client: cases.Client | None = None
+        self.hooks: cases.Hooks | None = None
         self.crash: crash_watch.Crash | None = None  # a crash seen during a case's steps
         self.ref: Reference | None = None
         # what findings, reports and reproducers say of the target and of --reference/--versions: keys masked
         self.redactor = Redactor.from_environment(self.target.secrets())
         self.t0 = time.time()
         self.seconds_before = float(self.state["seconds"])
-        self.corpus = hunt_corpus.Corpus(self.state)
+        self.corpus = corpus.Corpus(self.state)
         self.state.setdefault("mutants", 0)
         self.state.setdefault("first_steps", [])
         self._first_steps = set(self.state["first_steps"])
@@ -157,7 +157,7 @@ class Hunt:
             )
             skipped: set[str] = set()
             forms = [
-                (path, hunt_bodies.form(f, self.model, functools.partial(_skip, skipped, path)))
+                (path, bodies.form(f, self.model, functools.partial(_skip, skipped, path)))
                 for path, route in sorted(api.items())
                 for f in api_schema.variants(route.request)
             ]
@@ -191,7 +191,7 @@ class Hunt:
         if self.minimize:
             self._minimize_crashes()
             self._affected_versions()
-        from .hunt_report import write as write_report
+        from .report import write as write_report
 
         files = write_report(self)
         self.say(f"hunt: report {files['md']}")
@@ -206,7 +206,7 @@ class Hunt:
         """Run the case machine until the budget is spent. A crash during a case ends the machine's run (the server
         is restarted); the next run searches on from another seed."""
         assert self.client is not None
-        hooks = hunt_case.Hooks(
+        hooks = cases.Hooks(
             self.client,
             self.life,
             self._after_step,
@@ -218,10 +218,10 @@ class Hunt:
         self.hooks = hooks
         while True:
             self._check_budget()
-            machine = seed(self.state["seed"] + self.state["cases"])(hunt_case.machine(forms, operators, hooks))
+            machine = seed(self.state["seed"] + self.state["cases"])(cases.machine(forms, operators, hooks))
             try:
                 run_cases(machine, max(1, self.budget.max_cases - self.state["cases"]))
-            except hunt_case.CaseOver:
+            except cases.CaseOver:
                 continue
 
     def _replay_findings(self, api) -> None:
@@ -230,9 +230,9 @@ class Hunt:
             if (folder / "case.json").exists() and f.oracle != "crash":  # a crash's case is re-run by its repro
                 self._check_budget()
                 self.say(f"hunt: sending again the case of finding {f.first_case} ({f.title})")
-                case = hunt_case.Case.from_json((folder / "case.json").read_text())
+                case = cases.Case.from_json((folder / "case.json").read_text())
                 assert self.client is not None
-                self._end_case(case, hunt_case.replay(case, self.client), api, "replay")
+                self._end_case(case, cases.replay(case, self.client), api, "replay")
 
     # -- one case ------------------------------------------------------------------------------------------
     def _begin_case(self, api) -> None:
@@ -246,8 +246,8 @@ class Hunt:
     def _send_mutant(self, api) -> None:
         rng = random.Random(f"{self.state['seed']}:{self.state['cases']}")
         for _ in range(8):  # a mutant nothing sent before: a few tries
-            a, b = (hunt_case.Case.from_json(self._corpus_case(n)) for n in rng.choices(self.state["corpus"], k=2))
-            case, how = hunt_corpus.mutate(a, b, rng)
+            a, b = (cases.Case.from_json(self._corpus_case(n)) for n in rng.choices(self.state["corpus"], k=2))
+            case, how = corpus.mutate(a, b, rng)
             if self.corpus.novel(case):
                 break
         else:
@@ -255,36 +255,36 @@ class Hunt:
             return
         self.state["mutants"] += 1
         assert self.client is not None
-        self._end_case(case, hunt_case.replay(case, self.client), api, f"mutant ({how})")
+        self._end_case(case, cases.replay(case, self.client), api, f"mutant ({how})")
 
     def _corpus_case(self, n: int) -> str:
         return (self.out / "corpus" / f"{n}.json").read_text()
 
-    def _vary_first(self, steps: list[hunt_case.Step]) -> list[hunt_case.Step]:
+    def _vary_first(self, steps: list[cases.Step]) -> list[cases.Step]:
         """A case's first requests as sent: as drawn, unless a case began with the same request (each machine run's
         first example is Hypothesis's simplest, the same after every restart); then a variation of them
-        (hunt_corpus.mutate)."""
+        (corpus.mutate)."""
         rng = random.Random(f"{self.state['seed']}:{self.state['cases']}:first")
-        case = hunt_case.Case(steps)
+        case = cases.Case(steps)
         for _ in range(8):
-            key = hunt_corpus.case_hash(hunt_case.Case(case.steps[:1]))
+            key = corpus.case_hash(cases.Case(case.steps[:1]))
             if key not in self._first_steps:
                 self._first_steps.add(key)
                 self.state["first_steps"].append(key)
                 return case.steps
-            case, _how = hunt_corpus.mutate(hunt_case.Case(steps), hunt_case.Case(steps), rng)
+            case, _how = corpus.mutate(cases.Case(steps), cases.Case(steps), rng)
         return steps
 
-    def _after_step(self, sent: hunt_case.Sent) -> None:
+    def _after_step(self, sent: cases.Sent) -> None:
         """After each step: a request the server did not answer, or answered 5xx, may mean it died; then the case
         ends here (its other steps would meet a dead server)."""
         if sent.status is None or sent.status >= 500:
             crash = self.watch.check()
             if crash is not None:
                 self.crash = crash
-                raise hunt_case.CaseOver
+                raise cases.CaseOver
 
-    def _end_case(self, case: hunt_case.Case, sent: list[hunt_case.Sent], api, why: str = "search") -> None:
+    def _end_case(self, case: cases.Case, sent: list[cases.Sent], api, why: str = "search") -> None:
         """Judge a case that was sent, keep what it found, and restart the server it crashed."""
         assert self.server is not None
         n = self.state["cases"] = self.state["cases"] + 1
@@ -316,7 +316,7 @@ class Hunt:
                         "answers": [s.text[:160] for s in sent],
                         "findings": [x.fingerprint for x in found],
                         "crash": crash.chain if crash else None,
-                        "shape": hunt_corpus.shape(case),
+                        "shape": corpus.shape(case),
                         "repeat": repeat,
                         "new_lines": new_lines,
                         "corpus": joins,
@@ -381,8 +381,8 @@ class Hunt:
             )
         for m in self.sigs.scan("\n".join(lines)):
             if m.signature.drift:
-                process = hunt_oracles.process_of(m.line)
-                if process == hunt_oracles.UNKNOWN_PROCESS:  # a line whose prefix two processes' output garbled
+                process = oracles.process_of(m.line)
+                if process == oracles.UNKNOWN_PROCESS:  # a line whose prefix two processes' output garbled
                     known = [f for f in [*self.findings, *out] if f.startswith("drift|log|")]
                     known = [f for f in known if f.endswith(f"|{m.signature.name}")]
                     process = known[0].split("|")[2] if known else process
@@ -393,24 +393,24 @@ class Hunt:
                     m.line[:300],
                     process=process,
                 )
-        for e in hunt_oracles.log_errors(lines, self.sigs):
+        for e in oracles.log_errors(lines, self.sigs):
             add(
                 "unknown_signature",
                 e.fingerprint,
                 e.title,
                 "\n".join(e.lines[-12:])[:2000],
                 process=e.process,
-                frames=e.frames[-hunt_oracles.FRAMES_KEPT :],
+                frames=e.frames[-oracles.FRAMES_KEPT :],
             )
         for k, (step, s) in enumerate(zip(case.steps, sent)):
-            got = hunt_oracles.status_finding(step.path, s.status, s.text, self.sigs)
+            got = oracles.status_finding(step.path, s.status, s.text, self.sigs)
             if got and crash is not None and got[0] == "server_error":
                 continue  # the answer of a dying server: the crash is the finding
             if got:
                 add(*got, s.text[:300], step=k, route=step.path, status=s.status)
             if s.status == 200 and step.body is not None and isinstance(s.answer, dict):
                 route = api.get(step.path)
-                why = hunt_oracles.bad_response(s.answer, route.response if route else None)
+                why = oracles.bad_response(s.answer, route.response if route else None)
                 if why:
                     add(
                         "bad_response",
@@ -451,14 +451,14 @@ class Hunt:
             self.watch.skip_existing()
             self.tail.skip_to_end()
         self.model = self.server.model_name()
-        self.answers = hunt_oracles.Answers()
-        self.cases_of_life: list[tuple[hunt_case.Case, list[hunt_case.Sent]]] = []  # the cases this server was sent
+        self.answers = oracles.Answers()
+        self.cases_of_life: list[tuple[cases.Case, list[cases.Sent]]] = []  # the cases this server was sent
         self.crash = None
-        self.life = hunt_case.Life()
+        self.life = cases.Life()
         if self.client is not None:
             self.client.close()
         headers = auth_headers(self.server.api_key) if self.server.api_key else {}
-        self.client = hunt_case.Client(self.server.base_url, headers, self.request_timeout, self.life)
+        self.client = cases.Client(self.server.base_url, headers, self.request_timeout, self.life)
         if self.hooks is not None:  # the machine sends to the new server from its next step
             self.hooks.client, self.hooks.life = self.client, self.life
 
@@ -601,12 +601,12 @@ class Hunt:
             ).strip()
             self._save()
 
-    def _answer_repro(self, f: Finding, case: hunt_case.Case, sent: list[hunt_case.Sent], folder: Path) -> None:
+    def _answer_repro(self, f: Finding, case: cases.Case, sent: list[cases.Sent], folder: Path) -> None:
         """A 5xx's reproducer: the one request that got it, as a standalone script (repro_script.py, expecting a
         5xx), run at once against the server that answered it."""
         assert f.step is not None and self.server is not None
         step = replace(case.steps[f.step], session=0, together=None, delay_ms=None, hang_up_ms=None)
-        trace, _ = trace_of([(hunt_case.Case([step]), [replace(sent[f.step], step=0)])])
+        trace, _ = trace_of([(cases.Case([step]), [replace(sent[f.step], step=0)])])
         about = f"Found by mmchaos hunt (case {f.first_case}, step {f.step + 1}) on {self._found_on()}."
         script = folder / "repro.py"
         script.write_text(
@@ -632,7 +632,7 @@ class Hunt:
         return shlex.join(self.redactor.argv(shlex.split(spec)))
 
     def _affected_versions(self) -> None:
-        """Each crash's confirmed reproducer on the other versions and configurations given (hunt_versions.py)."""
+        """Each crash's confirmed reproducer on the other versions and configurations given (versions.py)."""
         for f in self.findings.values():
             repro = self.out / "findings" / str(f.first_case) / "minimized" / "repro.py"
             if f.oracle != "crash" or not self.versions or not repro.exists() or f.affected:
@@ -640,7 +640,7 @@ class Hunt:
             lines = []
             for spec in self.versions:
                 self.say(f"hunt: finding {f.first_case}: its reproducer on {self.shown(spec)}")
-                got = hunt_versions.run_on(
+                got = versions.run_on(
                     repro,
                     spec,
                     self.shown(spec),
@@ -650,7 +650,7 @@ class Hunt:
                     runs=max(1, self.repeats),
                     on_start=self._count_start,
                 )
-                self.say(f"  {got.line()}" + (f": {got.detail}" if got.result == hunt_versions.COULD_NOT_RUN else ""))
+                self.say(f"  {got.line()}" + (f": {got.detail}" if got.result == versions.COULD_NOT_RUN else ""))
                 lines.append(got.line())
                 f.affected.append({"spec": self.shown(spec), "result": got.result})
             f.detail = f"{f.detail}\naffected: {self._found_on()}: crashed (found there); {'; '.join(lines)}".strip()
@@ -661,8 +661,8 @@ class Hunt:
 
     def _shrink(self, finding: Finding, life: list, folder: Path) -> tuple[Path, Any] | None:
         """Shrink one life the crash ended (the minimizer, on fresh servers): (its minimized folder, its result)."""
-        from . import bug_report
-        from .minimize import MinimizeError, Minimizer
+        from .. import bug_report
+        from ..minimize import MinimizeError, Minimizer
 
         trace, named = shrink_input(life)
         try:
@@ -707,7 +707,7 @@ def run_cases(machine: type, max_examples: int) -> None:
             machine,
             settings=settings(
                 max_examples=max_examples,
-                stateful_step_count=hunt_case.MAX_STEPS,
+                stateful_step_count=cases.MAX_STEPS,
                 database=None,
                 deadline=None,
                 phases=[Phase.generate],
@@ -716,14 +716,14 @@ def run_cases(machine: type, max_examples: int) -> None:
         )
     except FlakyStrategyDefinition as e:
         ours: BaseException | None = e
-        while ours is not None and not isinstance(ours, (_Spent, hunt_case.CaseOver)):
+        while ours is not None and not isinstance(ours, (_Spent, cases.CaseOver)):
             ours = ours.__context__
         if ours is None:
             raise
         raise ours from None
 
 
-def _lives(folder: Path) -> list[tuple[str, list[tuple[hunt_case.Case, list[hunt_case.Sent]]]]]:
+def _lives(folder: Path) -> list[tuple[str, list[tuple[cases.Case, list[cases.Sent]]]]]:
     """The server lives a crash ended (each time it was met: the cases the dying server was sent): first those whose
     last case has a request the dying server did not answer as asked (not a hang-up: a request it was sent whole),
     then the rest; fewest requests first. A death met by hang-ups alone is a race that a fresh server may not run
@@ -737,8 +737,8 @@ def _lives(folder: Path) -> list[tuple[str, list[tuple[hunt_case.Case, list[hunt
             name,
             [
                 (
-                    hunt_case.Case.from_json(json.dumps(c["steps"])),
-                    [hunt_case.Sent(a["step"], a["status"], a["text"], 0.0, t=a.get("t", 0.0)) for a in c["answers"]],
+                    cases.Case.from_json(json.dumps(c["steps"])),
+                    [cases.Sent(a["step"], a["status"], a["text"], 0.0, t=a.get("t", 0.0)) for a in c["answers"]],
                 )
                 for c in life
             ],
@@ -772,7 +772,7 @@ def trace_of(life: list) -> tuple[Trace, list[dict[str, Any]]]:
             rows.append(
                 {
                     "worker": "hunt",
-                    "user_id": k * hunt_case.SESSIONS + step.session,
+                    "user_id": k * cases.SESSIONS + step.session,
                     "seq": len(rows),
                     "attempt": 1,
                     "request_group": str(len(rows)),
@@ -813,7 +813,7 @@ def _skip(skipped: set[str], path: str, name: str) -> None:
     skipped.add(f"{path} {name}")
 
 
-def _answers(sent: list[hunt_case.Sent]) -> list[dict]:
+def _answers(sent: list[cases.Sent]) -> list[dict]:
     return [{"step": x.step, "status": x.status, "text": x.text[:500], "t": x.t} for x in sent]
 
 

@@ -1,6 +1,6 @@
 """The hunt's corpus: the cases that taught it something, and new cases made from them.
 
-A case joins the corpus when it reached lines of vLLM no case had reached (hunt_coverage.py), got a sequence of
+A case joins the corpus when it reached lines of vLLM no case had reached (coverage.py), got a sequence of
 (route, status) no case had got, or made a finding. Besides the cases Hypothesis draws afresh, the hunt sends a
 share (``MUTATE_SHARE``) of *mutants*: a corpus case changed by one operator below, picked by a seeded random. The
 operators act on what was sent (JSON bodies and their media), so a mutant keeps what made its parent interesting
@@ -23,7 +23,7 @@ from dataclasses import replace
 
 from mmchaos.payloads.pool import content_hash
 
-from .hunt_case import HANG_UP_MS, MAX_STEPS, Case, Step
+from .cases import HANG_UP_MS, MAX_STEPS, Case, Step
 
 MUTATE_SHARE = 0.3  # of the cases sent: mutants of corpus cases (the rest drawn afresh by Hypothesis)
 MAX_ITEMS = 64  # media in one request a mutant grows to at most (the server's own limit refuses more: a finding too)

@@ -11,7 +11,7 @@ import shlex
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .server import ServerError
+from ..server import ServerError
 
 DEFAULT = "default"
 DEFAULT_AXIS = [
@@ -56,7 +56,7 @@ class AxisResult:
 
 def run(make_hunt, base, flag_sets: list[list[str]], out: Path, budget, say) -> list[AxisResult]:
     """One hunt per flag set (``make_hunt(target, folder, budget)``), the budget shared evenly."""
-    from .hunt import Budget, HuntError
+    from .search import Budget, HuntError
 
     n = len(flag_sets)
     share = Budget(
