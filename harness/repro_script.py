@@ -14,14 +14,18 @@ from mmchaos.payloads.bodies import URL_SLOT
 from mmchaos.payloads.traces import Trace
 
 IMAGE_TOKEN = "@IMAGE_{}@"
-CRASH, SERVER_ERROR = "crash", "5xx"
+# what reproduces a finding: the server dies; a request is answered 5xx; a request gets no answer while /health
+# answers 200; two answers to the same input disagree; the server's log says a line nobody named
+CRASH, SERVER_ERROR, HANG, WRONG, LOG = "crash", "5xx", "hang", "wrong", "log"
 
 
 @dataclass(frozen=True)
 class ScriptInfo:
     title: str  # one line: what it reproduces
     about: str  # a few lines for the docstring: where it came from, the server it crashed
-    expect: str = CRASH  # what reproduces it: the server dies (CRASH), or a request is answered 5xx (SERVER_ERROR)
+    expect: str = CRASH  # what reproduces it (CRASH, SERVER_ERROR, HANG, WRONG, LOG)
+    compare: tuple[tuple[int, int], ...] = ()  # WRONG: the requests (1-based) whose answers must agree
+    log_needle: str = ""  # LOG: what the server's log says (the exception's name)
 
 
 def render(trace: Trace, info: ScriptInfo) -> str:
@@ -60,6 +64,8 @@ def render(trace: Trace, info: ScriptInfo) -> str:
         images="\n".join(images),
         expect=info.expect,
         says=_SAYS[info.expect],
+        compare=[list(p) for p in info.compare],
+        needle=info.log_needle,
     )
 
 
@@ -67,6 +73,13 @@ _SAYS = {
     CRASH: 'prints "crashed" and exits 1 when the server stopped answering, "survived" and exits 0 when it did not',
     SERVER_ERROR: 'prints "reproduced" and exits 1 when a request was answered 5xx, "not reproduced" and exits 0 '
     "when none was",
+    HANG: 'prints "reproduced" and exits 1 when a request got no answer within --timeout while /health answered '
+    '200 (a server that hangs), "not reproduced" and exits 0 when every request was answered',
+    WRONG: 'prints both answers\' vectors and their cosine, "reproduced" and exits 1 when two answers to the same '
+    "input disagree (cosine below 1 - --tolerance); with --reference URL each request also goes to a second server "
+    "and their answers are compared",
+    LOG: 'with --log (the server\'s log file) prints "reproduced" and exits 1 when the log says the line nobody named '
+    "after the requests were sent; without it, says what to look for",
 }
 
 
@@ -129,7 +142,9 @@ import threading
 import time
 import urllib.parse
 
-EXPECT = {expect!r}  # "crash": the server dies; "5xx": a request is answered 5xx
+EXPECT = {expect!r}  # crash, 5xx, hang, wrong or log: what reproduces it (see above)
+COMPARE = {compare!r}  # wrong: pairs of requests (1-based) whose answers must agree
+LOG_NEEDLE = {needle!r}  # log: what the server's log says when it is reproduced
 # (session, seconds after the first request, endpoint, hang up after ms (None: wait for the answer), JSON body);
 # "@IMAGE_n@" in a body is image n (a data URL, at the end of this file)
 REQUESTS = [
@@ -221,6 +236,77 @@ def watch_health(args, headers):
         time.sleep(0.25)
 
 
+def vector(text):
+    """The first list of numbers in an answer's JSON (an embedding, a score), or None."""
+    try:
+        node = json.loads(text)
+    except ValueError:
+        return None
+    todo = [node]
+    while todo:
+        x = todo.pop(0)
+        if isinstance(x, list) and x and all(isinstance(v, (int, float)) for v in x):
+            return [float(v) for v in x]
+        if isinstance(x, dict):
+            todo += list(x.values())
+        elif isinstance(x, list):
+            todo += x
+    return None
+
+
+def cosine(a, b):
+    if not a or not b or len(a) != len(b):
+        return float("nan")
+    dot = sum(x * y for x, y in zip(a, b))
+    na, nb = sum(x * x for x in a) ** 0.5, sum(y * y for y in b) ** 0.5
+    return dot / (na * nb) if na and nb else float("nan")
+
+
+def judge(args, headers, results, log_from):
+    """hang, wrong, log: whether the finding came again."""
+    for n in sorted(results):
+        offset, path, status, text, ms = results[n]
+        print("%2d  +%.3fs  POST %s  -> %s  %s (%.0f ms)" % (n, offset, path, status or "-", text[:120].strip(), ms))
+    found = []
+    if EXPECT == "hang":
+        health = watch_health(argparse.Namespace(**dict(vars(args), settle=0)), headers)
+        silent = [n for n in sorted(results) if results[n][2] is None and REQUESTS[n - 1][3] is None]
+        if silent and not health:
+            found.append("request(s) %s got no answer in %g s while /health answered 200"
+                         % (", ".join(map(str, silent)), args.timeout))
+    elif EXPECT == "wrong":
+        pairs = [tuple(p) for p in COMPARE]
+        for a, b in pairs:
+            va, vb = vector(results[a][3]), vector(results[b][3])
+            c = cosine(va, vb)
+            print("request %d: %s...\\nrequest %d: %s...\\ncosine %.6f" % (a, (va or [])[:4], b, (vb or [])[:4], c))
+            if va and vb and not c >= 1 - args.tolerance:
+                found.append("requests %d and %d, the same input, answered apart (cosine %.6f)" % (a, b, c))
+        if args.reference:
+            ref = {{}}
+            send_all(argparse.Namespace(**dict(vars(args), url=args.reference)), headers, ref)
+            for n in sorted(results):
+                va, vb = vector(results[n][3]), vector(ref.get(n, (0, 0, 0, "", 0))[3])
+                c = cosine(va, vb)
+                if va and vb:
+                    print("request %d here and on the reference: cosine %.6f" % (n, c))
+                    if not c >= 1 - args.tolerance:
+                        found.append("request %d answered apart by the two servers (cosine %.6f)" % (n, c))
+    elif EXPECT == "log":
+        if not args.log:
+            print("give --log SERVER_LOG: the finding is the server logging %r" % LOG_NEEDLE)
+            return 2
+        time.sleep(min(args.settle, 2.0))  # the server writes its traceback as it fails, not before
+        with open(args.log, errors="replace") as f:
+            f.seek(log_from)
+            if LOG_NEEDLE in f.read():
+                found.append("the server logged %s" % LOG_NEEDLE)
+    print(("reproduced: " + "; ".join(found)) if found else "not reproduced")
+    if args.json:
+        print(json.dumps({{"reproduced": bool(found), "crashed": False, "why": found}}))
+    return 1 if found else 0
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--url", default="http://127.0.0.1:8000", help="the server (default %(default)s)")
@@ -229,6 +315,9 @@ def main():
     p.add_argument("--settle", type=float, default=10, help="seconds to watch /health after the last request")
     p.add_argument("--timeout", type=float, default=60, help="seconds to wait for an answer")
     p.add_argument("--json", action="store_true", help="also print a JSON summary as the last line")
+    p.add_argument("--reference", help="wrong: a second server each request is also sent to, its answers compared")
+    p.add_argument("--tolerance", type=float, default=0.01, help="wrong: how far below 1 a cosine may be")
+    p.add_argument("--log", help="log: the server's log file, read from its end before the requests are sent")
     args = p.parse_args()
     headers = {{"Content-Type": "application/json"}}
     if args.api_key:
@@ -236,8 +325,11 @@ def main():
     if watch_health(argparse.Namespace(**dict(vars(args), settle=0)), headers):
         print("cannot reach %s/health" % args.url)
         return 2
+    log_from = os.path.getsize(args.log) if args.log and os.path.exists(args.log) else 0
     results = {{}}
     send_all(args, headers, results)
+    if EXPECT in ("hang", "wrong", "log"):
+        return judge(args, headers, results, log_from)
     for n in sorted(results):
         offset, path, status, text, ms = results[n]
         answer = status if status is not None else "-"

@@ -411,6 +411,20 @@ def test_the_hunts_wrong_answer_oracle_catches_a_server_that_answers_a_repeat_wr
     if wrong:
         assert r.returncode == 1 and wrong_answers, said[-3000:]
         assert "the same input answered differently" in (out / "findings.md").read_text()
+        # its reproducer (standard library only) sends the request twice: it says so of a server that answers a
+        # repeat wrongly, and not of one that answers right
+        f = wrong_answers[0]
+        assert f["reproducer"] and f["confirmed"] is True, f
+        script = out / f["reproducer"]
+        for server_flags, code, said_by in ((["--wrong-on-repeat"], 1, "reproduced"), ([], 0, "not reproduced")):
+            with standin_server(tmp_path / f"s{code}.log", "--openapi", *server_flags) as s:
+                rr = subprocess.run(
+                    [sys.executable, str(script), "--url", s.base_url, "--settle", "0"],
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                )
+            assert rr.returncode == code and said_by in rr.stdout and "cosine" in rr.stdout, rr.stdout[-1500:]
     else:
         assert not wrong_answers and not [f for f in findings if "answered one vector" in f["title"]], findings
 

@@ -22,6 +22,7 @@ class Finding:
     status: int | None = None  # of a 5xx finding
     chain: str | None = None  # of a crash or hang: the log signatures that led to it, root first
     process: str | None = None  # of a log finding: the process whose log said it (APIServer, EngineCore, ...)
+    exception: str | None = None  # of an unknown signature: the exception's name its log gave
     frames: list[str] = field(default_factory=list)  # of an unknown signature: its innermost vLLM frames
     flags: list[str] = field(default_factory=list)  # the server's flags it was found under (keys masked)
     reproducer: str | None = None  # its standalone script, relative to the hunt's folder

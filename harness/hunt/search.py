@@ -341,6 +341,8 @@ class Hunt:
                 (folder / "answers.json").write_text(json.dumps(_answers(sent)))
                 if x.oracle == "server_error" and x.step is not None and crash is None:
                     self._answer_repro(x, case, sent, folder)
+                elif x.oracle in ("wrong_answer", "unknown_signature", "hang"):
+                    self._case_repro(x, case, sent, folder, run=crash is None)
             if x.oracle in ("crash", "hang"):  # the poison may have come in an earlier case of the server's life
                 life = [{"steps": json.loads(c.to_json()), "answers": _answers(a)} for c, a in self.cases_of_life]
                 (folder / "lives").mkdir(parents=True, exist_ok=True)
@@ -399,6 +401,7 @@ class Hunt:
                 e.fingerprint,
                 e.title,
                 "\n".join(e.lines[-12:])[:2000],
+                exception=e.exception,
                 process=e.process,
                 frames=e.frames[-oracles.FRAMES_KEPT :],
             )
@@ -613,15 +616,57 @@ class Hunt:
             repro_script.render(trace, repro_script.ScriptInfo(f.title, about, repro_script.SERVER_ERROR))
         )
         p = subprocess.run(
-            [sys.executable, str(script), "--url", self.server.base_url, "--settle", "0"],
+            [sys.executable, str(script), "--url", self.server.base_url, "--settle", "0", "--json"],
             capture_output=True,
             text=True,
             timeout=self.request_timeout + 30,
             env={**os.environ, **({"VLLM_API_KEY": self.server.api_key} if self.server.api_key else {})},
         )
         self.state["requests"] += 1
-        f.reproducer, f.confirmed = str(script.relative_to(self.out)), p.returncode == 1
+        f.reproducer, f.confirmed = str(script.relative_to(self.out)), _reproduced(p)
         said = "confirmed on the server that answered it" if f.confirmed else "not reproduced when sent again"
+        f.detail = f"{f.detail}\nreproducer: {script} ({said})".strip()
+
+    def _case_repro(self, f: Finding, case: cases.Case, sent: list[cases.Sent], folder: Path, run: bool) -> None:
+        """The reproducer of a wrong answer (its request sent twice, or to the reference too: the answers compared),
+        an unknown log line (the case sent again, the server's log read) or a hang (the case sent again, a request
+        that gets no answer while /health is 200); run at once against the server that gave it, where it is still
+        up (``run``)."""
+        assert self.server is not None
+        args = ["--settle", "0"]
+        if f.oracle == "wrong_answer" and f.step is not None:
+            step = replace(case.steps[f.step], session=0, together=None, delay_ms=None, hang_up_ms=None)
+            again = [(cases.Case([step]), [replace(sent[f.step], step=0)])]
+            by_ref = self.ref is not None and "reference" in f.fingerprint
+            trace, _ = trace_of(again if by_ref else again * 2)
+            info = repro_script.ScriptInfo(f.title, "", repro_script.WRONG, compare=() if by_ref else ((1, 2),))
+            if by_ref:
+                assert self.ref is not None
+                args += ["--reference", self.ref.server.base_url]
+        elif f.oracle == "unknown_signature":
+            trace, _ = trace_of([(case, sent)])
+            info = repro_script.ScriptInfo(f.title, "", repro_script.LOG, log_needle=f.exception or f.title)
+            args += ["--log", str(self.server.log_path)]
+        else:
+            trace, _ = trace_of([(case, sent)])
+            info = repro_script.ScriptInfo(f.title, "", repro_script.HANG)
+            run = False  # the server that hung was restarted: a fresh server is the reproducer's to try
+        about = f"Found by mmchaos hunt (case {f.first_case}) on {self._found_on()}."
+        script = folder / "repro.py"
+        script.write_text(repro_script.render(trace, replace(info, about=about)))
+        f.reproducer = str(script.relative_to(self.out))
+        if not run:
+            return
+        p = subprocess.run(
+            [sys.executable, str(script), "--url", self.server.base_url, *args, "--json"],
+            capture_output=True,
+            text=True,
+            timeout=self.request_timeout * 2 + 60,
+            env={**os.environ, **({"VLLM_API_KEY": self.server.api_key} if self.server.api_key else {})},
+        )
+        self.state["requests"] += len(trace)
+        f.confirmed = _reproduced(p)
+        said = "confirmed on the server that gave it" if f.confirmed else "not reproduced when sent again"
         f.detail = f"{f.detail}\nreproducer: {script} ({said})".strip()
 
     def _found_on(self) -> str:
@@ -793,6 +838,13 @@ def trace_of(life: list) -> tuple[Trace, list[dict[str, Any]]]:
                 }
             )
     return Trace.of(pd.DataFrame(rows), list(images.values())), rows
+
+
+def _reproduced(p: subprocess.CompletedProcess) -> bool:
+    """Whether a reproducer said it reproduced its finding (its --json summary; an exit code of 1 alone may be a
+    Python error)."""
+    got = repro_script.parse_result(p.stdout)
+    return p.returncode == 1 and bool(got and got.get("reproduced"))
 
 
 def _hung_up(hang_up_ms: float | None, status: int | None) -> bool:
