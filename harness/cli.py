@@ -43,8 +43,18 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {one_line(message)} (see --help)\n")
 
 
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("mmchaos")
+    except metadata.PackageNotFoundError:
+        return "(not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="mmchaos", description=__doc__)
+    p.add_argument("--version", action="version", version=f"mmchaos {_version()}")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
     for command in COMMANDS:
         command.add_parser(sub)  # its arguments, and func=run

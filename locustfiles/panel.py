@@ -273,6 +273,7 @@ class Panel:
             health_polls=self.polls,
             health_failed=self.polls - self.polls_ok,
             drift_lines=self.drift_lines,
+            logs_unread=0 if self.server_log else 1,
         )
 
     def verdict(self) -> dict:

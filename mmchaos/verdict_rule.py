@@ -28,6 +28,7 @@ FAILS, RETRYABLE, CLEAN = "fails", "retryable", "clean"
 LEVELS = (FAILS, RETRYABLE, CLEAN)
 TITLES = {FAILS: "fails", RETRYABLE: "survives with retryable errors", CLEAN: "clean"}
 OK, FAILED, NOT_EXERCISED = "ok", "failed", "not exercised"
+NOT_OBSERVED = "not observed"  # what the check needs was not watched (the server's log): it cannot say ok
 
 
 class Check(NamedTuple):
@@ -68,6 +69,7 @@ class Counts:
     drift_answers: int = 0  # cache-miss answers (vLLM's retryable 503)
     answers_checked: int = 0  # answers to a repeated input compared with its first answer (the oracle)
     wrong_answers: int = 0  # of them, a different answer
+    logs_unread: int = 0  # runs whose server log nobody read (drift lines unseen: a run without --server-log)
 
     def __add__(self, other: Counts) -> Counts:
         return Counts(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
@@ -158,6 +160,12 @@ def judge(c: Counts) -> Verdict:
         checks["no_drift"] = (
             FAILED,
             f"{_n(c.drift_lines, 'drift line(s)')} logged, {_n(c.drift_answers, 'cache-miss answer(s)')}",
+        )
+    elif c.poison_sent and c.logs_unread:
+        checks["no_drift"] = (
+            NOT_OBSERVED,
+            f"no cache-miss answer after {_n(c.poison_sent, 'post-render failures and aborts')}; drift lines are "
+            "in the server's log, which this run does not read (give it with --server-log)",
         )
     elif c.poison_sent:
         checks["no_drift"] = (OK, f"none after {_n(c.poison_sent, 'post-render failures and aborts')}")

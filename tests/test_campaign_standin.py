@@ -301,6 +301,8 @@ flags = ["--miss-after-poison"]
         timeout=120,
     )
     assert r.returncode == 0, r.stderr
+    md_file = tmp_path / "results" / "standin" / "report" / "report.md"
+    written = md_file.stat().st_mtime_ns if md_file.exists() else None
     r = subprocess.run(
         [
             sys.executable,
@@ -319,6 +321,7 @@ flags = ["--miss-after-poison"]
         timeout=120,
     )
     assert r.returncode == 2 and "--expect nope: no such configuration" in r.stderr
+    assert (md_file.stat().st_mtime_ns if md_file.exists() else None) == written  # refused before any work
     r = subprocess.run(
         [
             sys.executable,
@@ -334,6 +337,6 @@ flags = ["--miss-after-poison"]
         text=True,
         timeout=120,
     )
-    assert r.returncode == 1 and "misses is retryable, expected clean" in r.stderr
+    assert r.returncode == 1 and "misses: verdict retryable, expected clean" in r.stderr
     md = (tmp_path / "results" / "standin" / "report" / "report.md").read_text()
     assert "| clean |" in md and "| fails |" in md and "| survives with retryable errors |" in md

@@ -22,7 +22,16 @@ from mmchaos.locustfiles import gates
 from mmchaos.locustfiles.connections import ReconnectingClient
 from mmchaos.payloads import bodies
 from mmchaos.payloads.generated import generate_pool
-from mmchaos.verdict_rule import CLEAN, FAILS, NOT_EXERCISED, RETRYABLE, Counts, attempt_counts, judge
+from mmchaos.verdict_rule import (
+    CLEAN,
+    FAILS,
+    NOT_EXERCISED,
+    NOT_OBSERVED,
+    RETRYABLE,
+    Counts,
+    attempt_counts,
+    judge,
+)
 
 POISON_CASE = ["--malformed-cases", "dimensions_unsupported"]  # the stand-in answers 400 (the report's trigger)
 
@@ -136,6 +145,20 @@ def test_the_three_levels():
     assert aborts_only.level == CLEAN and aborts_only.checks["fails_alone"][0] == NOT_EXERCISED
     nothing_poisons = judge(up + valid_ok)
     assert nothing_poisons.checks["no_drift"][0] == NOT_EXERCISED and nothing_poisons.level == CLEAN
+
+
+def test_a_check_whose_evidence_is_in_an_unread_log_is_not_observed_never_ok():
+    """A run that reads no server log (locust without --server-log) cannot see drift lines: with poison sent and no
+    cache-miss answer, its drift check says it could not observe, and how to let it; the level is unchanged."""
+    up = Counts(health_polls=100)
+    valid_ok = attempt_counts("valid_image", None, 200, schema.OK, None, True, False, n=50)
+    poison = attempt_counts("malformed_post", None, 400, schema.HTTP_ERROR, 400, True, False, n=5)
+    blind = judge(up + valid_ok + poison + Counts(logs_unread=1))
+    assert blind.checks["no_drift"][0] == NOT_OBSERVED and "--server-log" in blind.checks["no_drift"][1]
+    assert blind.level == CLEAN
+    assert judge(up + valid_ok + poison).checks["no_drift"][0] == "ok"  # a log read, nothing in it
+    miss = attempt_counts("valid_image", None, 503, schema.HTTP_ERROR, None, False, True)
+    assert judge(up + valid_ok + poison + miss + Counts(logs_unread=1)).checks["no_drift"][0] == "failed"
 
 
 @pytest.mark.integration

@@ -117,7 +117,7 @@ def test_a_ci_job_can_gate_on_the_verdicts(demo, tmp_path):
         text=True,
         timeout=300,
     )
-    assert wrong.returncode == 1 and "v0.30-default is fails, expected clean" in wrong.stderr
+    assert wrong.returncode == 1 and "v0.30-default: verdict fails, expected clean" in wrong.stderr
 
 
 @pytest.mark.parametrize("config", ["v0.30-cache-off", "v0.30-shm", "v0.32-default"])

@@ -57,7 +57,9 @@ def add_server_args(s) -> None:
         "(default: the tiny Qwen3-VL embedder)",
     )
     s.add_argument("--command", help="launch this server command instead ({port} and {host} substituted)")
-    s.add_argument("--url", help="base URL: of --command's server, or of a running server to attach to")
+    s.add_argument(
+        "--url", type=arg_types.url, help="base URL: of --command's server, or of a running server to attach to"
+    )
     s.add_argument("--port", type=arg_types.port, help="port to launch on, 1-65535 (default: a free one)")
     s.add_argument("--log", help="server log file")
     s.add_argument("--timeout", type=float, default=300, help="seconds to wait for /health (default 300)")

@@ -26,7 +26,7 @@ def add_parser(sub) -> None:
     h.add_argument("--engine", help="vLLM version to launch on the tiny model")
     h.add_argument("--model", help="model dir for --engine (default: the tiny model)")
     h.add_argument("--command", help="launch this server command instead ({port} and {host} substituted)")
-    h.add_argument("--url", help="attach to the server at this URL (a crash then ends the hunt)")
+    h.add_argument("--url", type=arg_types.url, help="attach to the server at this URL (a crash then ends the hunt)")
     h.add_argument(
         "--operator-actions",
         action="store_true",

@@ -26,7 +26,7 @@ def add_parser(sub) -> None:
         "--compare", metavar="OTHER_DIR", help="a second campaign folder to compare with (e.g. after an upgrade)"
     )
     r.add_argument("--out", metavar="DIR", help="where to write (default: RESULTS_DIR/report)")
-    r.add_argument("--window", type=float, default=10.0, help="attribution window in seconds (default 10)")
+    r.add_argument("--window", type=positive_number, default=10.0, help="attribution window in seconds (default 10)")
     r.add_argument(
         "--expect",
         action="append",
@@ -72,6 +72,17 @@ def run(a) -> int:
     from mmchaos.analysis import report
 
     expect = _expectations(a.expect)
+    if expect and not a.compare:  # the names are checked before the report is made, not after
+        from pathlib import Path
+
+        from mmchaos.analysis.results import find_trials
+
+        have = sorted({cfg for cfg, _, _ in find_trials(Path(a.results_dir))}) if Path(a.results_dir).is_dir() else []
+        unknown = [cfg for cfg in expect if have and cfg not in have]
+        if unknown:
+            raise CommandError(
+                f"--expect {unknown[0]}: no such configuration in {a.results_dir} (have: {', '.join(have)})"
+            )
     progress = None if a.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
     res = report.write_report(
         a.results_dir,
@@ -90,10 +101,10 @@ def run(a) -> int:
         if got is None:
             raise report.ReportError(f"--expect {cfg}: no such configuration (have: {', '.join(res.verdicts)})")
         if got != want:
-            console.print(f"[red]mmchaos report: {cfg} is {got}, expected {want}[/red]")
+            console.print(f"[red]mmchaos report: {cfg}: verdict {got}, expected {want}[/red]")
             code = 1
         else:
-            console.print(f"{cfg} is {got}, as expected")
+            console.print(f"{cfg}: verdict {got}, as expected")
     if a.max_wedge_s is not None or a.max_recovery_s is not None:
         for line in res.failed_faults:
             console.print(f"[red]mmchaos report: fault failed: {escape(line)}[/red]")

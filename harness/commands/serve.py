@@ -35,14 +35,15 @@ def run(a) -> int:
         proxy, control = _fault_control(server, target, log)
         console.print(f"model: {server.model_name()} — Ctrl-C stops the server")
         console.print(
-            f"faults by hand: load it with `locust --host {proxy.url} --fault-control {control.url}` (through the "
-            f"fault proxy, so network faults reach the load; the server itself: {server.base_url}); fault rows in "
+            f"faults by hand: load it with `locust --host {proxy.url} --fault-control {control.url} --server-log "
+            f"{log}` (through the fault proxy, so network faults reach the load; the server itself: "
+            f"{server.base_url}; --server-log lets the panel name crashes and drift); fault rows in "
             f"{log.with_suffix('')}/faults"
         )
         while server.exit_code() is None:
             control.tick()  # what a fault fired by hand started ends after its duration
             time.sleep(0.5)  # idle wait for the user's Ctrl-C or the server's exit
-        console.print(f"server exited with code {server.exit_code()}: {escape(server.last_log_line())}")
+        console.print(f"server exited with code {server.exit_code()}: {escape(_death(log))}")
         return 1
     except KeyboardInterrupt:
         console.print("stopping server")
@@ -80,3 +81,16 @@ def _fault_control(server, target, log: Path):
         dev_mode=faults.dev_mode({**os.environ, **target.env}),
     )
     return proxy, FaultControl(injector, fits).start()
+
+
+def _death(log: Path) -> str:
+    """How the server died, as a campaign names a crash: the chain of the log's signatures (drift first, the
+    assertion last), else its last line."""
+    from mmchaos.signatures import UNKNOWN, Signatures
+
+    sigs = Signatures.load()
+    matches = sigs.scan(log.read_text(errors="replace")) if log.exists() else []
+    if sigs.classify_crash(matches) == UNKNOWN:
+        lines = log.read_text(errors="replace").strip().splitlines() if log.exists() else []
+        return f"no known signature in its log; its last line: {lines[-1][:200] if lines else '(empty)'}"
+    return f"{sigs.chain(matches)} (log: {log})"
