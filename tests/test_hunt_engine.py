@@ -116,7 +116,7 @@ def test_on_032_default_the_hunt_reports_the_drift_as_retryable_and_no_crash(fix
     )
     assert r.returncode == 1, r.stderr[-3000:]
     # an attached server's processes are not ours to measure: the hunt says it searched blind
-    assert "hunt: searching blind: the target is not an engine" in r.stdout, r.stdout[-2000:]
+    assert "hunt: searching blind: the target is not an engine" in r.stderr, r.stderr[-2000:]
     assert "Searched blind" in (out / "findings.md").read_text()
     found = _findings(out)
     assert not {f["oracle"] for f in found} & {"crash", "hang"}, r.stderr[-3000:]
@@ -154,7 +154,7 @@ def test_the_hunt_reads_vllms_own_coverage_and_searches_by_it(tmp_path):
     out = tmp_path / "hunt"
     r = _hunt("--engine", FIXED_VERSION, "--out", str(out), "--max-cases", "12", "--max-starts", "1", "--no-minimize")
     assert r.returncode in (0, 1), r.stdout[-2000:] + r.stderr[-2000:]
-    assert "searching blind" not in r.stdout, r.stdout[-2000:]
+    assert "searching blind" not in r.stderr, r.stderr[-2000:]
     state = json.loads((out / "state.json").read_text())
     areas = state["coverage"]["areas"]
     for part in ("multimodal/", "v1/engine/", "entrypoints/ (pooling, serving, OpenAI)"):
