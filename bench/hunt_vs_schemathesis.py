@@ -147,7 +147,8 @@ def main() -> int:
         for r in rows:
             first = f"{r['first_crash_min']:.1f} min" if r["first_crash_min"] is not None else "-"
             print(
-                f"  {r['tool']:13} {r.get('cases', '?')} cases; crashes {r['crashes']} (first at {first}, {r['crash'] or 'none'}); 5xx routes "
+                f"  {r['tool']:13} {r.get('cases', '?')} cases; crashes {r['crashes']} (first at {first}, "
+                f"{r['crash'] or 'none'}); 5xx routes "
                 f"{', '.join(r['routes_5xx']) or 'none'}; drift {r['drift_lines']}; vLLM lines "
                 + ", ".join(f"{k} {v}" for k, v in r["lines"].items())
             )
