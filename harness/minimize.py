@@ -99,6 +99,7 @@ class Minimizer:
         signatures: Signatures | None = None,
         keep_images: bool = False,
         packages: dict | None = None,
+        start_label: str = "the sequence that crashed",
     ):
         """Shrink ``trace`` (the requests sent before a crash) to what still kills a fresh server of ``target`` with
         the crash ``signature`` (its chain, root first: the same death by another mechanism is another bug).
@@ -107,6 +108,7 @@ class Minimizer:
         self.start, self.target, self.signature = trace, target, signature
         self.packages = packages if packages is not None else _engine_packages(target)  # for the issue's text
         self.named, self.origin = list(named or []), origin
+        self.start_label = start_label  # what its progress calls the sequence it starts from
         self.out, self.repeats, self.settle = Path(out), repeats, settle
         self.keep_images = keep_images  # no fewer or smaller images tried
         self.startup_timeout, self.progress = startup_timeout, progress
@@ -146,6 +148,7 @@ class Minimizer:
             named=events["request_id"].tolist(),
             origin=f"trial {trial.resolve()}",
             packages=manifest.engine_packages or {},
+            start_label="the trial's sequence",
             **kw,
         )
 
@@ -155,7 +158,7 @@ class Minimizer:
         self.best = best
         try:
             best = self.best = self._guess(best)
-            if best is self.start and not self._crashes(best, "the sequence that crashed"):
+            if best is self.start and not self._crashes(best, self.start_label):
                 # ddmin needs a sequence that crashes: without one every start after this would be wasted
                 hint = (
                     "try --repeats 1, or another crashed trial"

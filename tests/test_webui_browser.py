@@ -228,7 +228,7 @@ def served_standin(tmp_path, *flags: str, dev_mode: bool = True):
         )
     try:
         wait_for(lambda: "--fault-control" in out.read_text() or proc.poll() is not None, 60, "serve's addresses")
-        found = re.search(r"--host (\S+) --fault-control (\S+?)`", out.read_text())
+        found = re.search(r"--host (\S+) --fault-control (\S+)", out.read_text())
         assert proc.poll() is None and found, out.read_text()
         yield found.group(1), found.group(2), proc
     finally:

@@ -341,7 +341,7 @@ class Hunt:
                 (folder / "answers.json").write_text(json.dumps(_answers(sent)))
                 if x.oracle == "server_error" and x.step is not None and crash is None:
                     self._answer_repro(x, case, sent, folder)
-                elif x.oracle in ("wrong_answer", "unknown_signature", "hang"):
+                elif x.oracle == "hang" or (x.oracle in ("wrong_answer", "unknown_signature") and crash is None):
                     self._case_repro(x, case, sent, folder, run=crash is None)
             if x.oracle in ("crash", "hang"):  # the poison may have come in an earlier case of the server's life
                 life = [{"steps": json.loads(c.to_json()), "answers": _answers(a)} for c, a in self.cases_of_life]
