@@ -75,25 +75,15 @@ class _Server:
 
 
 def _machine_run(examples: int, seed: int = 0, operators=("/reset_mm_cache",)):
-    from hypothesis import HealthCheck, Phase
     from hypothesis import seed as seed_of
-    from hypothesis.stateful import run_state_machine_as_test
+
+    from mmchaos.harness.hunt.search import run_cases
 
     server, cases, life = _Server(), [], hunt_case.Life()
     forms = [("/v1/embeddings", hunt_bodies.form(f, "m")) for f in api_schema.variants(OPENAPI_ROUTES.request)]
     hooks = hunt_case.Hooks(server, life, lambda sent: None, lambda case, sent: cases.append((case, sent)))
     machine = seed_of(seed)(hunt_case.machine(forms, list(operators), hooks))
-    run_state_machine_as_test(
-        machine,
-        settings=settings(
-            max_examples=examples,
-            stateful_step_count=hunt_case.MAX_STEPS,
-            database=None,
-            deadline=None,
-            phases=[Phase.generate],
-            suppress_health_check=list(HealthCheck),
-        ),
-    )
+    run_cases(machine, examples)  # the hunt's own settings, not a copy
     return server, cases, life
 
 
