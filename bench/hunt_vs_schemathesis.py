@@ -73,6 +73,7 @@ def run_schemathesis(version: str, dev: bool, minutes: float, tmp: Path) -> dict
             + ["--phases", "examples,coverage,fuzzing,stateful", "--suppress-health-check", "all"],
             stdout=open(tmp / "st.out", "w"),
             stderr=subprocess.STDOUT,
+            cwd=tmp,  # its cache folder (.schemathesis/) goes there, not into the checkout
         )
         died = None
         while st.poll() is None and time.time() - t0 < minutes * 60 + 120:  # its own --max-time ends it

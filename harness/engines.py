@@ -55,6 +55,7 @@ def extra_pins(version: str, flavor: str = "cpu") -> list[str]:
 REMOVE = ["torchaudio", "torchcodec"]
 MANIFEST = "manifest.json"
 FLAGS_FILE = "serve-flags.txt"
+HELP_FILE = "serve-help.txt"
 LAUNCHER = Path(__file__).parent / "in_engine" / "vllm_launch.py"
 
 _TV_PATCH = re.compile(r'^@torch\.library\.register_fake\("torchvision::(q?nms)"\)$', re.M)
@@ -95,14 +96,22 @@ class Engine:
         """Every option `vllm serve` of this version accepts (read from its --help once, then cached)."""
         cache = self.root / FLAGS_FILE
         if not cache.is_file():
+            flags = parse_help_flags(self.serve_help())
+            cache.write_text("\n".join(sorted(flags)) + "\n")
+        return set(cache.read_text().split())
+
+    def serve_help(self) -> str:
+        """`vllm serve --help=all` of this version (run once, then cached): every option with its choices,
+        metavar, default and group."""
+        cache = self.root / HELP_FILE
+        if not cache.is_file():
             out = subprocess.run(
                 [*self.vllm_command(), "serve", "--help=all"], capture_output=True, text=True, timeout=300
             )
-            flags = parse_help_flags(out.stdout)
-            if not flags:
+            if not parse_help_flags(out.stdout):
                 raise EngineError(f"cannot read the flags of vLLM {self.version}: {_last_line(out.stderr)}")
-            cache.write_text("\n".join(sorted(flags)) + "\n")
-        return set(cache.read_text().split())
+            cache.write_text(out.stdout)
+        return cache.read_text()
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:

@@ -133,6 +133,9 @@ class Handler(BaseHTTPRequestHandler):
             body = json.loads(raw)
         except ValueError:
             return self._send(400, {"error": {"message": "bad json", "code": 400}})
+        if self.opts.openapi and isinstance(body, dict) and body.get("model", "standin") != "standin":
+            # as vLLM answers a model it does not serve (a client of the whole API, the hunt, sends such names)
+            return self._send(404, {"error": {"message": f"The model `{body['model']}` does not exist.", "code": 404}})
         if self.opts.delay_ms:
             time.sleep(self.opts.delay_ms / 1000)  # emulated service time
         if self.path == "/tokenize":

@@ -26,19 +26,22 @@ def _findings(out) -> list[dict]:
 
 
 def test_on_030_default_the_hunt_finds_the_seed_crash_and_shrinks_it_to_a_reproducer(tmp_path):
+    """Run as a flags axis of one set that spells out a default (the lru cache type): the crash needs none of it,
+    and the hunt's shrinking of flags says so after one more fresh server."""
     require_engine_and_model(REPORT_VERSION)
-    out = tmp_path / "hunt"
     r = _hunt(
         "--engine",
         REPORT_VERSION,
+        "--flags-axis",
+        "--mm-processor-cache-type lru",
         "--out",
-        str(out),
+        str(tmp_path),
         "--seed",
         "0",
         "--max-cases",
         "40",
         "--max-starts",
-        "16",
+        "18",
         "--repeats",
         "1",
         "--max-minutes",
@@ -49,9 +52,11 @@ def test_on_030_default_the_hunt_finds_the_seed_crash_and_shrinks_it_to_a_reprod
         FIXED_VERSION,
     )
     assert r.returncode == 1, r.stderr[-3000:] + r.stderr[-2000:]
+    out = tmp_path / "flags-mm-processor-cache-type-lru"
     crashes = [f for f in _findings(out) if f["oracle"] == "crash"]
     assert SEED_CRASH in [f["fingerprint"] for f in crashes], r.stderr[-3000:]
     first = next(f for f in crashes if f["fingerprint"] == SEED_CRASH)
+    assert first["flags"][-2:] == ["--mm-processor-cache-type", "lru"] and first["needs_flags"] == [], first
     folder = out / "findings" / str(first["first_case"]) / "minimized"
     assert (folder / "issue.md").is_file(), r.stderr[-3000:]
     sent = [json.loads(x) for x in (folder / "minimal.jsonl").read_text().split("\n") if x.strip()]
@@ -70,8 +75,8 @@ def test_on_030_default_the_hunt_finds_the_seed_crash_and_shrinks_it_to_a_reprod
     assert rr.returncode == 1, runs
     # --versions ran it on a cache-off server and on the release that makes the miss retryable: both survive
     assert (
-        "affected: 0.30.0: crashed (found there); 0.30.0 --mm-processor-cache-gb 0: survived; 0.32.0: survived"
-        in (first["detail"])
+        "affected: 0.30.0 --mm-processor-cache-type lru: crashed (found there); "
+        "0.30.0 --mm-processor-cache-gb 0: survived; 0.32.0: survived" in (first["detail"])
     ), first["detail"]
     # every other reproducer it handed out replays on one fresh server: a 5xx's (its one request) is answered 5xx, an
     # unknown log line's (its case) makes the server log that line again

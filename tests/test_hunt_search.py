@@ -132,3 +132,50 @@ def test_shapes_and_repeats_are_counted():
     assert c.consider(1, one, [200, 200], 5, False) and not c.consider(2, one, [200, 200], 0, False)
     assert c.consider(3, one, [200, 503], 0, False)  # a new outcome joins
     assert json.loads(json.dumps(state))["corpus"] == [1, 3]  # what state.json keeps
+
+
+def test_routes_that_reached_new_lines_are_drawn_more_and_none_is_left_out():
+    c = hunt_corpus.Corpus({})
+    where = [("/v1/embeddings", "f1"), ("/pooling", "f2"), ("/score", "f3")]
+    assert c.weighted(where) == where  # nothing learnt yet: uniform
+    c.consider(1, Case([_step(), _step(IMG2, "/pooling")]), [200, 200], 40, False)
+    c.consider(2, Case([_step(IMG2, "/pooling")]), [200], 60, False)
+    weights = {path: sum(1 for p, _ in c.weighted(where) if p == path) for path, _ in where}
+    assert weights["/pooling"] == 1 + hunt_corpus.GUIDE and 1 < weights["/v1/embeddings"] < weights["/pooling"]
+    assert weights["/score"] == 1  # never drawn yet: still drawn
+    for n in range(3, 8):  # cases on /pooling that teach nothing: its weight falls below /v1/embeddings's
+        c.consider(n, Case([_step(IMG2, "/pooling"), _step(IMG2, "/pooling")]), [200, 400], 0, False)
+    weights = {path: sum(1 for p, _ in c.weighted(where) if p == path) for path, _ in where}
+    assert weights["/v1/embeddings"] == 1 + hunt_corpus.GUIDE > weights["/pooling"]
+
+
+def test_off_schema_bodies_change_one_thing_and_stay_small():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from mmchaos.harness.hunt import bodies, negative
+
+    schema = {
+        "type": "object",
+        "properties": {
+            "model": {"type": "string"},
+            "input": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+            "dimensions": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
+        },
+        "required": ["input"],
+    }
+    form = bodies.form(schema, "m")
+    changed: list[str] = []
+
+    @settings(max_examples=80, database=None, deadline=None)
+    @given(st.data())
+    def check(data):
+        body = data.draw(form.text_bodies())
+        assert "input" in body and "data:" not in json.dumps(body)  # text only
+        off = data.draw(negative.off_schema(body, form.required))
+        diff = {k for k in body.keys() | off.keys() if body.get(k, ...) != off.get(k, ...)}
+        assert len(diff) <= 1 and len(json.dumps(off)) < 2_000_000, diff
+        changed.extend(diff)
+
+    check()
+    assert {"input", "model"} <= set(changed)  # dropped or retyped prompts, other models' names

@@ -393,12 +393,15 @@ def test_a_replay_stopped_before_the_end_of_its_log_is_interrupted(tmp_path, rea
 
 @pytest.fixture(scope="module")
 def crashed_trial(tmp_path_factory):
-    """A trial of a mix with post-render 400s on a small hot pool, on a stand-in that dies as 0.30.0 does."""
+    """A trial of a mix with post-render 400s on a small hot pool, on a stand-in that dies as 0.30.0 does. One user:
+    the replay sends the trial's requests in the order they left, which is the order the server took them only
+    when nothing ran beside them (with three users a loaded machine delivered a reuse before its poison)."""
     tmp = tmp_path_factory.mktemp("minimize")
-    f = write_campaign(tmp, duration=10, configs='[[config]]\nname = "v030"\nflags = ["--crash-after-poison"]\n')
+    f = write_campaign(tmp, duration=60, configs='[[config]]\nname = "v030"\nflags = ["--crash-after-poison"]\n')
     # images only (the stand-in's crash is an image's): no video kind, no video in the poisons
     f.write_text(
         f.read_text()
+        .replace("users = 3\nspawn_rate = 3", "users = 1\nspawn_rate = 1")
         .replace(
             "pool_size = 16",
             'pool_size = 4\nfresh_fraction = 0.0\nvideo_share = 0.0\nmalformed_cases = "dimensions_unsupported"',

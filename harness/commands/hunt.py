@@ -7,8 +7,9 @@ from pathlib import Path
 
 from mmchaos import paths
 
-from .. import arg_types, sigterm
+from .. import arg_types, engines, sigterm
 from ..hunt import axis as hunt_axis
+from ..hunt import flag_draw as hunt_flag_draw
 from ..hunt import versions as hunt_versions
 from ..hunt.corpus import MUTATE_SHARE
 from ..server import Target
@@ -55,7 +56,8 @@ def add_parser(sub) -> None:
         default=[],
         metavar="FLAGS",
         help="hunt with each of these vLLM flag sets on servers of its own, the budget shared evenly (repeatable; "
-        '"default": processor cache tiny and off, shm, 2 API servers, TP 2); each finding says its flags',
+        '"default": processor cache tiny and off, shm, 2 API servers, TP 2; "auto" or "auto:N": N sets (3) drawn '
+        "from the --engine version's own serve --help); each finding says its flags",
     )
     h.add_argument("--server-log", help="with --url: the server's log file, so the log oracles can read it")
     h.add_argument("--out", help="the hunt's folder (default results/hunt-<target>); a re-run resumes from it")
@@ -113,6 +115,10 @@ def run(a) -> int:
         raise CommandError("--reference FLAGS launches the --engine version with them: give --engine, or a URL")
     if a.flags_axis and not (a.engine or a.command):
         raise CommandError("--flags-axis launches servers with each flag set: give --engine or --command")
+    if any(hunt_flag_draw.count(x) is not None for x in a.flags_axis) and not a.engine:
+        raise CommandError("--flags-axis auto draws from the --engine version's own help: give --engine")
+    if any(hunt_flag_draw.count(x) == 0 for x in a.flags_axis):
+        raise CommandError("--flags-axis auto:0 draws no flag set: give auto:N with N of 1 or more")
     if a.operator_actions and not (a.engine or a.command):
         raise CommandError("--operator-actions is for a server mmchaos launches (--engine or --command)")
     if a.engine:
@@ -148,7 +154,17 @@ def run(a) -> int:
     say(f"hunt: {target.mode} {shlex.join([name, *passthrough])} -> {out}")
     if not a.flags_axis:
         return make(target, out, budget).run()
-    results = hunt_axis.run(make, target, hunt_axis.expand(a.flags_axis), out, budget, say)
+
+    def drawn(n: int) -> list[list[str]]:
+        try:
+            options = hunt_flag_draw.parse(engines.require(a.engine).serve_help())
+        except engines.EngineError as e:
+            raise CommandError(str(e)) from e
+        sets = hunt_flag_draw.draw(options, n, a.seed)
+        say(f"hunt: flags axis auto: {len(sets)} set(s) drawn from {len(options)} options of vLLM {a.engine}'s help")
+        return sets
+
+    results = hunt_axis.run(make, target, hunt_axis.expand(a.flags_axis, drawn), out, budget, say)
     shown = make(target, out, budget).shown
     say("hunt: flags axis:")
     for r in results:

@@ -1,17 +1,20 @@
 """Server flags as an axis of the hunt: ``--flags-axis FLAGS`` (repeatable) hunts each flag set on servers of its
 own, one after the other, each with an even share of the budget, each in a folder of its own; its findings say the
 flags they were found under. ``--flags-axis default`` stands for what a user might set: processor caches from tiny
-to off, the shared-memory cache, two API servers, TP 2 (where the machine has the cores). A flag set vLLM refuses at
-start-up is one line of the summary and the others go on."""
+to off, the shared-memory cache, two API servers, TP 2 (where the machine has the cores); ``--flags-axis auto[:N]``
+for N sets (3) drawn from the version's own help (:mod:`.flag_draw`). A flag set vLLM refuses at start-up is one
+line of the summary and the others go on."""
 
 from __future__ import annotations
 
 import os
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..server import ServerError
+from . import flag_draw
 
 DEFAULT = "default"
 DEFAULT_AXIS = [
@@ -24,12 +27,15 @@ DEFAULT_AXIS = [
 ]
 
 
-def expand(specs: list[str]) -> list[list[str]]:
-    """The flag sets the specs give, in order, each once (``default`` expands to DEFAULT_AXIS)."""
+def expand(specs: list[str], drawn: Callable[[int], list[list[str]]] = lambda n: []) -> list[list[str]]:
+    """The flag sets the specs give, in order, each once (``default`` expands to DEFAULT_AXIS, ``auto[:N]`` to
+    ``drawn(N)``: sets drawn from the version's help)."""
     out: list[list[str]] = []
     for spec in specs:
-        for flags in DEFAULT_AXIS if spec.strip() == DEFAULT else [spec]:
-            words = shlex.split(flags)
+        n = flag_draw.count(spec)
+        given = DEFAULT_AXIS if spec.strip() == DEFAULT else [spec]
+        sets = drawn(n) if n is not None else [shlex.split(f) for f in given]
+        for words in sets:
             if words not in out:
                 out.append(words)
     return out
@@ -71,6 +77,7 @@ def run(make_hunt, base, flag_sets: list[list[str]], out: Path, budget, say) -> 
         target = replace(base, flags=[*base.flags, *flags])
         say(f"hunt: flag set {shlex.join(flags) or '(none)'} -> {folder}")
         hunt = make_hunt(target, folder, share)
+        hunt.axis_flags = list(flags)
         try:
             code = hunt.run()
         except (ServerError, HuntError) as e:

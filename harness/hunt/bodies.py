@@ -53,11 +53,24 @@ def _text() -> st.SearchStrategy[str]:
     return st.sampled_from(["a photo", "", "describe it", "x" * 64]) | st.text(max_size=24)
 
 
-def content(images: st.SearchStrategy[Media], with_image: bool = False) -> st.SearchStrategy[list]:
+# words in a long text: around and past a small model's length (the tiny models take 4,096 tokens; a word is a token
+# or two), so the tokenizer's and the truncation's code runs, not only the short path
+LONG_WORDS = (300, 2_000, 4_100, 9_000)
+
+
+def _long_texts() -> st.SearchStrategy[str]:
+    """Texts of a prompt: mostly short, one in four near or past the model's length."""
+    long = st.builds(lambda n, w: " ".join([w] * n), st.sampled_from(LONG_WORDS), st.sampled_from(["a", "photo"]))
+    return st.one_of(_text(), _text(), _text(), long)
+
+
+def content(
+    images: st.SearchStrategy[Media], with_image: bool = False, texts: st.SearchStrategy[str] | None = None
+) -> st.SearchStrategy[list]:
     """A message's content: image parts and text parts in any order, most with an image (with ``with_image``: an
     image, then perhaps a text)."""
     image = images.map(lambda m: m.part)
-    text = _text().map(lambda t: {"type": "text", "text": t})
+    text = (texts if texts is not None else _text()).map(lambda t: {"type": "text", "text": t})
     if with_image:
         return st.tuples(image, st.lists(text, max_size=1)).map(lambda x: [x[0], *x[1]])
     return st.lists(st.one_of(image, image, text), min_size=1, max_size=3)
@@ -144,12 +157,17 @@ def carries_media(name: str, schema: Mapping[str, Any]) -> bool:
 
 
 def shapes(
-    name: str, schema: Mapping[str, Any], images: st.SearchStrategy[Media], media_only: bool = False
+    name: str,
+    schema: Mapping[str, Any],
+    images: st.SearchStrategy[Media],
+    media_only: bool = False,
+    texts: st.SearchStrategy[str] | None = None,
 ) -> list[st.SearchStrategy[Any]]:
     """Strategies for the values of prompt field ``name`` that its ``schema`` admits, those that carry images first
     and twice (Hypothesis starts from the first); with ``media_only``, only those, each carrying an image. A field
-    whose schema says nothing of its shape takes any of them."""
-    parts = content(images, with_image=media_only)
+    whose schema says nothing of its shape takes any of them. ``texts``: the texts drawn (short ones by default)."""
+    text = texts if texts is not None else _text()
+    parts = content(images, with_image=media_only, texts=text)
     convo, item = messages(parts), st.fixed_dictionaries({"content": parts})
     found = _shapes_of(schema)
     urls = st.lists(images.map(lambda x: x.url), min_size=1, max_size=2)
@@ -158,15 +176,15 @@ def shapes(
         "conversations": st.lists(convo, min_size=1, max_size=3),
         "item": item,
         "items": st.lists(item, min_size=1, max_size=2),
-        "items_or_texts": st.lists(item if media_only else st.one_of(item, _text()), min_size=1, max_size=2),
+        "items_or_texts": st.lists(item if media_only else st.one_of(item, text), min_size=1, max_size=2),
     }
     media = [made[k] for k in MEDIA_SHAPES if k in found] + ([urls] if name == "images" else [])
     if media_only and media:
         return media
     rest: list[st.SearchStrategy[Any]] = []
     if "strings" in found and name != "images":
-        rest.append(st.lists(_text(), min_size=1, max_size=2))
-    rest += [_text()] if "string" in found else []
+        rest.append(st.lists(text, min_size=1, max_size=2))
+    rest += [text] if "string" in found else []
     # a shape none of ours fits (token ids, say): as the schema library draws it
     return media + media + rest or [_field(schema) or st.nothing()]
 
@@ -202,14 +220,27 @@ class Form:
     ) -> st.SearchStrategy[dict]:
         """Bodies of this form whose images are drawn from ``images``, at ``depth`` (MINIMAL, FEW or ANY); with
         ``media_only``, each prompt field that can carry an image carries one."""
+        return self._bodies(images, depth, media_only, None)
 
+    def text_bodies(self) -> st.SearchStrategy[dict]:
+        """Bodies without media, any optional field, texts up to past the model's length: fast requests that run
+        the validation, tokenizing and truncation code an image request passes by."""
+        return self._bodies(st.nothing(), ANY, False, _long_texts())
+
+    def _bodies(
+        self, images: st.SearchStrategy[Media], depth: str, media_only: bool, texts: st.SearchStrategy[str] | None
+    ) -> st.SearchStrategy[dict]:
         def prompt(n: str) -> st.SearchStrategy[Any]:
-            return st.one_of(shapes(n, self.prompts[n], images, media_only and carries_media(n, self.prompts[n])))
+            media_field = media_only and carries_media(n, self.prompts[n])
+            return st.one_of(shapes(n, self.prompts[n], images, media_field, texts))
 
-        required_prompts = [n for n in self.prompts if n in self.required]
+        text_only = texts is not None
+        # a field that takes only image URLs (Cohere's ``images``) has no text form
+        prompts = [n for n in self.prompts if not (text_only and n == "images")]
+        required_prompts = [n for n in prompts if n in self.required]
         # a form that needs no prompt field (Cohere's: exactly one of texts, images, inputs) gets one; media first
         optional_prompts = sorted(
-            (n for n in self.prompts if n not in self.required),
+            (n for n in prompts if n not in self.required),
             key=lambda n: not carries_media(n, self.prompts[n]),
         )
         base = {n: v for n, v in self.fields.items() if n in self.required}

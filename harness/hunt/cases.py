@@ -10,6 +10,8 @@ next rule is drawn knowing what the server answered (Hypothesis's stateful testi
 - ``reuse``: a body carrying an image of an earlier request that did not get its answer (an error status, a
   hang-up, no answer): the images a failure may have left half-known to the server, newest first;
 - ``together``: two or three requests at once, on sessions of their own, sharing images;
+- ``edge``: a burst of text-only bodies at the schema's edges, some with one thing made wrong (:mod:`.negative`):
+  cheap requests through the validation, tokenizing and refusal code that image requests pass by;
 - ``operate``: an operator action the server exposes (``/reset_mm_cache``; ``/sleep`` then ``/wake_up``,
   ``/pause`` then ``/resume``, each pair around a request).
 
@@ -38,13 +40,16 @@ from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
 from mmchaos import faults
 
-from . import bodies
+from . import bodies, negative
 from .media import Media, media
 
 MAX_STEPS = 8  # rules a case runs at most
 SESSIONS = 3  # keep-alive connections a case's requests go out on
 HANG_UP_MS = (1.0, 2.0, 5.0, 10.0, 30.0, 100.0)  # short first: while the image is still being processed
 TOGETHER = 3  # requests sent at once, at most
+SAME_MAX = 2  # times a case sends the very same request (a poison and its reuse are two requests)
+WALKED_FROM = 3  # from this step on, a case does not begin with the shape another case began with (if it can)
+EDGE_BURST = 6  # text-only requests an edge rule sends one after the other, at most
 # an operator action sent with requests lands this long after them: at 0 before they are rendered, later while the
 # engine holds them (a /pause then aborts them: measured on 0.32.0, docs/findings.md)
 ACTION_DELAY_MS = (0.0, 10.0, 30.0, 60.0)
@@ -193,10 +198,13 @@ class Hooks:
     after_step: Callable[[Sent], None]
     end_case: Callable[[Case, list[Sent]], None]
     begin_case: Callable[[], None] = lambda: None  # may raise to stop the search (a spent budget)
-    # what a case's first requests are sent as: the drawn ones, or (when a case began so before) a variation of them;
-    # never a rejection, which Hypothesis would see as the same choices drawing otherwise
-    vary_first: Callable[[list[Step]], list[Step]] = lambda steps: steps
+    # what requests are sent as, given the case's earlier steps: the drawn ones, or (when a case began so before, or
+    # they repeat a request the case sent SAME_MAX times) a variation of them; never a rejection, which Hypothesis
+    # would see as the same choices drawing otherwise
+    vary: Callable[[list[Step], list[Step]], list[Step]] = lambda steps, earlier: steps
     drawn: dict[str, int] = field(default_factory=dict)  # media drawn, by where from: fresh, seen, suspect
+    # the routes to draw from, weighted by what each taught lately (corpus.Corpus.weighted); uniform by default
+    weigh: Callable[[list], list] = lambda where: where
 
 
 def machine(forms: list[tuple[str, bodies.Form]], operators: list[str], hooks: Hooks) -> type[RuleBasedStateMachine]:
@@ -224,7 +232,7 @@ def machine(forms: list[tuple[str, bodies.Form]], operators: list[str], hooks: H
             return st.one_of(fresh, seen, suspect)
 
         def _body(self, data, where, images, depth, media_only=False) -> tuple[str, dict]:
-            path, form = data.draw(st.sampled_from(where), label="route")
+            path, form = data.draw(st.sampled_from(hooks.weigh(where)), label="route")
             return path, data.draw(form.bodies(images, depth, media_only), label="body")
 
         def _step(self, session: int, path: str, body: dict | None, **kw: Any) -> Step:
@@ -245,8 +253,7 @@ def machine(forms: list[tuple[str, bodies.Form]], operators: list[str], hooks: H
         # -- sending ------------------------------------------------------------------------------------------
         def _send(self, steps: list[Step]) -> None:
             first = len(self.steps)
-            if not first:
-                steps = hooks.vary_first(steps)
+            steps = hooks.vary(steps, self.steps)
             self.steps += steps
             indexed = list(enumerate(steps, first))
             sent = [hooks.client.send(*indexed[0])] if len(steps) == 1 else hooks.client.send_together(indexed)
@@ -283,6 +290,15 @@ def machine(forms: list[tuple[str, bodies.Form]], operators: list[str], hooks: H
                 path, body = self._body(data, forms, self._remember(self._images()), bodies.MINIMAL)
                 steps.append(self._step(k % SESSIONS, path, body, together=self.groups))
             self._send(steps)
+
+        @rule(data=st.data(), n=st.integers(1, EDGE_BURST), session=st.integers(0, SESSIONS - 1))
+        def edge(self, data, n, session):
+            for _ in range(n):
+                path, form = data.draw(st.sampled_from(hooks.weigh(forms)), label="route")
+                body = data.draw(form.text_bodies(), label="body")
+                if data.draw(st.booleans(), label="off the schema"):
+                    body = data.draw(negative.off_schema(body, form.required), label="change")
+                self._send([self._step(session, path, body)])
 
         @precondition(lambda self: bool(singles))
         @rule(data=st.data(), alongside=st.integers(0, TOGETHER - 1), delay=st.sampled_from(ACTION_DELAY_MS))

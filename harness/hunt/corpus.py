@@ -8,6 +8,10 @@ and moves one step from it: a corpus of our own over Hypothesis's data rather th
 score is one number per example, which cannot say "reached what nothing reached before" and which forgets at every
 machine run (ours restart at every crash); and a mutant can splice two cases Hypothesis drew in different runs.
 
+Routes are drawn by what they taught lately: a route's *gain* is the new lines of the cases that sent it (shared
+among the case's routes), decayed at each case that sent it and taught nothing; a route with the most gain is drawn
+up to ``GUIDE + 1`` times as often as one with none (:meth:`Corpus.weighted`), none ever left out.
+
 No case is sent twice: :meth:`Corpus.novel` is asked before a mutant is sent and :meth:`Corpus.sent` records every
 case (by the hash of its steps). Each case's *shape* (routes, media per request and which of them were sent before,
 hang-ups, requests sent together, operator actions) is counted so a hunt can say how many distinct shapes it tried.
@@ -18,6 +22,7 @@ from __future__ import annotations
 import json
 import random
 import re
+from collections import Counter
 from copy import deepcopy
 from dataclasses import replace
 
@@ -26,6 +31,8 @@ from mmchaos.payloads.pool import content_hash
 from .cases import HANG_UP_MS, MAX_STEPS, Case, Step
 
 MUTATE_SHARE = 0.3  # of the cases sent: mutants of corpus cases (the rest drawn afresh by Hypothesis)
+GUIDE = 3  # the most gain weighs a route this many times more than none (below: weighted)
+DECAY = 0.7  # a route's gain, each case that sent it and reached nothing new
 MAX_ITEMS = 64  # media in one request a mutant grows to at most (the server's own limit refuses more: a finding too)
 DATA_URL = re.compile(r"data:[a-z]+/[-\w.+]+;base64,[A-Za-z0-9+/=]+")
 
@@ -59,7 +66,11 @@ class Corpus:
         state.setdefault("sent_hashes", [])
         state.setdefault("shapes", {})  # shape -> cases of it
         state.setdefault("outcomes", [])  # the (route, status) sequences met
+        state.setdefault("route_gain", {})  # route -> new lines it brought lately (weighted)
         self._hashes = set(state["sent_hashes"])
+        self._prefixes: Counter[str] = Counter()  # the shapes of the cases' beginnings, each length
+        for sh, n in state["shapes"].items():
+            self._walk(sh, n)
         self._outcomes = set(state["outcomes"])
 
     def novel(self, case: Case) -> bool:
@@ -74,7 +85,17 @@ class Corpus:
             self.state["sent_hashes"].append(h)
         sh = shape(case)
         self.state["shapes"][sh] = self.state["shapes"].get(sh, 0) + 1
+        self._walk(sh, 1)
         return new
+
+    def _walk(self, sh: str, n: int) -> None:
+        parts = sh.split(" ")
+        for k in range(1, len(parts) + 1):
+            self._prefixes[" ".join(parts[:k])] += n
+
+    def walked(self, steps: list[Step]) -> int:
+        """How many cases sent began with the shape of ``steps``."""
+        return self._prefixes[shape(Case(steps))]
 
     def consider(self, n: int, case: Case, statuses: list[int | None], new_lines: int | None, found: bool) -> bool:
         """Whether case ``n`` joins the corpus (and why it may: new lines, new outcomes, a finding)."""
@@ -86,7 +107,23 @@ class Corpus:
         joins = bool(new_lines) or fresh or found
         if joins:
             self.state["corpus"].append(n)
+        self._gain(case, new_lines or 0)
         return joins
+
+    def _gain(self, case: Case, new_lines: int) -> None:
+        gain = self.state["route_gain"]
+        routes = {s.path for s in case.steps if s.body is not None}
+        for r in routes:
+            gain[r] = gain.get(r, 0.0) * (1.0 if new_lines else DECAY) + new_lines / len(routes)
+
+    def weighted(self, where: list) -> list:
+        """``where`` (pairs of a route and what to draw for it), each route repeated by its gain: what a uniform
+        draw from the result picks as the guide says."""
+        gain = self.state["route_gain"]
+        best = max((gain.get(path, 0.0) for path, _ in where), default=0.0)
+        if best <= 0:
+            return where
+        return [x for x in where for _ in range(1 + round(GUIDE * gain.get(x[0], 0.0) / best))]
 
     def distinct(self) -> tuple[int, int]:
         """(distinct shapes, cases sent)."""

@@ -25,6 +25,8 @@ class Finding:
     exception: str | None = None  # of an unknown signature: the exception's name its log gave
     frames: list[str] = field(default_factory=list)  # of an unknown signature: its innermost vLLM frames
     flags: list[str] = field(default_factory=list)  # the server's flags it was found under (keys masked)
+    # of a crash found under a --flags-axis set: the fewest of the set's flags it still needs (None: not shrunk)
+    needs_flags: list[str] | None = None
     reproducer: str | None = None  # its standalone script, relative to the hunt's folder
     confirmed: bool | None = None  # the reproducer did it again on a fresh server (None: not tried)
     affected: list[dict] = field(default_factory=list)  # --versions: [{"spec": ..., "result": ...}]

@@ -77,6 +77,12 @@ def write(hunt) -> dict[str, Path]:
                         "count": f.count,
                         "first case": f.first_case,
                         "fingerprint": f.fingerprint,
+                        # a crash of a flags axis: the fewest of its set's flags it needs (shrunk on fresh servers)
+                        **(
+                            {"needs flags": " ".join(f.needs_flags) if f.needs_flags is not None else "–"}
+                            if any(x.needs_flags is not None for x in found)
+                            else {}
+                        ),
                     }
                     for f in found
                 ]

@@ -49,7 +49,7 @@ from mmchaos.signatures import Signatures
 from .. import crash_watch, repro_script
 from ..minimize import HUNT_KIND
 from ..server import Server, ServerError, Target
-from . import api_schema, bodies, cases, corpus, oracles, versions
+from . import api_schema, bodies, cases, corpus, flag_draw, oracles, versions
 from .coverage import EngineCoverage
 from .findings import Finding
 from .reference import Reference
@@ -96,6 +96,8 @@ class Hunt:
     versions: list[str] = field(default_factory=list)  # --versions: where each crash's reproducer is run again
     coverage: bool = True  # measure vLLM's lines in the engine's processes and search by them (coverage.py)
     mutate_share: float = corpus.MUTATE_SHARE  # of the cases: mutants of corpus cases (corpus.py)
+    # --flags-axis: the flags of this hunt's set (the last of the target's): a crash is shrunk to the fewest of them
+    axis_flags: list[str] = field(default_factory=list)
     say: Callable[[str], None] = print
     sigs: Signatures = field(default_factory=Signatures.load)
 
@@ -190,6 +192,7 @@ class Hunt:
         )
         if self.minimize:
             self._minimize_crashes()
+            self._fewest_flags()
             self._affected_versions()
         from .report import write as write_report
 
@@ -212,8 +215,9 @@ class Hunt:
             self._after_step,
             lambda c, s: self._end_case(c, s, api),
             lambda: self._begin_case(api),
-            self._vary_first,
+            self._vary,
             self.state.setdefault("media_drawn", {}),
+            self.corpus.weighted,
         )
         self.hooks = hooks
         while True:
@@ -260,19 +264,40 @@ class Hunt:
     def _corpus_case(self, n: int) -> str:
         return (self.out / "corpus" / f"{n}.json").read_text()
 
-    def _vary_first(self, steps: list[cases.Step]) -> list[cases.Step]:
-        """A case's first requests as sent: as drawn, unless a case began with the same request (each machine run's
-        first example is Hypothesis's simplest, the same after every restart); then a variation of them
-        (corpus.mutate)."""
-        rng = random.Random(f"{self.state['seed']}:{self.state['cases']}:first")
-        case = cases.Case(steps)
+    def _vary(self, steps: list[cases.Step], earlier: list[cases.Step]) -> list[cases.Step]:
+        """Requests as sent: as drawn, unless they would begin a case as one began before (each machine run's first
+        example is Hypothesis's simplest, the same after every restart), repeat a request this case already sent
+        ``cases.SAME_MAX`` times, or make the case begin, from its ``cases.WALKED_FROM``-th step, with the shape
+        another case began with (Hypothesis's generator draws many cases of one rule, and copies a drawn case into
+        the next ones: a third of its cases were of one rule, eight identical hang-ups in one); then a variation of
+        them (corpus.mutate)."""
+        rng = random.Random(f"{self.state['seed']}:{self.state['cases']}:{len(earlier)}")
+        if not earlier:
+            case = cases.Case(steps)
+            for _ in range(8):
+                key = corpus.case_hash(cases.Case(case.steps[:1]))
+                if key not in self._first_steps:
+                    self._first_steps.add(key)
+                    self.state["first_steps"].append(key)
+                    return case.steps
+                case, _how = corpus.mutate(cases.Case(steps), cases.Case(steps), rng)
+            return steps
+        sent = [_request_key(s) for s in earlier]
+
+        def stale(these: list[cases.Step]) -> bool:
+            """The very same request a SAME_MAX-th time, or a case walking where others walked."""
+            if any(sent.count(_request_key(s)) >= cases.SAME_MAX for s in these):
+                return True
+            return len(earlier) + len(these) >= cases.WALKED_FROM and self.corpus.walked([*earlier, *these]) > 0
+
+        if not stale(steps):
+            return steps
         for _ in range(8):
-            key = corpus.case_hash(cases.Case(case.steps[:1]))
-            if key not in self._first_steps:
-                self._first_steps.add(key)
-                self.state["first_steps"].append(key)
-                return case.steps
-            case, _how = corpus.mutate(cases.Case(steps), cases.Case(steps), rng)
+            case, _how = corpus.mutate(cases.Case(steps), cases.Case(earlier[-3:]), rng)
+            # one after the other, as a varied request is sent (cases.machine sends a list of several together)
+            varied = [replace(s, together=None) for s in case.steps][:1] if len(steps) == 1 else case.steps
+            if not stale(varied):
+                return varied
         return steps
 
     def _after_step(self, sent: cases.Sent) -> None:
@@ -701,6 +726,47 @@ class Hunt:
             f.detail = f"{f.detail}\naffected: {self._found_on()}: crashed (found there); {'; '.join(lines)}".strip()
             self._save()
 
+    def _fewest_flags(self) -> None:
+        """Each crash found under a flag set of the axis and shrunk to a confirmed reproducer: the reproducer run on
+        fresh servers with one of the set's options left out at a time; an option it still crashes without is
+        dropped for good (one server per try, within the start budget)."""
+        options = flag_draw.options(self.axis_flags)
+        if not options or self.target.mode != "engine":
+            return
+        base = self.target.flags[: len(self.target.flags) - len(self.axis_flags)]
+        for f in self.findings.values():
+            repro = self.out / "findings" / str(f.first_case) / "minimized" / "repro.py"
+            if f.oracle != "crash" or not f.confirmed or not repro.exists() or f.needs_flags is not None:
+                continue
+            kept, tried = list(options), True
+            for option in options:
+                if self.budget.max_starts - self.state["starts"] <= 0:
+                    tried = False
+                    break
+                without = [o for o in kept if o is not option]
+                spec = shlex.join([str(self.target.engine), *base, *[w for o in without for w in o]])
+                self.say(f"hunt: finding {f.first_case}: its reproducer without {shlex.join(option)}")
+                got = versions.run_on(
+                    repro,
+                    spec,
+                    self.shown(spec),
+                    self.target,
+                    self.out / "servers" / "flags",
+                    self.startup_timeout,
+                    runs=max(1, self.repeats),
+                    on_start=self._count_start,
+                )
+                self.say(f"  {got.line()}")
+                if got.result == versions.CRASHED:
+                    kept = without
+            needs = [w for o in kept for w in o]
+            if tried:
+                f.needs_flags = self.redactor.argv(needs)
+                f.detail = f"{f.detail}\nflags it needs: {shlex.join(f.needs_flags) or 'none of its flag set'}"
+            else:
+                f.detail = f"{f.detail}\nflags not shrunk: no server start left in the budget"
+            self._save()
+
     def _count_start(self) -> None:
         self.state["starts"] += 1
 
@@ -845,6 +911,11 @@ def _reproduced(p: subprocess.CompletedProcess) -> bool:
     Python error)."""
     got = repro_script.parse_result(p.stdout)
     return p.returncode == 1 and bool(got and got.get("reproduced"))
+
+
+def _request_key(step: cases.Step) -> str:
+    """A request as the server sees it (its session and its place in a group aside)."""
+    return corpus.case_hash(cases.Case([replace(step, session=0, together=None)]))
 
 
 def _hung_up(hang_up_ms: float | None, status: int | None) -> bool:
