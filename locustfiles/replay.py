@@ -154,13 +154,16 @@ class ReplayUser(ChaosUser):
         replay = self.replay
         if self.lane is not None:
             for step in self.lane:
+                slot = None
                 if o.replay_speed > 0:  # the recorded schedule, not a synchronisation
-                    gevent.sleep(max(0.0, replay.t0 + step.offset / o.replay_speed - time.time()))
+                    slot = replay.t0 + step.offset / o.replay_speed
+                    gevent.sleep(max(0.0, slot - time.time()))
                 self.send(
                     step.request,
                     abort=step.abort_after_ms is not None,
                     abort_after_ms=step.abort_after_ms,
                     recorded=self._recorded(step.recorded),
+                    t_sched=slot,  # its row says when it was due and how late it went out
                 )
                 replay.sent += 1
                 if step.recorded is not None and step.recorded.attempt == 1:

@@ -42,7 +42,7 @@ def test_the_report_version_crashes_and_the_crash_is_classified(demo):
     d, manifest = _trial(camp_dir, "v0.30-default")
     crashes = read_table(d, "crashes").to_pandas()
     assert len(crashes) == 1 and crashes["signature"].iloc[0] == "detokenizer_assert"
-    assert crashes["t_detected"].iloc[0] - manifest["t_load_start"] < 25  # provoked within the trial
+    assert manifest["t_load_start"] < crashes["t_detected"].iloc[0] <= manifest["t_load_end"]  # provoked by its load
     events = read_table(d, "log_events").to_pandas()
     assert "cache_drift" in set(events["signature"])
     assert len(events["mm_hash"].dropna().iloc[0]) >= 16

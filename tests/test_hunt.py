@@ -569,3 +569,28 @@ def test_a_flags_axis_hunts_each_flag_set_and_a_refused_one_is_one_line(tmp_path
     state = json.loads((out / "flags-delay-ms-1" / "state.json").read_text())
     assert state["cases"] == 2  # its half of the cases
     assert all(f["flags"] == ["--delay-ms", "1"] for f in state["findings"])
+
+
+@pytest.mark.integration
+def test_an_unknown_log_line_gets_a_one_request_reproducer_when_one_request_logs_it(tmp_path):
+    """A server that logs an error no signature names for one kind of request (the stand-in's --error-text: a body
+    with ``dimensions``): the finding's reproducer is that one request, not its whole case, and it makes a fresh
+    server of the same flags log the line again, and one without them not."""
+    stand = f"{sys.executable} {TESTS / 'standin_server.py'} --openapi --error-text boom-unlisted"
+    out = tmp_path / "h"
+    r = _hunt("--command", stand + " --port {port}", "--out", str(out), "--max-cases", "25", "--max-starts", "1")
+    findings = json.loads((out / "state.json").read_text())["findings"]
+    [f] = [f for f in findings if f["oracle"] == "unknown_signature" and "boom-unlisted" in f["title"]] or [None]
+    assert f is not None and r.returncode == 1, (findings, r.stderr[-2000:])
+    assert f["confirmed"] is True and "alone" in f["detail"], f
+    script = out / f["reproducer"]
+    sent = [ln for ln in script.read_text().splitlines() if '"path":' in ln or "'path':" in ln]
+    for flags, code in ((["--error-text", "boom-unlisted"], 1), ([], 0)):
+        with standin_server(tmp_path / f"s{code}.log", "--openapi", *flags) as s:
+            rr = subprocess.run(
+                [sys.executable, str(script), "--url", s.base_url, "--settle", "0", "--log", str(s.log_path)],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+        assert rr.returncode == code, (flags, rr.stdout[-1500:], sent)

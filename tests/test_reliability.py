@@ -874,13 +874,14 @@ def test_real_vllm_hang_is_detected_and_its_whole_stopped_group_cleaned_up(tmp_p
 
     fault = Fault(root, stop_server, after_rows=20)
     [res] = run(f, root, progress=fault)
-    done = time.time()
     trial = trial_dir(root)
     assert fault.at, f"the server went down before the hang was injected: {res.crashes}"
     assert len(group) >= 2, "expected vLLM's API server and its EngineCore"
     [crash] = res.crashes
-    assert crash.signature == "hang" and 3 <= crash.t_detected - fault.at < 6
-    assert done - crash.t_detected < 10  # SIGTERM alone would wait out the 15 s grace, then SIGKILL
+    assert crash.signature == "hang" and crash.t_detected - fault.at >= 3  # no sooner than hang_after
+    # continued after its SIGTERM, the stopped server shut down in order (SIGTERM alone would wait out the grace,
+    # then SIGKILL: no shutdown line)
+    assert "Application shutdown complete" in (trial / "server.log").read_text(errors="replace")
     assert_counts_match(trial)
     assert_no_orphans(recorded_pgids(trial), reaper)
     assert_analysable(root)

@@ -211,8 +211,9 @@ def test_a_hand_written_request_log_replays_a_poison_then_reuse(tmp_path):
     # the reuse found no server; the client retried it as the OpenAI SDK does (2 retries), in its group
     again = df[df["attempt"] > 1]
     assert len(again) == 2 and set(again["request_group"]) == {firsts["request_id"].iloc[1]}
-    gaps = firsts["t_start"].diff().dropna()
-    assert 1.4 <= gaps.iloc[0] < 3  # the recorded 1.5 s, as recorded (--replay-speed 1)
+    # the recorded 1.5 s, as recorded (--replay-speed 1): due 1.5 s apart, and the second not sent before it was due
+    assert firsts["t_sched"].diff().iloc[1] == pytest.approx(1.5, abs=0.01)
+    assert (firsts["t_start"] >= firsts["t_sched"] - 0.01).all() and firsts["sched_lag_ms"].notna().all()
 
 
 @pytest.mark.parametrize(

@@ -58,6 +58,8 @@ class LogError:
 
     @property
     def title(self) -> str:
+        if self.exception == "error_line":  # no exception to name it by: its message says what it is
+            return f"error logged: {_message(self.lines[0])[:100]} ({self.process})"
         where = self.frames[-1] if self.frames else "no vLLM frame"
         return f"{self.exception} in {where} ({self.process})"
 
@@ -93,6 +95,14 @@ def log_errors(lines: Iterable[str], sigs: Signatures) -> list[LogError]:
     if header is not None:
         out.append(_error([header], "error_line"))
     return [e for e in out if not any(sigs.match(x) for x in e.lines)]
+
+
+def log_needle(exception: str | None, first_line: str) -> str:
+    """What a reproducer looks for in the log to say a log finding came again: its exception's name, or, for an
+    error line without one, the line's message up to its first number (ids and counts differ from run to run)."""
+    if exception and exception != "error_line":
+        return exception
+    return re.split(r"\d", _message(first_line), maxsplit=1)[0].strip()[:80] or first_line.strip()[:80]
 
 
 def _message(line: str) -> str:

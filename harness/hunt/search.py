@@ -669,9 +669,12 @@ class Hunt:
                 assert self.ref is not None
                 args += ["--reference", self.ref.server.base_url]
         elif f.oracle == "unknown_signature":
-            trace, _ = trace_of([(case, sent)])
-            info = repro_script.ScriptInfo(f.title, "", repro_script.LOG, log_needle=f.exception or f.title)
+            needle = oracles.log_needle(f.exception, (f.detail.splitlines() or [f.title])[0])
+            info = repro_script.ScriptInfo(f.title, "", repro_script.LOG, log_needle=needle)
             args += ["--log", str(self.server.log_path)]
+            trace, _ = trace_of([(case, sent)])
+            if run:
+                trace = self._one_step_that_logs(f, case, sent, replace(info, about="(a try)"), args, folder) or trace
         else:
             trace, _ = trace_of([(case, sent)])
             info = repro_script.ScriptInfo(f.title, "", repro_script.HANG)
@@ -693,6 +696,37 @@ class Hunt:
         f.confirmed = _reproduced(p)
         said = "confirmed on the server that gave it" if f.confirmed else "not reproduced when sent again"
         f.detail = f"{f.detail}\nreproducer: {script} ({said})".strip()
+
+    def _one_step_that_logs(
+        self, f: Finding, case: cases.Case, sent: list[cases.Sent], info, args: list[str], folder: Path
+    ) -> Trace | None:
+        """The first step of ``case`` that alone makes the server log the finding's line again (those answered 5xx
+        or not at all tried first, at most ``ONE_STEP_TRIES``): a one-request reproducer instead of the case."""
+        assert self.server is not None
+
+        def answered_well(k: int) -> bool:
+            status = sent[k].status
+            return status is not None and status < 500
+
+        order = sorted((k for k, s in enumerate(case.steps[: len(sent)]) if s.body is not None), key=answered_well)
+        for k in order[:ONE_STEP_TRIES]:
+            step = replace(case.steps[k], session=0, together=None, delay_ms=None)
+            trace, _ = trace_of([(cases.Case([step]), [replace(sent[k], step=0)])])
+            script = folder / "one-step.py"
+            script.write_text(repro_script.render(trace, info))
+            p = subprocess.run(
+                [sys.executable, str(script), "--url", self.server.base_url, *args, "--json"],
+                capture_output=True,
+                text=True,
+                timeout=self.request_timeout + 60,
+                env={**os.environ, **({"VLLM_API_KEY": self.server.api_key} if self.server.api_key else {})},
+            )
+            self.state["requests"] += 1
+            script.unlink()
+            if _reproduced(p):
+                f.detail = f"{f.detail}\nshrunk to step {k + 1} of its case, alone".strip()
+                return trace
+        return None
 
     def _found_on(self) -> str:
         return " ".join(self.redactor.argv([self.target.engine or self.target.mode, *self.target.flags]))
@@ -911,6 +945,9 @@ def _reproduced(p: subprocess.CompletedProcess) -> bool:
     Python error)."""
     got = repro_script.parse_result(p.stdout)
     return p.returncode == 1 and bool(got and got.get("reproduced"))
+
+
+ONE_STEP_TRIES = 6  # steps of a case tried alone for an unknown log line's reproducer
 
 
 def _request_key(step: cases.Step) -> str:
