@@ -17,7 +17,9 @@ def add_parser(sub) -> None:
     cr = csub.add_parser("run", help="run it (finished trials are skipped: a re-run resumes)")
     cr.add_argument("file")
     cr.add_argument("--force", action="store_true", help="re-run finished trials too")
-    cr.add_argument("--results", help=f"results root (default: {paths.results_dir()})")
+    cr.add_argument(
+        "--out", "--results", dest="results", help=f"results root (default: {paths.results_dir()}; --results: old name)"
+    )
     cr.add_argument(
         "--web-port",
         type=arg_types.port,
@@ -27,7 +29,12 @@ def add_parser(sub) -> None:
     )
     cc = csub.add_parser("check", help="validate the file as run would, without running or writing anything")
     cc.add_argument("file")
-    cc.add_argument("--results", help=f"results root to check (default: {paths.results_dir()})")
+    cc.add_argument(
+        "--out",
+        "--results",
+        dest="results",
+        help=f"results root to check (default: {paths.results_dir()}; --results: old name)",
+    )
     csub.add_parser(
         "schema",
         help="print the JSON Schema of campaign files (for editors: the shipped files name "

@@ -61,8 +61,20 @@ def add_server_args(s) -> None:
         "--url", type=arg_types.url, help="base URL: of --command's server, or of a running server to attach to"
     )
     s.add_argument("--port", type=arg_types.port, help="port to launch on, 1-65535 (default: a free one)")
-    s.add_argument("--log", help="server log file")
-    s.add_argument("--timeout", type=float, default=300, help="seconds to wait for /health (default 300)")
+    s.add_argument(
+        "--server-log",
+        "--log",
+        dest="log",
+        help="the server's log file: written when mmchaos launches it, read when attached (--log: old name)",
+    )
+    s.add_argument(
+        "--startup-timeout",
+        "--timeout",
+        dest="timeout",
+        type=float,
+        default=300,
+        help="seconds to wait for /health (default 300; --timeout: old name)",
+    )
     s.set_defaults(passthrough=[])  # flags after -- go to vLLM verbatim
 
 

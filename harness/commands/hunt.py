@@ -90,7 +90,14 @@ def add_parser(sub) -> None:
         help=f"share of the cases made by changing a case that taught the search something (default "
         f"{MUTATE_SHARE:g}; 0: every case drawn afresh)",
     )
-    h.add_argument("--timeout", type=float, default=420, help="seconds to wait for a server's /health")
+    h.add_argument(
+        "--startup-timeout",
+        "--timeout",
+        dest="timeout",
+        type=float,
+        default=420,
+        help="seconds to wait for a server's /health (default 420; --timeout: old name)",
+    )
     h.set_defaults(func=run, passthrough=[])  # flags after -- go to vLLM verbatim
 
 

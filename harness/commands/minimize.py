@@ -37,7 +37,10 @@ def add_parser(sub) -> None:
         help="keep every image as recorded: try no fewer or smaller images (each try costs starts)",
     )
     m.add_argument(
-        "--startup-timeout", type=arg_types.positive_number, default=420, help="seconds for a server to start"
+        "--startup-timeout",
+        type=arg_types.positive_number,
+        default=420,
+        help="seconds to wait for each server's /health (default 420)",
     )
     m.set_defaults(func=run)
 

@@ -19,7 +19,7 @@ HELP = (
 def add_parser(sub) -> None:
     s = sub.add_parser("repro", help=HELP, description=HELP)
     add_server_args(s)
-    s.add_argument("--settle", type=float, default=20, help="seconds to wait for a dying server to die")
+    s.add_argument("--settle", type=float, default=20, help="seconds to wait for a dying server to die (default 20)")
     s.add_argument("--signatures", nargs="*", default=[], help="extra signature TOML files")
     s.set_defaults(func=run)
 

@@ -24,20 +24,33 @@ def add_parser(sub) -> None:
     v.add_argument("--versions", nargs="+", metavar="VERSION", help="these releases instead of a range")
     v.add_argument("--probes", help="comma-separated: poison_reuse, abort_reuse, tokenize_reuse (default: all)")
     v.add_argument(
+        "--flag-set",
         "--config",
+        dest="config",
         action="append",
         default=[],
         metavar="NAME=FLAGS",
-        help="a flag set, repeatable (default: default='' and cache-off='--mm-processor-cache-gb 0')",
+        help="a named set of vLLM flags, repeatable (default: default='' and cache-off='--mm-processor-cache-gb 0'; "
+        "--config: old name, which elsewhere names a campaign's configuration)",
     )
     v.add_argument(
         "--model", help="a model name (`mmchaos model list`) or folder (default: the tiny Qwen3-VL embedder)"
     )
-    v.add_argument("--results", help=f"folder of the rows and the table (default: {paths.results_dir()}/versions)")
+    v.add_argument(
+        "--out",
+        "--results",
+        dest="results",
+        help=f"folder of the rows and the table (default: {paths.results_dir()}/versions; --results: old name)",
+    )
     v.add_argument("--force", action="store_true", help="measure again what was measured before")
     v.add_argument("--no-install", action="store_true", help="only installed releases (the others: a row saying so)")
     v.add_argument(
-        "--timeout", type=arg_types.positive_number, default=300, help="seconds to wait for each server's /health"
+        "--startup-timeout",
+        "--timeout",
+        dest="timeout",
+        type=arg_types.positive_number,
+        default=300,
+        help="seconds to wait for each server's /health (default 300; --timeout: old name)",
     )
     v.add_argument(
         "--abort-after-ms",
