@@ -291,7 +291,7 @@ def _master_job(plan: CampaignPlan, cfg: Config, namespace: str, image: str, api
         "name": "master",
         "image": image,
         "command": ["mmchaos"],
-        "args": ["campaign", "run", "/campaign/campaign.toml", "--results", "/results"],
+        "args": ["campaign", "run", "/campaign/campaign.toml", "--out", "/results"],
         "ports": [{"name": "locust", "containerPort": MASTER_PORT}],
         "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "2", "memory": "4Gi"}},
         "volumeMounts": [

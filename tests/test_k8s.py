@@ -162,7 +162,7 @@ def test_the_pieces_reach_each_other():
         "campaign",
         "run",
         "/campaign/campaign.toml",
-        "--results",
+        "--out",
         "/results",
     ]
     assert {"name": "campaign", "mountPath": "/campaign", "readOnly": True} in master["volumeMounts"]
