@@ -14,6 +14,7 @@ from .commands import (
     engine,
     hunt,
     k8s,
+    locust_options,
     minimize,
     model,
     predict,
@@ -27,7 +28,22 @@ from .commands import (
 from .commands.common import CommandError, console, redact_terminal
 
 # one module per command (harness/commands/), in the order `mmchaos --help` lists them
-COMMANDS = (engine, model, serve, repro, versions, campaign, report, predict, minimize, trace, worker, k8s, hunt)
+COMMANDS = (
+    engine,
+    model,
+    serve,
+    repro,
+    versions,
+    campaign,
+    report,
+    predict,
+    minimize,
+    trace,
+    worker,
+    k8s,
+    hunt,
+    locust_options,
+)
 
 
 def _split_passthrough(argv: list[str]) -> tuple[list[str], list[str]]:

@@ -83,3 +83,13 @@ def test_old_names_are_aliases_of_the_new_and_said_to_be_old():
 )
 def test_old_and_new_names_land_in_the_same_place(argv, dest, value):
     assert getattr(build_parser().parse_args(argv), dest) == value
+
+
+def test_the_options_mmchaos_adds_to_locust_are_listed_where_a_user_can_find_them(capsys):
+    """Locust prints its --help before it loads a locustfile, so `mmchaos locust-options` is where they are."""
+    from mmchaos import options
+    from mmchaos.harness import cli
+
+    assert cli.main(["locust-options"]) == 0
+    out = capsys.readouterr().out
+    assert all(o.flag in out for o in options.OPTIONS), [o.flag for o in options.OPTIONS if o.flag not in out]

@@ -30,12 +30,11 @@ def run(a) -> int:
         found = engines.installed()
         if not found:
             console.print("no engines installed: run `mmchaos engine install 0.30.0`")
+        if found:
+            print("version\tflavor\tvllm\ttorch\ttransformers\tfolder")  # tab-separated: it pipes whole
         for e in found:
             m = e.manifest()
             p = m.get("packages", {})
             dist = m.get("distribution", engines.DIST)
-            print(
-                f"{e.version}\t{e.flavor}\t{dist} {p.get(dist)}\ttorch {p.get('torch')}\t"
-                f"transformers {p.get('transformers')}\t{e.root}"
-            )
+            print(f"{e.version}\t{e.flavor}\t{dist} {p.get(dist)}\t{p.get('torch')}\t{p.get('transformers')}\t{e.root}")
     return 0

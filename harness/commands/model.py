@@ -27,6 +27,15 @@ def add_parser(sub) -> None:
 
 def run(a) -> int:
     if a.action == "list":
+        rows = [
+            (r.name, r.architecture, r.accepts, r.routes, str(r.folder) if model_build.is_built(r.folder) else "-")
+            for r in model_build.RECIPES.values()
+        ]
+        if not console.is_terminal:  # piped: whole lines, tab-separated, under a header, no path cut
+            print("model\tarchitecture\taccepts\tserves\tbuilt_at")
+            for row in rows:
+                print("\t".join(row))
+            return 0
         t = Table("model", "architecture", "accepts", "serves", "built at")
         t.columns[0].no_wrap = t.columns[1].no_wrap = True  # names are what people copy
         for r in model_build.RECIPES.values():
