@@ -19,6 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import TESTS, standin_server
+from helpers import wait_until as wait_for
 from locust_run import ROOT
 
 # the suite's process bookkeeping, one definition (reaper is a fixture: pytest finds it in this module)
@@ -88,20 +89,6 @@ def per_worker(rows) -> dict[int, object]:
 def contiguous(rows) -> bool:
     """Each user's requests are 1, 2, 3, ... without a gap: none missing up to the last one kept."""
     return bool(rows.groupby("user_id")["seq"].apply(lambda s: sorted(s) == list(range(1, len(s) + 1))).all())
-
-
-def wait_for(condition, what: str, *, running, cap: float = 600.0):
-    """Poll ``condition`` until it holds. Bound by the event, not by a time a loaded machine may miss: it fails once
-    what would bring it about stopped running (``running()`` false) without it; ``cap`` only keeps the loop bounded."""
-    deadline = time.time() + cap
-    while time.time() < deadline:
-        got = condition()
-        if got:
-            return got
-        if not running():
-            pytest.fail(f"{what}: never came, and what would bring it about has ended")
-        time.sleep(0.1)  # poll period
-    pytest.fail(f"{what}: not after {cap:g} s, with what brings it about still running")
 
 
 # --- fast checks ----------------------------------------------------------------------------------------------

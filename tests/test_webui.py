@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 import requests
 from conftest import standin_server
+from helpers import wait_until
 from locust_run import ROOT, rows
 
 from mmchaos import schema
@@ -85,14 +86,7 @@ class LocustUI:
 
 
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.25):
-    deadline = time.time() + timeout
-    last = None
-    while time.time() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(interval)  # polling an external process
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    return wait_until(predicate, what, cap=timeout, interval=interval)
 
 
 def counts_from_rows(df: pd.DataFrame) -> dict:
