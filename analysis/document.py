@@ -46,6 +46,12 @@ class Doc:
     def code(self, text: str) -> None:
         self.blocks.append(("code", text))
 
+    def cards(self, cards: list[tuple[str, str, list[str]]]) -> None:
+        """One card per item: a title, a verdict (coloured as table cells are) and its lines: what a reader
+        needs before any table (side by side in HTML)."""
+        if cards:
+            self.blocks.append(("cards", list(cards)))
+
     def images(self) -> dict[str, bytes]:
         return {b[1]: b[2] for b in self.blocks if b[0] == "image"}
 
@@ -76,6 +82,9 @@ class Doc:
             elif kind == "code":
                 fence = "`" * max(3, _longest_backtick_run(b[1]) + 1)
                 out += [fence + "text", b[1], fence, ""]
+            elif kind == "cards":
+                for title, verdict, lines in b[1]:
+                    out += [f"**{_md(title)}: {_md(verdict)}**", ""] + [f"- {_md(x)}" for x in lines] + [""]
         return "\n".join(out)
 
     # --- HTML -------------------------------------------------------------------------------------------
@@ -115,6 +124,16 @@ class Doc:
                 body.append(f'<figure><img alt="{e(b[3])}" src="data:image/png;base64,{data}"></figure>')
             elif kind == "code":
                 body.append(f"<pre>{e(b[1])}</pre>")
+            elif kind == "cards":
+                cards = []
+                for title, verdict, lines in b[1]:
+                    cls = _VERDICT_CLASS.get(verdict, "").replace(' class="', "").rstrip('"')
+                    cards.append(
+                        f'<div class="card {cls}"><div class="ct">{e(title)}</div><div class="cv">{e(verdict)}</div>'
+                        + "".join(f"<p>{e(x)}</p>" for x in lines)
+                        + "</div>"
+                    )
+                body.append(f'<div class="cards">{"".join(cards)}</div>')
         nav = "".join(f'<li><a href="#{b[3]}">{e(b[2])}</a></li>' for b in toc)
         return (
             '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
@@ -144,6 +163,10 @@ td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 td.yes{background:#e3f6e3;font-weight:600}td.no{background:#fbe3e3;font-weight:600}
 td.warn{background:#fff1d6;font-weight:600}
 .note{color:#555;font-size:.9em}
+.cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(270px,1fr));gap:.8em;margin:1em 0}
+.card{border:1px solid #ddd;border-left:6px solid #bbb;border-radius:4px;padding:.5em .7em;font-size:.9em}
+.card p{margin:.25em 0}.card .ct{font-weight:600;overflow-wrap:anywhere}.card .cv{font-size:1.15em;font-weight:700}
+.card.yes{border-left-color:#3a9a3a}.card.no{border-left-color:#c33}.card.warn{border-left-color:#d99a1c}
 figure{margin:1em 0}img{max-width:100%}
 pre{background:#f6f6f6;padding:.6em;overflow-x:auto;font-size:.8em}
 """

@@ -225,6 +225,8 @@ def build(
 
     doc = Doc(f"mmchaos report — {c.name}")
     sections_verdict.intro(doc, c, baseline, window_s, compared)
+    sections_verdict.cards(doc, c, verdict, crash, cost, baseline)  # the first screen
+    sections_verdict.explanation(doc, c, baseline, window_s)
     sections_verdict.summary(doc, c, verdict, crash, drift, retried, lat, tput, cost, attribution, baseline)
     sections_verdict.verdicts(doc, verdict)
     sections_run.what_was_run(doc, c)

@@ -85,7 +85,10 @@ def side_by_side(doc, c, verdict, crash, lat, tput) -> None:
     for n in common:
         for label, f in (
             ("workaround verified", lambda k: v[k]["verdict"]),
-            ("crashes / hour", lambda k: ci(cr[k]["per_hour"], cr[k]["per_hour_lo"], cr[k]["per_hour_hi"])),
+            (
+                "crashes per hour of uptime",
+                lambda k: ci(cr[k]["per_hour_up"], cr[k]["per_hour_up_lo"], cr[k]["per_hour_up_hi"]),
+            ),
             (
                 "crashes / 1,000 requests",
                 lambda k: ci(cr[k]["per_1k_requests"], cr[k]["per_1k_requests_lo"], cr[k]["per_1k_requests_hi"]),

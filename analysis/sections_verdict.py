@@ -26,6 +26,9 @@ def intro(doc: Doc, c: CampaignResults, baseline: str, window_s: float, compared
         f"{tr['duration_s'].sum() / 3600:.2f} hours of load"
         + (f", run between {span[0]:%Y-%m-%d %H:%M} and {span[1]:%Y-%m-%d %H:%M} UTC." if pd.notna(span[0]) else ".")
     )
+
+
+def explanation(doc: Doc, c: CampaignResults, baseline: str, window_s: float) -> None:
     doc.p(
         "What this measures: a vLLM server serving a multimodal embedding model is driven with a realistic mix of "
         "requests plus malformed ones that can leave the multi-modal processor cache of the API server (P0) and the "
@@ -47,6 +50,51 @@ def intro(doc: Doc, c: CampaignResults, baseline: str, window_s: float, compared
         doc.bullets(c.warnings)
 
 
+# the one crash rate the report leads with: per hour the server was up and taking load (a restart's down time is no
+# exposure), as the crash-hazard section and `mmchaos predict` count it
+RATE = "crashes per hour of uptime"
+
+
+def cards(doc, c, verdict, crash, cost, baseline) -> None:
+    """The first screen: per configuration its verdict, why in one line, its crashes at the one rate, its cost
+    against the baseline, and where its first crash is with the command that shrinks it."""
+    v, cr = by_config(verdict), by_config(crash)
+    cst = cost[cost["kind"] == stats.ALL_VALID].set_index("config")
+    trials = c.trials.set_index(["config", "trial"])
+    out = []
+    for cfg in c.configs:
+        r = cr[cfg]
+        lines = [_reason(v[cfg], r)]
+        if r["crashes"]:
+            lines.append(
+                f"{int(r['crashes'])} crash(es) in {int(r['trials'])} trial(s): {num(r['per_hour_up'])} {RATE} "
+                f"[{num(r['per_hour_up_lo'])}, {num(r['per_hour_up_hi'])}]"
+            )
+        else:
+            lines.append(f"no crash in {int(r['trials'])} trial(s): at most {num(r['per_hour_up_hi'])} {RATE} (95 %)")
+        if cfg == baseline:
+            lines.append("the baseline the costs are measured against")
+        elif cfg in cst.index:
+            k = cst.loc[cfg]
+            lines.append(
+                f"cost: latency p50 {num(k['p50_ratio'])}×, throughput {num(k['throughput_ratio'])}× {baseline}'s"
+            )
+        first = c.crashes[c.crashes["config"] == cfg].sort_values("t_detected").head(1)
+        if len(first) and (cfg, first["trial"].iloc[0]) in trials.index:
+            folder = trials.loc[(cfg, first["trial"].iloc[0]), "path"]
+            lines.append(f"first crash: {folder} — shrink it: mmchaos minimize {folder}")
+        out.append((cfg, v[cfg]["title"], lines))
+    doc.cards(out)
+
+
+def _reason(v, r) -> str:
+    """The verdict's one-line reason: what failed, or what was seen."""
+    said = _failed(v, r)
+    if said:
+        return "; ".join(said)
+    return "every check passed" if not v["not_exercised"] else f"not exercised: {', '.join(v['not_exercised'])}"
+
+
 def summary(doc, c, verdict, crash, drift, retried, lat, tput, cost, attribution, baseline) -> None:
     doc.h(2, "Summary")
     v, cr, dr, tp, rt = by_config(verdict), by_config(crash), by_config(drift), by_config(tput), by_config(retried)
@@ -65,7 +113,7 @@ def summary(doc, c, verdict, crash, drift, retried, lat, tput, cost, attribution
                 "valid ok, 1st attempt": pct(rt[cfg]["first_ok_share"]),
                 "valid ok, after retries": pct(rt[cfg]["final_ok_share"]),
                 "crashes": integer(cr[cfg]["crashes"]),
-                "crashes / hour": ci(cr[cfg]["per_hour"], cr[cfg]["per_hour_lo"], cr[cfg]["per_hour_hi"]),
+                RATE: ci(cr[cfg]["per_hour_up"], cr[cfg]["per_hour_up_lo"], cr[cfg]["per_hour_up_hi"]),
                 "trials crashed": pct_ci(*cr[cfg][["share_crashed", "share_crashed_lo", "share_crashed_hi"]]),
                 "drift lines": integer(dr[cfg]["drift_events"]),
                 "503 share": pct(dr[cfg]["share_503"]),
@@ -81,17 +129,22 @@ def summary(doc, c, verdict, crash, drift, retried, lat, tput, cost, attribution
     doc.bullets([finding(cfg, v[cfg], cr[cfg], dr[cfg], attribution, cst, baseline) for cfg in c.configs])
 
 
-def finding(cfg, v, cr, dr, attribution, cst, baseline) -> str:
+def _failed(v, cr) -> list[str]:
+    """The checks a configuration failed, said as what happened: "the server crashed in 2 of 2 trial(s)"."""
     by_title = {c.title: name for name, c in CHECKS.items()}
     failed = [
         by_title[t] for line in v["evidence"] if ": failed" in line and (t := line.split(": failed", 1)[0]) in by_title
     ]
     trials = int(cr["trials"])
     crashed = round(float(cr.get("share_crashed", 0) or 0) * trials)
-    said = [
+    return [
         f"the server crashed in {crashed} of {trials} trial(s)" if n == "stays_up" and crashed else CHECKS[n].failed
         for n in failed
     ]
+
+
+def finding(cfg, v, cr, dr, attribution, cst, baseline) -> str:
+    said = _failed(v, cr)
     # what failed, said as what happened: "fails — the server crashed in 2 of 2 trials"
     parts = [
         f"{cfg}: {v['title']}"
@@ -101,10 +154,10 @@ def finding(cfg, v, cr, dr, attribution, cst, baseline) -> str:
     if cr["crashes"]:
         parts.append(
             f"{int(cr['crashes'])} crash(es) in {int(cr['trials'])} trial(s), "
-            f"{num(cr['per_hour'])} per hour [{num(cr['per_hour_lo'])}, {num(cr['per_hour_hi'])}]"
+            f"{num(cr['per_hour_up'])} {RATE} [{num(cr['per_hour_up_lo'])}, {num(cr['per_hour_up_hi'])}]"
         )
     else:
-        parts.append(f"no crash in {int(cr['trials'])} trial(s) (at most {num(cr['per_hour_hi'])} per hour at 95 %)")
+        parts.append(f"no crash in {int(cr['trials'])} trial(s) (at most {num(cr['per_hour_up_hi'])} {RATE} at 95 %)")
     if dr["drift_events"]:
         parts.append(f"{int(dr['drift_events'])} cache-drift line(s)")
     a = attribution[(attribution["config"] == cfg)] if len(attribution) else attribution

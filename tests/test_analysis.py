@@ -4,6 +4,7 @@ end to end (self-contained, escaped), and the command line's bad-input behaviour
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
@@ -905,3 +906,21 @@ def test_a_pre_render_case_is_never_named_by_lift_and_lift_needs_five_incidents(
         )
     words = report.write_report(camp).markdown.read_text().split("In plain words:")[1].split("\n\n")[1]
     assert "preceded" not in words and "caused" not in words, words
+
+
+def test_the_first_screen_is_a_card_per_configuration(tmp_path):
+    """Before any table: per configuration its verdict, why, its crashes at the one rate the report uses, its cost,
+    and its first crash's trial folder with the command that shrinks it."""
+    cfgs = (SyntheticConfig("default", crash_per_hour=40.0), SyntheticConfig("off", ["--mm-processor-cache-gb", "0"]))
+    camp = make_campaign(tmp_path, "c", cfgs, trials=2, requests_per_trial=300, duration_s=300)
+    res = report.write_report(camp, baseline="off")
+    md = res.markdown.read_text()
+    head = md.split("What this measures")[0]
+    verdicts = res.verdicts
+    for cfg in ("default", "off"):
+        assert f"**{cfg}: {verdicts[cfg]}**" in head
+    assert head.count("crashes per hour of uptime") == 2 and "crashes / hour" not in md
+    [folder] = re.findall(r"shrink it: mmchaos minimize (\S+)", head)
+    assert Path(folder).parent.name == "default" and (Path(folder) / "manifest.json").is_file()
+    assert "the baseline the costs are measured against" in head.split("**off:")[1]
+    assert '<div class="cards">' in res.html.read_text()

@@ -25,6 +25,8 @@ LEFT_OUT = re.compile(
     r"limit-mm-per-prompt|kv-transfer|kv-events|speculative|structured-outputs)"
 )
 PLACE = re.compile(r"PATH|DIR|FILE|URL|JSON|CONFIG|NAME|KWARGS", re.I)
+COUNT = re.compile(r"(^|_)(NUM|MAX|SIZE|LEN|TOKENS|SEQS|COUNT)(_|$)")  # a metavar that names a count
+UNSIZED = (1, 2, 16, 256)  # a count whose default the engine decides (no number in the help)
 SET_SIZE = (1, 2)  # options in a drawn set
 AUTO = "auto"  # --flags-axis auto (3 sets) or auto:N
 
@@ -45,6 +47,9 @@ class Option:
         if self.choices:
             return [[flag, c] for c in self.choices if c != self.default]
         number = _number(self.default)
+        if number is None and self.default in (None, "None") and COUNT.search(self.metavar):
+            # a count the engine sizes itself when not given (--max-num-seqs): small and large ones
+            return [[flag, str(v)] for v in UNSIZED]
         if number is None:
             return []
         is_int = re.fullmatch(r"-?\d+", self.default or "") is not None
