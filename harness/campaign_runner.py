@@ -36,9 +36,9 @@ from mmchaos.tables import PART_GLOB, PartWriter, compact, read_table, table_dir
 
 from . import crash_watch, distributed, engines, model, provenance
 from .campaign_plan import CampaignPlan, Config, Run, fault_target
-from .fault_control import FaultControl
-from .fault_injector import FaultInjector
-from .fault_proxy import FaultProxy, ProxyError
+from .injection.control import FaultControl
+from .injection.injector import FaultInjector
+from .injection.proxy import FaultProxy, ProxyError
 from .processes import stop_group, wait_port_free
 from .server import Server, ServerError, Target
 

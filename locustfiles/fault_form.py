@@ -2,7 +2,7 @@
 can take, and a panel tab listing every fault of the run (scheduled or by hand) with its outcome.
 
 The Locust process never injects a fault: it relays the form to the fault control of the process that started the
-server (``--fault-control URL``, printed by ``mmchaos serve``; harness/fault_control.py), which checks it with the
+server (``--fault-control URL``, printed by ``mmchaos serve``; harness/injection/control.py), which checks it with the
 one rule and fires it at the pids it recorded. Its list of faults is polled every ``POLL_S`` into the panel.
 """
 

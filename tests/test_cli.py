@@ -12,7 +12,7 @@ from mmchaos.errors import MmchaosError, one_line
 from mmchaos.harness import cli
 from mmchaos.harness.commands import common, engine, report, serve
 
-MODULES = {m.__name__.rsplit(".", 1)[1]: m for m in cli.COMMANDS}  # engine: mmchaos.harness.commands.engine
+MODULES = {m.__name__.rsplit(".", 1)[1].replace("_", "-"): m for m in cli.COMMANDS}  # locust_options: locust-options
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -129,7 +129,7 @@ def test_the_projects_user_errors_are_mmchaos_errors():
     from mmchaos.campaign_file import FileProblem
     from mmchaos.harness.campaign_plan import CampaignError
     from mmchaos.harness.engines import EngineError
-    from mmchaos.harness.fault_proxy import ProxyError
+    from mmchaos.harness.injection.proxy import ProxyError
     from mmchaos.harness.minimize import MinimizeError
     from mmchaos.harness.model import ModelError
     from mmchaos.harness.server import ServerError

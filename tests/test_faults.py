@@ -22,7 +22,7 @@ from mmchaos.analysis.results import load_results
 from mmchaos.analysis.sections_faults import in_words
 from mmchaos.analysis.verdict import verdicts
 from mmchaos.harness import campaign_plan, campaign_runner
-from mmchaos.harness.fault_proxy import FaultProxy
+from mmchaos.harness.injection.proxy import FaultProxy
 from mmchaos.harness.server_processes import alive, identify
 from mmchaos.tables import read_table
 

@@ -179,3 +179,37 @@ def test_off_schema_bodies_change_one_thing_and_stay_small():
 
     check()
     assert {"input", "model"} <= set(changed)  # dropped or retyped prompts, other models' names
+
+
+def _drawn_from(life) -> list[str]:
+    """The images 40 draws of a suspect and of a seen image take from ``life``."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from mmchaos.harness.hunt import cases
+
+    got: list[str] = []
+
+    @settings(max_examples=40, database=None, deadline=None)
+    @given(st.data())
+    def draw(data):
+        got.append(data.draw(cases._from_life(life, "suspects")).hash)
+        got.append(data.draw(cases._from_life(life, "seen")).hash)
+
+    draw()
+    return got
+
+
+def test_once_a_crash_is_known_no_suspect_is_drawn_and_answered_images_still_are():
+    from mmchaos.harness.hunt import cases
+    from mmchaos.harness.hunt.media import Media
+
+    ok, failed = (Media(f"data:image/png;base64,{x}", x, "none", "PNG", 1, 1, "image") for x in ("b2s=", "ZmFpbA=="))
+    lives = []
+    for avoid in (False, True):
+        life = cases.Life(avoid_suspects=avoid)
+        life.saw([ok], answered=True)
+        life.saw([failed], answered=False)
+        lives.append(_drawn_from(life))
+    assert failed.hash in lives[0]
+    assert failed.hash not in lives[1] and ok.hash in lives[1]

@@ -1,5 +1,5 @@
 """`mmchaos serve`: launch a server and keep it up until Ctrl-C, with its fault control (faults fired by hand from
-Locust's web UI: harness/fault_control.py) and a fault proxy for the network faults."""
+Locust's web UI: harness/injection/control.py) and a fault proxy for the network faults."""
 
 from __future__ import annotations
 
@@ -64,9 +64,9 @@ def _fault_control(server, target, log: Path):
 
     from mmchaos import faults
 
-    from ..fault_control import FaultControl
-    from ..fault_injector import FaultInjector
-    from ..fault_proxy import FaultProxy
+    from ..injection.control import FaultControl
+    from ..injection.injector import FaultInjector
+    from ..injection.proxy import FaultProxy
     from ..server import api_server_count, tensor_parallel_size
 
     up = urlsplit(server.base_url)

@@ -3,8 +3,9 @@
 - search.py: the loop (servers, cases, budgets, shrinking, the state a re-run resumes);
 - cases.py: a case, a Hypothesis state machine whose rules are requests and operator actions;
 - api_schema.py, bodies.py, media.py: what a case sends, from the server's /openapi.json, and its images and clips;
+- negative.py: bodies just off a route's schema (one thing made wrong);
 - oracles.py, reference.py: what counts as a failure (a crash, a log line nobody named, a 5xx, a wrong answer);
 - findings.py: a finding, typed; report.py: the findings report; versions.py: reproducers on other versions;
 - coverage.py, corpus.py: vLLM's own lines as the search's compass, the cases that taught it something, mutants;
-- axis.py: server flags as an axis of the search.
+- axis.py, flag_draw.py: server flags as an axis of the search, and flag sets drawn from vLLM's own help.
 """

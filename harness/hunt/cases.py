@@ -99,6 +99,9 @@ class Life:
     seen: dict[str, Media] = field(default_factory=dict)
     suspects: list[str] = field(default_factory=list)
     t0: float = field(default_factory=time.monotonic)
+    # a crash met KNOWN_CRASH times already: no suspect is sent again (every one would cost a restart to meet it once
+    # more); images the server answered stay to be sent again
+    avoid_suspects: bool = False
 
     def saw(self, images: list[Media], answered: bool) -> None:
         for m in images:
@@ -346,7 +349,10 @@ def _from_life(life: Life, which: str, drawn: dict[str, int] | None = None) -> s
 
     def pick(x: tuple[bool, int, Media]) -> Media:
         newest, k, new = x
-        hashes = [h for h in life.suspects if h in life.seen] if which == "suspects" else list(life.seen)
+        if life.avoid_suspects:
+            hashes = [] if which == "suspects" else [h for h in life.seen if h not in set(life.suspects)]
+        else:
+            hashes = [h for h in life.suspects if h in life.seen] if which == "suspects" else list(life.seen)
         source = which if hashes else "fresh"
         if drawn is not None:
             drawn[source] = drawn.get(source, 0) + 1

@@ -26,6 +26,11 @@ def _searched(doc: Doc, hunt) -> None:
         f"(share asked {hunt.mutate_share:g}); corpus: {len(s.get('corpus', []))} case(s). Media drawn: {media} "
         "(suspects: images of requests that did not get their answer)."
     )
+    if avoided := s.get("suspects_avoided_from"):
+        doc.note(
+            f"From case {avoided['case']} on, no suspect was sent: {avoided['crash']} had been met twice, and each "
+            "meeting costs a server restart; images the server answered were still sent again."
+        )
     cov = s.get("coverage")
     if hunt.blind or not cov:
         doc.note(

@@ -482,7 +482,11 @@ class Hunt:
         self.answers = oracles.Answers()
         self.cases_of_life: list[tuple[cases.Case, list[cases.Sent]]] = []  # the cases this server was sent
         self.crash = None
-        self.life = cases.Life()
+        known = [f for f in self.findings.values() if f.oracle == "crash" and f.count >= KNOWN_CRASH]
+        self.life = cases.Life(avoid_suspects=bool(known))
+        if known and "suspects_avoided_from" not in self.state:
+            # said in the report: from here on the search reuses only images the server answered
+            self.state["suspects_avoided_from"] = {"case": self.state["cases"], "crash": known[0].title}
         if self.client is not None:
             self.client.close()
         headers = auth_headers(self.server.api_key) if self.server.api_key else {}
@@ -947,6 +951,7 @@ def _reproduced(p: subprocess.CompletedProcess) -> bool:
     return p.returncode == 1 and bool(got and got.get("reproduced"))
 
 
+KNOWN_CRASH = 2  # times a crash is met before the search stops sending suspects (each meeting costs a restart)
 ONE_STEP_TRIES = 6  # steps of a case tried alone for an unknown log line's reproducer
 
 

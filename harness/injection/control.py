@@ -18,8 +18,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from mmchaos import faults
 
-from .fault_injector import FaultInjector
-from .processes import LOOPBACK
+from ..processes import LOOPBACK
+from .injector import FaultInjector
 
 MAX_BODY = 10_000
 

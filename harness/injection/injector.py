@@ -21,9 +21,9 @@ from mmchaos import schema
 from mmchaos.faults import KILL, STOP, Fault
 from mmchaos.tables import PartWriter, table_dir
 
-from .fault_proxy import FaultProxy
+from ..server_processes import Identity, alive
 from .operator_call import OperatorCall
-from .server_processes import Identity, alive
+from .proxy import FaultProxy
 
 
 @dataclass
