@@ -10,8 +10,8 @@ next rule is drawn knowing what the server answered (Hypothesis's stateful testi
 - ``reuse``: a body carrying an image of an earlier request that did not get its answer (an error status, a
   hang-up, no answer): the images a failure may have left half-known to the server, newest first;
 - ``together``: two or three requests at once, on sessions of their own, sharing images;
-- ``edge``: a burst of text-only bodies at the schema's edges, some with one thing made wrong (:mod:`.negative`):
-  cheap requests through the validation, tokenizing and refusal code that image requests pass by;
+- ``edge``, ``off_schema``: a burst of text-only bodies at the schema's edges, valid or with one thing made wrong
+  (:mod:`.negative`): cheap requests through the validation, tokenizing and refusal code image requests pass by;
 - ``operate``: an operator action the server exposes (``/reset_mm_cache``; ``/sleep`` then ``/wake_up``,
   ``/pause`` then ``/resume``, each pair around a request).
 
@@ -49,7 +49,7 @@ HANG_UP_MS = (1.0, 2.0, 5.0, 10.0, 30.0, 100.0)  # short first: while the image 
 TOGETHER = 3  # requests sent at once, at most
 SAME_MAX = 2  # times a case sends the very same request (a poison and its reuse are two requests)
 WALKED_FROM = 3  # from this step on, a case does not begin with the shape another case began with (if it can)
-EDGE_BURST = 6  # text-only requests an edge rule sends one after the other, at most
+EDGE_BURST = 8  # text-only requests an edge or off-schema rule sends one after the other, at most
 # an operator action sent with requests lands this long after them: at 0 before they are rendered, later while the
 # engine holds them (a /pause then aborts them: measured on 0.32.0, docs/findings.md)
 ACTION_DELAY_MS = (0.0, 10.0, 30.0, 60.0)
@@ -294,14 +294,21 @@ def machine(forms: list[tuple[str, bodies.Form]], operators: list[str], hooks: H
                 steps.append(self._step(k % SESSIONS, path, body, together=self.groups))
             self._send(steps)
 
-        @rule(data=st.data(), n=st.integers(1, EDGE_BURST), session=st.integers(0, SESSIONS - 1))
-        def edge(self, data, n, session):
+        def _edge_burst(self, data, n: int, session: int, off: bool) -> None:
             for _ in range(n):
                 path, form = data.draw(st.sampled_from(hooks.weigh(forms)), label="route")
                 body = data.draw(form.text_bodies(), label="body")
-                if data.draw(st.booleans(), label="off the schema"):
+                if off:
                     body = data.draw(negative.off_schema(body, form.required), label="change")
                 self._send([self._step(session, path, body)])
+
+        @rule(data=st.data(), n=st.integers(1, EDGE_BURST), session=st.integers(0, SESSIONS - 1))
+        def edge(self, data, n, session):
+            self._edge_burst(data, n, session, off=False)
+
+        @rule(data=st.data(), n=st.integers(1, EDGE_BURST), session=st.integers(0, SESSIONS - 1))
+        def off_schema(self, data, n, session):
+            self._edge_burst(data, n, session, off=True)
 
         @precondition(lambda self: bool(singles))
         @rule(data=st.data(), alongside=st.integers(0, TOGETHER - 1), delay=st.sampled_from(ACTION_DELAY_MS))
