@@ -32,6 +32,9 @@ EXCEPTION = re.compile(
     r"^(?:\(\w+ pid=\d+\)\s*)?(?:\S+\s+)*?([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt))"
     r"(?::|$)"
 )
+# a traceback's own lines, each logged at ERROR by vLLM: indented frames and code, blank lines, carets, the chaining
+# sentences
+CONTINUATION = re.compile(r"\s*$|\s+\S|\^|During handling of the above exception|The above exception was")
 FRAMES_KEPT = 2  # innermost vLLM frames in a fingerprint: the function that raised and its caller
 
 
@@ -86,6 +89,8 @@ def log_errors(lines: Iterable[str], sigs: Signatures) -> list[LogError]:
             elif len(block) > 400:
                 block = []  # not a traceback after all
             continue
+        if ERROR_LINE.search(line) and CONTINUATION.match(_raw_message(line)):
+            continue  # a line of a traceback already told (vLLM logs each of its lines at ERROR): no error of its own
         if ERROR_LINE.search(line):
             m = EXCEPTION.search(_message(line))
             if m:
@@ -107,8 +112,13 @@ def log_needle(exception: str | None, first_line: str) -> str:
 
 def _message(line: str) -> str:
     """The line without vLLM's prefix (process, level, time, source)."""
-    text = PROCESS.sub("", line)
-    return re.sub(r"^\s*(?:ERROR|WARNING|INFO|CRITICAL|DEBUG)\s+\S+\s+\S+\s+\[[^\]]*\]\s*", "", text).strip()
+    return _raw_message(line).strip()
+
+
+def _raw_message(line: str) -> str:
+    """The line without vLLM's prefix, its own indentation kept."""
+    text = re.sub(r"^\s*", "", PROCESS.sub("", line, count=1))
+    return re.sub(r"^(?:ERROR|WARNING|INFO|CRITICAL|DEBUG)\s+\S+\s+\S+\s+\[[^\]]*\] ?", "", text)
 
 
 def _error(block: list[str], exception: str) -> LogError:

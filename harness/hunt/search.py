@@ -41,7 +41,7 @@ from mmchaos.errors import MmchaosError
 from mmchaos.files import write_json_atomic
 from mmchaos.logtail import LogTail
 from mmchaos.payloads.bodies import body_template
-from mmchaos.payloads.pool import DataURL
+from mmchaos.payloads.pool import DataURL, content_hash
 from mmchaos.payloads.traces import Trace
 from mmchaos.redact import Redactor
 from mmchaos.signatures import Signatures
@@ -640,7 +640,7 @@ class Hunt:
         step = replace(case.steps[f.step], session=0, together=None, delay_ms=None, hang_up_ms=None)
         trace, _ = trace_of([(cases.Case([step]), [replace(sent[f.step], step=0)])])
         about = f"Found by mmchaos hunt (case {f.first_case}, step {f.step + 1}) on {self._found_on()}."
-        script = folder / "repro.py"
+        script = folder / _repro_name(f)
         script.write_text(
             repro_script.render(trace, repro_script.ScriptInfo(f.title, about, repro_script.SERVER_ERROR))
         )
@@ -684,7 +684,7 @@ class Hunt:
             info = repro_script.ScriptInfo(f.title, "", repro_script.HANG)
             run = False  # the server that hung was restarted: a fresh server is the reproducer's to try
         about = f"Found by mmchaos hunt (case {f.first_case}) on {self._found_on()}."
-        script = folder / "repro.py"
+        script = folder / _repro_name(f)
         script.write_text(repro_script.render(trace, replace(info, about=about)))
         f.reproducer = str(script.relative_to(self.out))
         if not run:
@@ -955,6 +955,11 @@ KNOWN_CRASH = 2  # times a crash is met before the search stops sending suspects
 ONE_STEP_TRIES = 6  # steps of a case tried alone for an unknown log line's reproducer
 
 
+def _repro_name(f: Finding) -> str:
+    """A finding's own reproducer beside its case (several findings may share a first case)."""
+    return f"repro-{content_hash(f.fingerprint.encode())[:8]}.py"
+
+
 def _request_key(step: cases.Step) -> str:
     """A request as the server sees it (its session and its place in a group aside)."""
     return corpus.case_hash(cases.Case([replace(step, session=0, together=None)]))
@@ -1015,8 +1020,6 @@ def _with_data_urls(node, images: dict[str, dict]):
     if isinstance(node, list):
         return [_with_data_urls(v, images) for v in node]
     if isinstance(node, str) and node.startswith("data:"):
-        from mmchaos.payloads.pool import content_hash
-
         u = _HashedURL(node)
         u.hash = content_hash(node.encode())
         images.setdefault(
