@@ -185,6 +185,8 @@ class Signatures:
         own = by_name[crash].rank if crash in by_name else float("inf")
         links: list[str] = []
         for s in sigs:
+            if not (s.fatal or s.drift):
+                continue  # a line that names neither a death nor drift (a logged refusal) is no cause
             if s.name not in links and not (s.fatal and not s.drift and s.name != crash and s.rank > own):
                 links.append(s.name)
             if s.name == crash:
