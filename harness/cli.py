@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from rich.markup import escape
@@ -102,6 +103,9 @@ def _main(argv: list[str]) -> int:
     except KeyboardInterrupt:
         console.print("interrupted")
         return 130
+    except BrokenPipeError:  # the reader went away (`| head`): nothing more to say, and no traceback at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

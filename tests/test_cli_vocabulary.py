@@ -93,3 +93,41 @@ def test_the_options_mmchaos_adds_to_locust_are_listed_where_a_user_can_find_the
     assert cli.main(["locust-options"]) == 0
     out = capsys.readouterr().out
     assert all(o.flag in out for o in options.OPTIONS), [o.flag for o in options.OPTIONS if o.flag not in out]
+
+
+class _ReaderGoneAfterOneLine:
+    """A stdout whose reader closes the pipe after the first line (`| head -1`)."""
+
+    def __init__(self, fd: int):
+        self.lines: list[str] = []
+        self.fd = fd
+
+    def write(self, text: str) -> int:
+        if "\n" in "".join(self.lines):
+            raise BrokenPipeError(32, "Broken pipe")
+        self.lines.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        return self.fd
+
+
+@pytest.mark.parametrize("argv", [["locust-options"], ["model", "list"]])
+def test_a_listing_whose_reader_goes_away_ends_quietly(argv, monkeypatch, tmp_path, capsys):
+    """`mmchaos locust-options | head -1`: a header of tab-separated names, then exit 0 without a traceback when the
+    reader closes the pipe."""
+    from mmchaos.harness import cli
+
+    with open(tmp_path / "out", "w") as f:
+        gone = _ReaderGoneAfterOneLine(f.fileno())
+        monkeypatch.setattr("sys.stdout", gone)
+        assert cli.main(argv) == 0
+    [header] = "".join(gone.lines).splitlines()
+    assert header.split("\t")[0] in ("flag", "model")
+    assert "Traceback" not in capsys.readouterr().err

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
+from rich.table import Table
 
 from mmchaos.errors import MmchaosError
 from mmchaos.redact import RedactingStream, Redactor, flag_values, split_command
@@ -22,6 +23,23 @@ console = Console(stderr=True, highlight=False, soft_wrap=True, width=None if sy
 
 class CommandError(MmchaosError):
     """One line: what is wrong with the command as given, or why it cannot run; what to do."""
+
+
+def listing(columns: list[tuple[str, str]], rows: list[tuple[str, ...]], keep_whole: int = 2) -> None:
+    """A list command's answer on stdout: a table on a terminal (the first ``keep_whole`` columns never wrapped:
+    names are what people copy), tab-separated lines under a header when piped (nothing cut). ``columns``: (name
+    in the header line, title in the table)."""
+    if not sys.stdout.isatty():
+        print("\t".join(name for name, _ in columns))
+        for row in rows:
+            print("\t".join(row))
+        return
+    t = Table(*(escape(title) for _, title in columns))
+    for c in t.columns[:keep_whole]:
+        c.no_wrap = True
+    for row in rows:
+        t.add_row(*(escape(x) for x in row))
+    Console(highlight=False).print(t)
 
 
 def say(line: str) -> None:

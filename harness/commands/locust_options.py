@@ -5,11 +5,9 @@ one table they come from (mmchaos/options.py), as flags for `locust` and keys fo
 
 from __future__ import annotations
 
-from rich.table import Table
-
 from mmchaos import options
 
-from .common import console
+from .common import listing
 
 
 def add_parser(sub) -> None:
@@ -22,17 +20,15 @@ def add_parser(sub) -> None:
 
 
 def run(a) -> int:
+    columns = [
+        ("flag", "flag (locust)"),
+        ("key", "key ([workload.options])"),
+        ("default", "default"),
+        ("web_ui", "in the web UI"),
+        ("help", "what it does"),
+    ]
     rows = [(o.flag, o.name, _shown(o.default), "yes" if o.ui else "no", o.help) for o in options.OPTIONS]
-    if not console.is_terminal:  # piped: whole lines, tab-separated, under a header, nothing cut
-        print("flag\tkey\tdefault\tweb_ui\thelp")
-        for row in rows:
-            print("\t".join(row))
-        return 0
-    t = Table("flag (locust)", "key (\\[workload.options])", "default", "in the web UI", "what it does")
-    t.columns[0].no_wrap = t.columns[1].no_wrap = True  # names are what people copy
-    for row in rows:
-        t.add_row(*row)
-    console.print(t)
+    listing(columns, rows)
     return 0
 
 

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rich.table import Table
-
 from mmchaos import paths
 
 from .. import model as model_build
-from .common import CommandError, console
+from .common import CommandError, console, listing
 
 
 def add_parser(sub) -> None:
@@ -27,26 +25,18 @@ def add_parser(sub) -> None:
 
 def run(a) -> int:
     if a.action == "list":
+        columns = [
+            ("model", "model"),
+            ("architecture", "architecture"),
+            ("accepts", "accepts"),
+            ("serves", "serves"),
+            ("built_at", "built at"),
+        ]
         rows = [
             (r.name, r.architecture, r.accepts, r.routes, str(r.folder) if model_build.is_built(r.folder) else "-")
             for r in model_build.RECIPES.values()
         ]
-        if not console.is_terminal:  # piped: whole lines, tab-separated, under a header, no path cut
-            print("model\tarchitecture\taccepts\tserves\tbuilt_at")
-            for row in rows:
-                print("\t".join(row))
-            return 0
-        t = Table("model", "architecture", "accepts", "serves", "built at")
-        t.columns[0].no_wrap = t.columns[1].no_wrap = True  # names are what people copy
-        for r in model_build.RECIPES.values():
-            t.add_row(
-                r.name,
-                r.architecture,
-                r.accepts,
-                r.routes,
-                str(r.folder) if model_build.is_built(r.folder) else "(not built)",
-            )
-        console.print(t)
+        listing(columns, rows)
         return 0
     names = a.names or [model_build.DEFAULT]
     for name in names:
