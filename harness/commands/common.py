@@ -4,6 +4,7 @@ server target of serve and repro."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from rich.console import Console
@@ -25,7 +26,7 @@ class CommandError(MmchaosError):
     """One line: what is wrong with the command as given, or why it cannot run; what to do."""
 
 
-def listing(columns: list[tuple[str, str]], rows: list[tuple[str, ...]], keep_whole: int = 2) -> None:
+def listing(columns: list[tuple[str, str]], rows: Sequence[Sequence[str]], keep_whole: int = 2) -> None:
     """A list command's answer on stdout: a table on a terminal (the first ``keep_whole`` columns never wrapped:
     names are what people copy), tab-separated lines under a header when piped (nothing cut). ``columns``: (name
     in the header line, title in the table)."""
