@@ -215,7 +215,7 @@ def build(
     say("drawing plots")
     figs = {
         "crash_rates": plots.crash_rates(crash, c.configs),
-        "hazard": plots_hazard.hazard_curves(fits),
+        "hazard": plots_hazard.hazard_curves(fits) if sections_hazard.swept(c) else None,
         "survival": plots.survival(curves, durations, c.configs),
         "latency": plots.latency_ecdf(stats.latency_quantile_grid(c), c.configs),
         "throughput": plots.throughput_over_time(stats.throughput_over_time(c), c.configs),

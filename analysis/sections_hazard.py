@@ -50,13 +50,16 @@ def hazard_section(
             caption="How p depends on the knobs that varied: ratio of p across the measured range "
             "(and per unit of the knob), 95 % intervals; 1 means no dependence",
         )
-    if fig is None:
-        from . import plots_hazard  # matplotlib is slow to import: only when the section is really drawn
+    if not swept(c):
+        doc.note("Not a sweep: each configuration is one point, so p has no curve over knobs to draw.")
+    else:
+        if fig is None:
+            from . import plots_hazard  # matplotlib is slow to import: only when the section is really drawn
 
-        fig = plots_hazard.hazard_curves(fits)
-    doc.image("crash_hazard.png", fig, "crashes per poison event per sweep point with the fitted curve")
+            fig = plots_hazard.hazard_curves(fits)
+        doc.image("crash_hazard.png", fig, "crashes per poison event per sweep point with the fitted curve")
     pts = _points_table(fits)
-    if len(pts):
+    if len(pts) and swept(c):
         doc.table(
             pts.head(MAX_POINT_ROWS),
             caption=f"Per sweep point: measured against fitted ({min(len(pts), MAX_POINT_ROWS)} of {len(pts)} shown)",
@@ -68,6 +71,11 @@ def hazard_section(
         _held_out(doc, held)
     if prediction is not None:
         _prediction(doc, prediction)
+
+
+def swept(c: CampaignResults) -> bool:
+    """Whether any trial ran at a sweep point (a knob varied): only then has p a curve over knobs."""
+    return bool((~c.trials["sweep"].astype(str).isin(["", "{}"])).any())
 
 
 def _held_out(doc: Doc, held: pd.DataFrame) -> None:

@@ -924,3 +924,12 @@ def test_the_first_screen_is_a_card_per_configuration(tmp_path):
     assert Path(folder).parent.name == "default" and (Path(folder) / "manifest.json").is_file()
     assert "the baseline the costs are measured against" in head.split("**off:")[1]
     assert '<div class="cards">' in res.html.read_text()
+
+
+def test_a_campaign_that_is_no_sweep_gets_no_hazard_curve(tmp_path):
+    """One point per configuration: p has no curve over knobs, so no near-empty figure (the section says why)."""
+    camp = make_campaign(tmp_path, "c", trials=2, requests_per_trial=300, duration_s=300)
+    res = report.write_report(camp)
+    md = res.markdown.read_text()
+    assert "## Crash hazard per poison event" in md and "Not a sweep" in md
+    assert "crash_hazard.png" not in md and not (res.out_dir / "crash_hazard.png").exists()
