@@ -215,7 +215,6 @@ def build(
     say("drawing plots")
     figs = {
         "crash_rates": plots.crash_rates(crash, c.configs),
-        "hazard": plots_hazard.hazard_curves(fits) if sections_hazard.swept(c) else None,
         "survival": plots.survival(curves, durations, c.configs),
         "latency": plots.latency_ecdf(stats.latency_quantile_grid(c), c.configs),
         "throughput": plots.throughput_over_time(stats.throughput_over_time(c), c.configs),
@@ -234,7 +233,8 @@ def build(
         sections_run.side_by_side(doc, c, verdict, crash, lat, tput)
     sections_faults.faults(doc, effects)
     sections_incidents.crashes(doc, c, crash, figs["crash_rates"])
-    sections_hazard.hazard_section(doc, c, fits, figs["hazard"], held, predicted)
+    hazard_fig = plots_hazard.hazard_curves(fits) if sections_hazard.swept(c) else None  # a curve needs a sweep
+    sections_hazard.hazard_section(doc, c, fits, hazard_fig, held, predicted)
     sections_incidents.survival(doc, durations, curves, figs["survival"], c.configs)
     sections_incidents.attribution(doc, events, attribution, window_s)
     sections_incidents.drift(doc, drift)
