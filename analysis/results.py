@@ -372,6 +372,27 @@ def _images_of_request(events: pd.DataFrame, requests: pd.DataFrame) -> pd.Serie
     return events["request_id"].map(dict(zip(named["request_id"], named["image_hashes"].astype(str)))).astype(object)
 
 
+def fatal_lines(trial_path: str | Path, sigs, before: int = 60, after: int = 4) -> tuple[list[str], int] | None:
+    """The lines of a trial's server log that tell its first death: from the traceback (or drift line) that led
+    to the first line a fatal signature names, to a few lines after it; and the first line's number. None when
+    no line names a death (a SIGKILL, a hang): then the log's end is what there is."""
+    p = Path(trial_path) / S.SERVER_LOG
+    if not p.exists():
+        return None
+    lines = p.read_text(errors="replace").splitlines()
+    for i, line in enumerate(lines):
+        m = sigs.match(line)
+        if m is not None and m.signature.fatal:
+            start = i
+            for j in range(i, max(-1, i - before), -1):  # back to where its story starts
+                start = j
+                hit = sigs.match(lines[j])
+                if "Traceback (most recent call last)" in lines[j] or (hit is not None and hit.signature.drift):
+                    break
+            return lines[start : i + after + 1], start + 1
+    return None
+
+
 def read_server_log(trial_path: str | Path, tail_lines: int = 40) -> list[str]:
     """The last lines of a trial's server log ([] when there is none)."""
     p = Path(trial_path) / S.SERVER_LOG

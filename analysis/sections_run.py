@@ -6,10 +6,12 @@ import json
 
 import pandas as pd
 
+from mmchaos.signatures import Signatures
+
 from . import stats
 from .document import Doc
 from .formatting import by_config, ci, integer, num
-from .results import CampaignResults, read_server_log
+from .results import CampaignResults, fatal_lines, read_server_log
 
 LOG_TAIL_LINES = 25
 
@@ -127,8 +129,15 @@ def trials(doc, c, durations) -> None:
         )
     )
     crashed = t[[ncrash.get(k, 0) > 0 for k in key]].drop_duplicates("config")
+    sigs = Signatures.default()
     for _, tr in crashed.iterrows():
-        lines = read_server_log(tr["path"], LOG_TAIL_LINES)
+        told = fatal_lines(tr["path"], sigs)
+        if told is not None:  # the death as the server told it, not its teardown
+            lines, first = told
+            doc.h(3, f"How the server died: {tr['config']} trial {tr['trial']} (server.log from line {first})")
+        else:
+            lines = read_server_log(tr["path"], LOG_TAIL_LINES)
+            if lines:
+                doc.h(3, f"End of server.log: {tr['config']} trial {tr['trial']} (no line names its death)")
         if lines:
-            doc.h(3, f"End of server.log: {tr['config']} trial {tr['trial']}")
             doc.code("\n".join(line[:300] for line in lines))

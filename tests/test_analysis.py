@@ -933,3 +933,20 @@ def test_a_campaign_that_is_no_sweep_gets_no_hazard_curve(tmp_path):
     md = res.markdown.read_text()
     assert "## Crash hazard per poison event" in md and "Not a sweep" in md
     assert "crash_hazard.png" not in md and not (res.out_dir / "crash_hazard.png").exists()
+
+
+def test_a_crash_is_shown_by_the_lines_that_tell_it_not_by_the_logs_end(tmp_path):
+    """The report shows the traceback that led to the fatal line, not what the server printed while it was stopped
+    (teardown warnings), which is the end of its log."""
+    cfgs = (SyntheticConfig("default", crash_per_hour=400.0),)
+    camp = make_campaign(tmp_path, "c", cfgs, trials=1, duration_s=300, interrupt_last=False)
+    log = camp / "default" / "t000" / "server.log"
+    before = log.read_text().splitlines()
+    teardown = [f"resource_tracker: There appear to be {k} leaked shared_memory objects" for k in range(60)]
+    story = ["(APIServer pid=9) ERROR [a.py:1] Traceback (most recent call last):", '  File "x.py", line 1, in f']
+    fatal = next(i for i, line in enumerate(before) if "req_state.detokenizer" in line)
+    log.write_text("\n".join([*before[:fatal], *story, *before[fatal:], *teardown]) + "\n")
+    md = report.write_report(camp).markdown.read_text()
+    section = md.split("### How the server died: default trial 0")[1].split("###")[0]
+    assert "Traceback (most recent call last)" in section and "req_state.detokenizer is not None" in section
+    assert "leaked shared_memory" not in section
