@@ -68,7 +68,7 @@ def main(prepare: str, extra: list[str]) -> int:
     # SIGINT ignored: tests interrupt the processes they start and expect them to hear it
     signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
-    with tempfile.TemporaryDirectory(prefix="mmchaos-test-lanes-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="mmchaos-test-lanes-", ignore_cleanup_errors=True) as tmp:
         logs: dict[str, Path] = {}
         junit: list[Path] = []
 
