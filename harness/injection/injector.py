@@ -150,11 +150,6 @@ class FaultInjector:
             if "outcome" in c.row:  # its undo answered: the action's row is complete
                 self._write(c.row)
             elif c.then is not None and c.call.ok:  # an action that lasts: undone when its duration is over
-                # in effect from the server's answer (requests sent before it was handled were served: a loaded
-                # machine made that gap seconds), so its clock and duration start there
-                assert c.call.t_done is not None
-                c.row["t_injected"] = c.call.t_done
-                c.then.ends = c.call.t_done + c.then.fault.duration
                 c.row["outcome"] = schema.FAULT_INJECTED
                 self.lasting.append(c.then)
                 rows.append(c.row)
