@@ -53,6 +53,7 @@ from . import api_schema, bodies, cases, corpus, flag_draw, oracles, versions
 from .coverage import EngineCoverage
 from .findings import Finding
 from .reference import Reference
+from .versions import Affected
 
 TICK = 0.2  # seconds between observations of the server, as in a campaign
 SHRINK_RUNS = 7  # candidate runs kept for shrinking a crash (the minimizer's guesses, then its confirmation)
@@ -755,21 +756,25 @@ class Hunt:
             lines = []
             for spec in self.versions:
                 self.say(f"hunt: finding {f.first_case}: its reproducer on {self.shown(spec)}")
-                got = versions.run_on(
-                    repro,
-                    spec,
-                    self.shown(spec),
-                    self.target,
-                    self.out / "servers" / "versions",
-                    self.startup_timeout,
-                    runs=max(1, self.repeats),
-                    on_start=self._count_start,
-                )
+                got = self._repro_on(repro, spec, "versions")
                 self.say(f"  {got.line()}" + (f": {got.detail}" if got.result == versions.COULD_NOT_RUN else ""))
                 lines.append(got.line())
                 f.affected.append({"spec": self.shown(spec), "result": got.result})
             f.detail = f"{f.detail}\naffected: {self._found_on()}: crashed (found there); {'; '.join(lines)}".strip()
             self._save()
+
+    def _repro_on(self, repro: Path, spec: str, why: str) -> Affected:
+        """A crash's reproducer on fresh servers of ``spec`` (their logs under servers/``why``)."""
+        return versions.run_on(
+            repro,
+            spec,
+            self.shown(spec),
+            self.target,
+            self.out / "servers" / why,
+            self.startup_timeout,
+            runs=max(1, self.repeats),
+            on_start=self._count_start,
+        )
 
     def _fewest_flags(self) -> None:
         """Each crash found under a flag set of the axis and shrunk to a confirmed reproducer: the reproducer run on
@@ -791,16 +796,7 @@ class Hunt:
                 without = [o for o in kept if o is not option]
                 spec = shlex.join([str(self.target.engine), *base, *[w for o in without for w in o]])
                 self.say(f"hunt: finding {f.first_case}: its reproducer without {shlex.join(option)}")
-                got = versions.run_on(
-                    repro,
-                    spec,
-                    self.shown(spec),
-                    self.target,
-                    self.out / "servers" / "flags",
-                    self.startup_timeout,
-                    runs=max(1, self.repeats),
-                    on_start=self._count_start,
-                )
+                got = self._repro_on(repro, spec, "flags")
                 self.say(f"  {got.line()}")
                 if got.result == versions.CRASHED:
                     kept = without
