@@ -2,8 +2,9 @@
 /health keep answering 200 while nothing was served (a liveness probe that would not fire), how long until a new
 request was served again, the requests it failed, lost or the client's retries cured, and drift afterwards.
 
-A fault's *outage* runs from its injection to the first request started after it that was answered 2xx (the end
-of its trial if none was). Its verdict (the fault axis of a configuration's verdict):
+A fault's *outage* runs from its injection to the first request started after it was in effect (``t_effect``: an
+operator action's answer, which comes late under load) that was answered 2xx (the end of its trial if none was).
+Its verdict (the fault axis of a configuration's verdict):
 
 - ``fails``: it *wedged* the server (/health answered 200 for ``wedge_s`` (``WEDGE_S``) or more of the outage:
   Kubernetes' default liveness probe, 10 s × 3 failures, would not have fired), or the server was not serving
@@ -96,7 +97,10 @@ def fault_effects(c: CampaignResults, wedge_s: float = WEDGE_S, recover_s: float
             & (c.crashes["t_detected"] <= cut_off)
         ]
         crash = cr.sort_values("t_detected").iloc[0] if len(cr) else None
-        since = float(crash["t_detected"]) if crash is not None else t0  # served again: by the restarted server
+        in_effect = t0 if pd.isna(getattr(fr, "t_effect", None)) else max(t0, float(fr.t_effect))
+        # served again: by the restarted server, else after the fault was in effect (a request sent between a
+        # pause's call and its answer can be served before the pause holds anything)
+        since = float(crash["t_detected"]) if crash is not None else in_effect
         served = done[ok_new & (r["t_start"] >= since)].min()
         served = float(served) if not pd.isna(served) and served <= end else None
         # the server this fault hit had answered before it (else a stall is the server's start, not the fault)

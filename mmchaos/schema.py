@@ -158,6 +158,9 @@ FAULTS = pa.schema(
         ("source", pa.string()),  # campaign | web_ui
         ("t_injected", pa.float64()),  # epoch seconds: the signal sent, the proxy's fault switched on
         ("t_cleared", pa.float64()),  # SIGCONT sent / the proxy's fault off; null for a kill
+        # epoch seconds: by when it was surely in effect: t_injected for a signal or the proxy; an operator action's
+        # answer (vLLM acts, a pause holds or aborts, before it answers), which may come long after it was sent
+        ("t_effect", pa.float64()),
         ("target_pid", pa.int64()),  # the recorded pid it went to; null for the network
         ("restart", pa.int32()),  # which server of the trial it went to (0: the first, as in CRASHES)
         ("outcome", pa.string()),  # FAULT_OUTCOMES

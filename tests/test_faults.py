@@ -379,6 +379,8 @@ def test_operator_actions_are_sent_under_load_and_judged_by_the_bounds_given(tmp
     assert "POST /pause?mode=keep: 200" in rows.loc["pause", "detail"]
     assert "POST /resume: 200" in rows.loc["pause", "detail"]
     assert rows.loc["pause", "t_cleared"] - rows.loc["pause", "t_injected"] >= 4
+    # in effect once answered (vLLM pauses, then answers): never before it was sent
+    assert (rows["t_effect"] >= rows["t_injected"]).all(), rows[["t_injected", "t_effect"]]
     assert "POST /reset_mm_cache: 200" in rows.loc["reset_mm_cache", "detail"]
     assert pd.isna(rows.loc["reset_mm_cache", "t_cleared"])
     log = (trial / schema.SERVER_LOG).read_text()

@@ -125,7 +125,7 @@ class FaultInjector:
             except OSError as e:
                 row.update(outcome=schema.FAULT_FAILED, detail=f"{row['detail']}; {e.strerror or e}")
                 return self._write(row)
-            row["outcome"] = schema.FAULT_INJECTED
+            row["outcome"], row["t_effect"] = schema.FAULT_INJECTED, now
             if f.kind == STOP:
                 self.lasting.append(_Lasting(f, row, now + f.duration, ident))
                 return row  # written when it ends, with its SIGCONT
@@ -135,7 +135,7 @@ class FaultInjector:
             return self._write(row)
         row["id"] = f"{f.name}#{self._n}"
         self.proxy.switch_on(row["id"], f.kind, f.params)
-        row["outcome"] = schema.FAULT_INJECTED
+        row["outcome"], row["t_effect"] = schema.FAULT_INJECTED, now
         self.lasting.append(_Lasting(f, row, now + f.duration, None))
         return row
 
@@ -149,7 +149,10 @@ class FaultInjector:
             c.row["detail"] = f"{c.row['detail']}; {c.call.says()}"
             if "outcome" in c.row:  # its undo answered: the action's row is complete
                 self._write(c.row)
-            elif c.then is not None and c.call.ok:  # an action that lasts: undone when its duration is over
+                continue
+            if c.call.ok:  # vLLM acts before it answers: in effect by its answer
+                c.row["t_effect"] = c.call.t_done
+            if c.then is not None and c.call.ok:  # an action that lasts: undone when its duration is over
                 c.row["outcome"] = schema.FAULT_INJECTED
                 self.lasting.append(c.then)
                 rows.append(c.row)
