@@ -18,6 +18,18 @@ def num(x, unit: str = "") -> str:
     return f"{x:,.{digits}f}{unit}"
 
 
+def duration(seconds) -> str:
+    """A span in the unit its magnitude reads best in: "25 s", "3.2 min", "1.4 h" (never "0.0394 min")."""
+    if seconds is None or pd.isna(seconds):
+        return "—"
+    s = float(seconds)
+    if abs(s) < 120:
+        return num(s, " s")
+    if abs(s) < 2 * 3600:
+        return num(s / 60, " min")
+    return num(s / 3600, " h")
+
+
 def ci(est, lo, hi, unit: str = "") -> str:
     if est is None or pd.isna(est):
         return "—"

@@ -102,6 +102,34 @@ def crash_rates(crash: pd.DataFrame, configs: list[str]) -> bytes:
     return to_png(fig)
 
 
+def tradeoff(crash: pd.DataFrame, cost: pd.DataFrame, configs: list[str], baseline: str) -> bytes:
+    """What each configuration buys and pays: crashes per hour of uptime (95 % exact interval) against its latency
+    p50 and its throughput, each a ratio to the baseline's (95 % bootstrap interval); the baseline at 1."""
+    col = colors(configs)
+    rates = crash.set_index(crash["config"].astype(str))
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
+    for ax, (key, label) in zip(
+        axes, (("p50_ratio", f"latency p50, × {baseline}'s"), ("throughput_ratio", f"throughput, × {baseline}'s"))
+    ):
+        for i, cfg in enumerate(configs):
+            if cfg not in rates.index or cfg not in cost.index:
+                continue
+            r, k = rates.loc[cfg], cost.loc[cfg]
+            y, x = float(r["per_hour_up"]), float(k[key])
+            yerr = [[y - float(r["per_hour_up_lo"])], [float(r["per_hour_up_hi"]) - y]]
+            xerr = [[x - float(k[key + "_lo"])], [float(k[key + "_hi"]) - x]]
+            ax.errorbar(x, y, xerr=xerr, yerr=yerr, fmt="o", color=col[cfg], capsize=3, label=cfg)
+            # labels staggered: configurations that cost alike sit at one point
+            ax.annotate(cfg, (x, y), textcoords="offset points", xytext=(6, 6 + 11 * (i % 3)), fontsize=8)
+        ax.axvline(1.0, color="grey", lw=0.8, ls=":")
+        ax.set_xlabel(label)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("crashes per hour of uptime")
+    fig.suptitle("Crash rate against cost (dots; bars: 95 % intervals)", fontsize=10)
+    return to_png(fig)
+
+
 def survival(curves: dict[str, dict[str, pd.DataFrame]], durations: pd.DataFrame, configs: list[str]) -> bytes:
     """Kaplan–Meier: share of trials still without a crash, by time and by requests sent."""
     col, sty = colors(configs), styles(configs)

@@ -219,12 +219,17 @@ def build(
         "latency": plots.latency_ecdf(stats.latency_quantile_grid(c), c.configs),
         "throughput": plots.throughput_over_time(stats.throughput_over_time(c), c.configs),
     }
+    # with one configuration there is nothing to trade
+    many = len(c.configs) > 1
+    tradeoff = plots.tradeoff(crash, stats.pooled_cost(cost), c.configs, baseline) if many else None
     timeline_figs = {cfg: plots.timelines(c, cfg) for cfg in c.configs}
     lap("plots")
 
     doc = Doc(f"mmchaos report — {c.name}")
     sections_verdict.intro(doc, c, baseline, window_s, compared)
-    sections_verdict.cards(doc, c, verdict, crash, cost, baseline)  # the first screen
+    sections_verdict.cards(doc, c, verdict, crash, cost, baseline)  # the first screen: the cards and the figure
+    if tradeoff is not None:
+        doc.image("tradeoff.png", tradeoff, "crash rate against latency and throughput cost, per configuration")
     sections_verdict.explanation(doc, c, baseline, window_s)
     sections_verdict.summary(doc, c, verdict, crash, drift, retried, lat, tput, cost, attribution, baseline)
     sections_verdict.verdicts(doc, verdict)

@@ -7,7 +7,7 @@ import pandas as pd
 
 from . import stats
 from .document import Doc
-from .formatting import ci_col, integer, num, pct, pct_ci
+from .formatting import ci_col, duration, integer, num, pct, pct_ci
 from .results import CampaignResults
 from .survival import median_survival
 
@@ -28,8 +28,8 @@ def crashes(doc: Doc, c: CampaignResults, crash: pd.DataFrame, fig: bytes) -> No
             {
                 "configuration": crash["config"].astype(str),
                 "trials": crash["trials"].map(integer),
-                "hours of load": crash["hours"].map(num),
-                "hours up": crash["uptime_hours"].map(num),
+                "load": (crash["hours"] * 3600).map(duration),
+                "up": (crash["uptime_hours"] * 3600).map(duration),
                 "requests": crash["requests"].map(integer),
                 "answered": crash["answered"].map(integer),
                 "crashes": crash["crashes"].map(integer),
@@ -76,13 +76,13 @@ def survival(doc, durations, curves, fig, configs) -> None:
                 "configuration": cfg,
                 "trials": len(d),
                 "crashed": int(d["crashed"].sum()),
-                "median time to first crash": num(mt / 60, " min")
+                "median time to first crash": duration(mt)
                 if np.isfinite(mt)
-                else f"not reached (over {num(d['time_s'].max() / 60)} min)",
+                else f"not reached (over {duration(d['time_s'].max())})",
                 "median requests to first crash": integer(mr)
                 if np.isfinite(mr)
                 else f"not reached (over {integer(d['requests'].max())})",
-                "first crashes at (min)": ", ".join(num(x / 60) for x in sorted(d.loc[d["crashed"], "time_s"])) or "—",
+                "first crashes at": ", ".join(duration(x) for x in sorted(d.loc[d["crashed"], "time_s"])) or "—",
             }
         )
     doc.table(pd.DataFrame(rows))
@@ -142,7 +142,7 @@ def attribution(doc, events, summary, window_s) -> None:
                 "trial": shown["trial"],
                 "incident": shown["event"],
                 "signature": shown["signature"],
-                "at (min)": (shown["t_rel"] / 60).map(num),
+                "at": shown["t_rel"].map(duration),
                 "cause": shown["cause"].fillna("—"),
                 "mm_hash": shown["server_mm_hash"].fillna("—"),
                 "image": shown["named_image"].fillna("—"),

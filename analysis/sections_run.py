@@ -10,7 +10,7 @@ from mmchaos.signatures import Signatures
 
 from . import stats
 from .document import Doc
-from .formatting import by_config, ci, integer, num
+from .formatting import by_config, ci, duration, integer, num
 from .results import CampaignResults, fatal_lines, read_server_log
 
 LOG_TAIL_LINES = 25
@@ -36,7 +36,7 @@ def what_was_run(doc: Doc, c: CampaignResults) -> None:
                 "env": distinct(t["env"]),
                 "users": wl.get("users", "—"),
                 "shape": wl.get("shape", "—"),
-                "duration / trial": num(t["duration_s"].mean(), " s"),
+                "duration / trial": duration(t["duration_s"].mean()),
                 "max requests": wl.get("max_requests") if wl.get("max_requests") is not None else "—",
                 "trials": len(t),
                 "git": distinct(t["git_rev"]),

@@ -12,7 +12,7 @@ from mmchaos.verdict_rule import CHECKS
 from . import stats
 from .attribution import MIN_LIFT_EVENTS, PRE_RENDER_KINDS, SAME_IMAGE
 from .document import Doc
-from .formatting import by_config, ci, integer, num, pct, pct_ci
+from .formatting import by_config, ci, duration, integer, num, pct, pct_ci
 from .results import CampaignResults
 
 
@@ -23,7 +23,7 @@ def intro(doc: Doc, c: CampaignResults, baseline: str, window_s: float, compared
         f"Generated {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC from {c.path}"
         + (" (compared with a second campaign; configurations are named campaign/config)" if compared else "")
         + f". {len(c.configs)} configuration(s), {len(tr)} trial(s), {len(c.requests):,} requests, "
-        f"{tr['duration_s'].sum() / 3600:.2f} hours of load"
+        f"{duration(tr['duration_s'].sum())} of load"
         + (f", run between {span[0]:%Y-%m-%d %H:%M} and {span[1]:%Y-%m-%d %H:%M} UTC." if pd.notna(span[0]) else ".")
     )
 
@@ -59,7 +59,7 @@ def cards(doc, c, verdict, crash, cost, baseline) -> None:
     """The first screen: per configuration its verdict, why in one line, its crashes at the one rate, its cost
     against the baseline, and where its first crash is with the command that shrinks it."""
     v, cr = by_config(verdict), by_config(crash)
-    cst = cost[cost["kind"] == stats.ALL_VALID].set_index("config")
+    cst = stats.pooled_cost(cost)
     trials = c.trials.set_index(["config", "trial"])
     out = []
     for cfg in c.configs:
@@ -99,7 +99,7 @@ def summary(doc, c, verdict, crash, drift, retried, lat, tput, cost, attribution
     doc.h(2, "Summary")
     v, cr, dr, tp, rt = by_config(verdict), by_config(crash), by_config(drift), by_config(tput), by_config(retried)
     pooled = lat[lat["kind"] == stats.ALL_VALID].set_index("config")
-    cst = cost[cost["kind"] == stats.ALL_VALID].set_index("config")
+    cst = stats.pooled_cost(cost)
     rows = []
     for cfg in c.configs:
         trials = c.trials[c.trials["config"] == cfg]

@@ -23,6 +23,11 @@ QUANTILES = (0.5, 0.9, 0.95, 0.99)
 KEY = ["config", "trial"]
 
 
+def pooled_cost(cost: pd.DataFrame) -> pd.DataFrame:
+    """Each configuration's cost over all valid kinds, by configuration."""
+    return cost[cost["kind"] == ALL_VALID].set_index("config")
+
+
 def _per_config(c: CampaignResults, df: pd.DataFrame) -> pd.DataFrame:
     """Reindex a config-indexed frame to every config in campaign order (configs with no rows get 0/NaN)."""
     return df.reindex(pd.CategoricalIndex(c.configs, categories=c.configs, name="config"))

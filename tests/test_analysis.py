@@ -129,6 +129,22 @@ def test_poisson_exact_interval():
     assert hi == pytest.approx(3.68888, abs=1e-5)
 
 
+def test_spans_are_printed_in_the_unit_of_their_magnitude():
+    from mmchaos.analysis.formatting import duration
+
+    assert [duration(x) for x in (2.36, 25, 119, 120, 2.4 * 60, 7199, 7200, 5 * 3600, None)] == [
+        "2.36 s",
+        "25.0 s",
+        "119 s",
+        "2.00 min",
+        "2.40 min",
+        "120 min",
+        "2.00 h",
+        "5.00 h",
+        "—",
+    ]
+
+
 def test_wilson_interval():
     # 3 of 10, z = 1.959964: centre = (0.3 + z²/20) / (1 + z²/10) = 0.49207/1.38415 = 0.35551,
     # half = z * sqrt(0.3*0.7/10 + z²/400) / 1.38415 = 1.959964 * 0.174940 / 1.38415 = 0.24772
@@ -924,6 +940,10 @@ def test_the_first_screen_is_a_card_per_configuration(tmp_path):
     assert Path(folder).parent.name == "default" and (Path(folder) / "manifest.json").is_file()
     assert "the baseline the costs are measured against" in head.split("**off:")[1]
     assert '<div class="cards">' in res.html.read_text()
+    # then the one figure that compares them: crash rate against cost; with one configuration there is none
+    assert "(tradeoff.png)" in head and (res.out_dir / "tradeoff.png").stat().st_size > 0
+    alone = report.write_report(make_campaign(tmp_path, "one", cfgs[:1], trials=1, requests_per_trial=200))
+    assert "tradeoff.png" not in alone.markdown.read_text()
 
 
 def test_a_campaign_that_is_no_sweep_gets_no_hazard_curve(tmp_path):
