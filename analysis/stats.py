@@ -142,11 +142,12 @@ def errors_by_status(c: CampaignResults) -> pd.DataFrame:
 
 
 def malformed_cases(c: CampaignResults) -> pd.DataFrame:
-    """Malformed requests per case: how many, how many got the expected status, what they got instead."""
-    r = c.requests
+    """Malformed requests per case: how many attempts (those cut by the run's end aside, as the verdict counts
+    them), how many got the expected status, what they got instead."""
+    r = c.requests[c.requests["outcome"] != S.CUT]
     m = r.loc[r["kind"].isin(MALFORMED_KINDS), ["config", "kind", "case", "expected_status", "status", "outcome"]]
     if not len(m):
-        return pd.DataFrame(columns=["config", "kind", "case", "expected_status", "n", "as_expected", "got"])
+        return pd.DataFrame(columns=["config", "kind", "case", "expected_status", "attempts", "as_expected", "got"])
     m = m.assign(
         case=m["case"].astype(str).replace("nan", "(none)"),
         match=m["status"] == m["expected_status"],
@@ -156,7 +157,7 @@ def malformed_cases(c: CampaignResults) -> pd.DataFrame:
     out = pd.DataFrame(
         {
             "expected_status": g["expected_status"].agg(lambda s: _join_unique(s.dropna().astype(int))),
-            "n": g.size(),
+            "attempts": g.size(),
             "as_expected": g["match"].sum(),
         }
     )

@@ -112,6 +112,11 @@ def attempt_counts(
     return c
 
 
+POISON_ATTEMPTS = (
+    "attempts that could poison the cache (post-render failures, aborts; those cut by the run's end aside)"
+)
+
+
 @dataclass
 class Verdict:
     level: str
@@ -164,11 +169,11 @@ def judge(c: Counts) -> Verdict:
     elif c.poison_sent and c.logs_unread:
         checks["no_drift"] = (
             NOT_OBSERVED,
-            f"no cache-miss answer after {_n(c.poison_sent, 'post-render failures and aborts')}; drift lines are "
+            f"no cache-miss answer after {_n(c.poison_sent, POISON_ATTEMPTS)}; drift lines are "
             "in the server's log, which this run does not read (give it with --server-log)",
         )
     elif c.poison_sent:
-        checks["no_drift"] = (OK, f"none after {_n(c.poison_sent, 'post-render failures and aborts')}")
+        checks["no_drift"] = (OK, f"none after {_n(c.poison_sent, POISON_ATTEMPTS)}")
     else:
         checks["no_drift"] = (NOT_EXERCISED, "no post-render failure or abort was sent: nothing could poison the cache")
     if c.attempts:
