@@ -92,10 +92,13 @@ class Doc:
     def to_html(self) -> str:
         e = html.escape
         toc = [b for b in self.blocks if b[0] == "h" and b[1] == 2]
-        body = []
+        body: list[str] = []
+        nav_at: int | None = None  # the contents come after the first screen (what precedes the first section)
         for b in self.blocks:
             kind = b[0]
             if kind == "h":
+                if b[1] == 2 and nav_at is None:
+                    nav_at = len(body)
                 body.append(f'<h{b[1]} id="{b[3]}">{e(b[2])}</h{b[1]}>')
             elif kind == "p":
                 body.append(f"<p>{e(b[1])}</p>")
@@ -135,11 +138,12 @@ class Doc:
                     )
                 body.append(f'<div class="cards">{"".join(cards)}</div>')
         nav = "".join(f'<li><a href="#{b[3]}">{e(b[2])}</a></li>' for b in toc)
+        body.insert(len(body) if nav_at is None else nav_at, f"<nav><ol>{nav}</ol></nav>")
         return (
             '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             '<meta name="viewport" content="width=device-width, initial-scale=1">'
             f"<title>{e(self.title)}</title><style>{_CSS}</style></head><body>"
-            f"<h1>{e(self.title)}</h1><nav><ol>{nav}</ol></nav>{''.join(body)}</body></html>\n"
+            f"<h1>{e(self.title)}</h1>{''.join(body)}</body></html>\n"
         )
 
 
