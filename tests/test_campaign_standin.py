@@ -8,9 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import campaign_toml
 import pytest
 from cli_inprocess import mmchaos
-from conftest import TESTS
 from locust_run import locust_rows
 
 from mmchaos import schema
@@ -18,7 +18,7 @@ from mmchaos.analysis.results import load_results
 from mmchaos.harness import campaign_plan, campaign_runner
 from mmchaos.tables import read_table
 
-STANDIN = f"{sys.executable} {TESTS / 'standin_server.py'} --port {{port}}"
+TWO = [{"name": "healthy"}, {"name": "dies", "flags": ["--die-after", "40"]}]
 
 
 def write_campaign(
@@ -27,49 +27,18 @@ def write_campaign(
     policy: str = "stop",
     duration: int = 4,
     max_requests: int = 0,
-    trials: int = 1,
-    configs: str | None = None,
-    extra: str = "",
-    crash: str = "",
+    configs: list[dict] | None = None,
+    **sections,
 ) -> Path:
-    """``max_requests``: the trial's request budget (per Locust process), which ends it however busy the machine;
-    the duration then only bounds a hung run."""
-    configs = (
-        configs
-        or """
-[[config]]
-name = "healthy"
-
-[[config]]
-name = "dies"
-flags = ["--die-after", "40"]
-"""
+    """A healthy stand-in and one that dies at its 41st request, by default. ``max_requests``: the trial's request
+    budget (per Locust process), which ends it however busy the machine; the duration then only bounds a hung run."""
+    return campaign_toml.write_campaign(
+        tmp_path,
+        configs=TWO if configs is None else configs,
+        workload={"duration": duration, "max_requests": max_requests, **sections.pop("workload", {})},
+        crash={"policy": policy, **sections.pop("crash", {})},
+        **sections,
     )
-    f = tmp_path / "c.toml"
-    f.write_text(f'''
-[campaign]
-name = "standin"
-trials = {trials}
-target = "command"
-command = "{STANDIN}"
-{extra}
-[workload]
-locustfile = "{TESTS.parent / "locustfiles/embeddings.py"}"
-users = 3
-spawn_rate = 3
-duration = {duration}
-max_requests = {max_requests}
-
-[workload.options]
-image_preset = "small"
-pool_size = 16
-
-[crash]
-policy = "{policy}"
-startup_timeout = 30
-{crash}
-{configs}''')
-    return f
 
 
 def run(f: Path, results: Path, **kw):
@@ -129,12 +98,8 @@ def test_restart_policy_keeps_loading_and_counts_every_crash(tmp_path):
         policy="restart",
         duration=120,
         max_requests=5000,
-        crash="max_restarts = 1",
-        configs=f"""
-[[config]]
-name = "dies"
-flags = ["--die-on-file", "{die}"]
-""",
+        crash={"max_restarts": 1},
+        configs=[{"name": "dies", "flags": ["--die-on-file", str(die)]}],
     )
     since: dict[int, int] = {}  # crashes so far -> rows when the runner first said "load" with that many
     told = []
@@ -165,14 +130,7 @@ flags = ["--die-on-file", "{die}"]
 
 @pytest.mark.integration
 def test_rerun_resumes_and_force_reruns(tmp_path):
-    f = write_campaign(
-        tmp_path,
-        duration=2,
-        configs="""
-[[config]]
-name = "healthy"
-""",
-    )
+    f = write_campaign(tmp_path, duration=2, configs=[{"name": "healthy"}])
     run(f, tmp_path / "results")
     manifest = tmp_path / "results" / "standin" / "healthy" / "t000" / schema.MANIFEST
     before = json.loads(manifest.read_text())
@@ -184,7 +142,7 @@ name = "healthy"
 
 @pytest.mark.integration
 def test_unfinished_trial_is_run_again(tmp_path):
-    f = write_campaign(tmp_path, duration=2, configs='[[config]]\nname = "healthy"\n')
+    f = write_campaign(tmp_path, duration=2, configs=[{"name": "healthy"}])
     trial = tmp_path / "results" / "standin" / "healthy" / "t000"
     trial.mkdir(parents=True)
     (trial / schema.MANIFEST).write_text(json.dumps({"status": "interrupted"}))
@@ -226,8 +184,7 @@ def test_bad_campaign_files_name_file_line_and_hint(tmp_path, body, needle):
 
 
 def test_unknown_mix_kind_is_rejected_before_anything_runs(tmp_path):
-    f = write_campaign(tmp_path, configs='[[config]]\nname = "a"\n')
-    f.write_text(f.read_text().replace("[workload.options]", "[workload.mix]\nvalid_imgae = 3\n\n[workload.options]"))
+    f = write_campaign(tmp_path, configs=[{"name": "a"}], mix={"valid_imgae": 3})
     r = mmchaos("campaign", "run", str(f), "--results", str(tmp_path / "results"))  # refused before anything runs
     assert r.returncode == 2 and "unknown kind 'valid_imgae'" in r.stderr
     assert not (tmp_path / "results" / "standin").exists()
@@ -265,32 +222,17 @@ def test_progress_in_a_ci_log_is_one_line_per_phase_and_per_trial(tmp_path):
 
 @pytest.mark.integration
 def test_the_report_verdicts_and_expect_gate_on_the_standin(tmp_path):
+    # one user: a retry is never overtaken by a second poisoning of its image (with more users it can be, and three
+    # misses in a row are a fair "fails")
     f = write_campaign(
         tmp_path,
         duration=120,
         max_requests=150,
-        configs="""
-[[config]]
-name = "healthy"
-
-[[config]]
-name = "dies"
-flags = ["--die-after", "40"]
-
-[[config]]
-name = "misses"
-flags = ["--miss-after-poison"]
-""",
-        extra="",
+        configs=[*TWO, {"name": "misses", "flags": ["--miss-after-poison"]}],
+        workload={"users": 1},
+        options={"pool_size": 2, "fresh_fraction": 0.0, "malformed_cases": "dimensions_unsupported"},
+        mix={"malformed_pre": 0},
     )
-    # one user: a retry is never overtaken by a second poisoning of its image (with more users it can be, and three
-    # misses in a row are a fair "fails")
-    f.write_text(
-        f.read_text()
-        .replace("pool_size = 16", 'pool_size = 2\nfresh_fraction = 0.0\nmalformed_cases = "dimensions_unsupported"')
-        .replace("users = 3", "users = 1")
-    )
-    f.write_text(f.read_text().replace("[workload.options]", "[workload.mix]\nmalformed_pre = 0\n\n[workload.options]"))
     results = run(f, tmp_path / "results")
     assert [r.status for r in results] == ["completed"] * 3
     expect = ["--expect", "healthy=clean", "--expect", "dies=fails", "--expect", "misses=retryable"]

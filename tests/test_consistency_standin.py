@@ -58,15 +58,9 @@ def test_a_wrong_answer_makes_the_configuration_fail(tmp_path):
         tmp_path,
         duration=120,  # only a hung trial reaches it: each ends at its budget
         max_requests=150,
-        configs='[[config]]\nname = "same"\n\n[[config]]\nname = "wrong"\nflags = ["--wrong-on-repeat"]\n',
-    )
-    f.write_text(
-        f.read_text()
-        .replace("pool_size = 16", "pool_size = 4\nfresh_fraction = 0.0\nconsistency_sample = 1.0")
-        .replace(
-            "[workload.options]",
-            "[workload.mix]\nmalformed_pre = 0\nmalformed_post = 0\nabort = 0\n\n[workload.options]",
-        )
+        configs=[{"name": "same"}, {"name": "wrong", "flags": ["--wrong-on-repeat"]}],
+        options={"pool_size": 4, "fresh_fraction": 0.0, "consistency_sample": 1.0},
+        mix={"malformed_pre": 0, "malformed_post": 0, "abort": 0},
     )
     run(f, tmp_path / "results")
     v = verdicts(load_results(tmp_path / "results" / "standin")).set_index("config")

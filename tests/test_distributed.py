@@ -16,6 +16,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import campaign_toml
 import psutil
 import pytest
 from conftest import TESTS, standin_server
@@ -47,35 +48,22 @@ def write_campaign(
     server_flags: str = "",
     policy: str = "stop",
 ) -> Path:
-    f = tmp_path / "campaign.toml"
-    f.write_text(f'''
-[campaign]
-name = "{CAMP}"
-target = "command"
-command = "{PY} {TESTS / "standin_server.py"} --port {{port}} {server_flags}"
-
-[workload]
-locustfile = "{COUNTING}"
-users = 6
-spawn_rate = 6
-duration = {duration}
-processes = {processes}
-expect_workers = {expect_workers}
-master_bind_port = {port}
-expect_workers_max_wait = 60
-
-[workload.options]
-image_preset = "small"
-pool_size = 8
-
-[crash]
-policy = "{policy}"
-startup_timeout = 30
-
-[[config]]
-name = "a"
-''')
-    return f
+    return campaign_toml.write_campaign(
+        tmp_path,
+        campaign={"name": CAMP, "command": f"{campaign_toml.STANDIN} {server_flags}".strip()},
+        workload={
+            "locustfile": str(COUNTING),
+            "users": 6,
+            "spawn_rate": 6,
+            "duration": duration,
+            "processes": processes,
+            "expect_workers": expect_workers,
+            "master_bind_port": port,
+            "expect_workers_max_wait": 60,
+        },
+        options={"pool_size": 8},
+        crash={"policy": policy},
+    )
 
 
 def pid_of(worker_tag: str) -> int:

@@ -9,12 +9,14 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
 from pathlib import Path
 
+import campaign_toml
 import pandas as pd
 import psutil
 import pytest
-from conftest import TESTS, standin_server
+from conftest import standin_server
 
 from mmchaos import faults, schema
 from mmchaos.analysis.fault_effects import fault_effects
@@ -26,50 +28,29 @@ from mmchaos.harness.injection.proxy import FaultProxy
 from mmchaos.harness.server_processes import alive, identify
 from mmchaos.tables import read_table
 
-STANDIN = f"{sys.executable} {TESTS / 'standin_server.py'} --port {{port}}"
-
 
 def _campaign(
     tmp_path: Path,
     fault: str,
     *,
-    flags: str = '["--tensor-parallel-size", "2"]',
+    flags: tuple[str, ...] = ("--tensor-parallel-size", "2"),
     target: str = "command",
     duration: int = 30,
-    policy: str = "restart",
-    extra: str = "",
-    env: str = "",
+    policy: str | None = "restart",
+    max_requests: int | None = None,
+    env: dict | None = None,
 ) -> Path:
-    where = f'command = "{STANDIN}"' if target == "command" else 'url = "http://127.0.0.1:9"'
-    f = tmp_path / "f.toml"
-    f.write_text(f'''
-[campaign]
-name = "faults"
-trials = 1
-target = "{target}"
-{where}
-
-[workload]
-locustfile = "{TESTS.parent / "locustfiles/embeddings.py"}"
-users = 2
-spawn_rate = 2
-duration = {duration}
-{extra}
-[workload.options]
-image_preset = "small"
-pool_size = 8
-
-[crash]
-policy = "{policy}"
-startup_timeout = 30
-
-[[config]]
-name = "tp2"
-flags = {flags}
-{env}
-
-{fault}''')
-    return f
+    """A campaign of one configuration (``tp2``) and ``fault``: its ``[[fault]]`` tables as a user writes them."""
+    where = {} if target == "command" else {"command": None, "url": "http://127.0.0.1:9"}
+    return campaign_toml.write_campaign(
+        tmp_path / "f.toml",
+        campaign={"name": "faults", "target": target, **where},
+        workload={"users": 2, "spawn_rate": 2, "duration": duration, "max_requests": max_requests},
+        options={"pool_size": 8},
+        crash={"policy": policy},
+        configs=[{"name": "tp2", "flags": list(flags), **({"env": env} if env else {})}],
+        faults=tomllib.loads(fault)["fault"],
+    )
 
 
 @pytest.mark.integration
@@ -112,15 +93,15 @@ def test_fault_tables_are_checked_in_one_line(tmp_path, fault, needle):
 
 @pytest.mark.integration
 @pytest.mark.parametrize(
-    "flags, target, needle",
+    "target, needle",
     [
-        ("[]", "command", "has TP rank 0 only (tensor parallel size 1), not 1: it has no tp_worker:1"),
-        ("[]", "attach", "an attached server's processes are not mmchaos's to signal"),
+        ("command", "has TP rank 0 only (tensor parallel size 1), not 1: it has no tp_worker:1"),
+        ("attach", "an attached server's processes are not mmchaos's to signal"),
     ],
 )
-def test_a_fault_on_a_process_the_server_does_not_have_is_refused(tmp_path, flags, target, needle):
+def test_a_fault_on_a_process_the_server_does_not_have_is_refused(tmp_path, target, needle):
     f = _campaign(
-        tmp_path, '[[fault]]\nkind = "kill"\ntarget = "tp_worker"\nrank = 1\nat = 5\n', flags=flags, target=target
+        tmp_path, '[[fault]]\nkind = "kill"\ntarget = "tp_worker"\nrank = 1\nat = 5\n', flags=(), target=target
     )
     r = subprocess.run(
         [sys.executable, "-m", "mmchaos.harness.cli", "campaign", "check", str(f)],
@@ -132,13 +113,10 @@ def test_a_fault_on_a_process_the_server_does_not_have_is_refused(tmp_path, flag
 
 
 def test_a_fault_table_defaults_the_crash_policy_to_restart(tmp_path):
-    plan = campaign_plan.load(
-        _campaign(tmp_path, '[[fault]]\nkind = "kill"\ntarget = "engine_core"\nat = 5\n', policy="restart")
-    )
+    kill = '[[fault]]\nkind = "kill"\ntarget = "engine_core"\nat = 5\n'
+    plan = campaign_plan.load(_campaign(tmp_path, kill, policy="restart"))
     assert plan.faults[0].role() == "engine_core" and plan.faults[0].name == "kill engine_core at 5 s"
-    f = tmp_path / "f.toml"
-    f.write_text(f.read_text().replace('policy = "restart"\n', ""))
-    assert campaign_plan.load(f).crash.policy == "restart"
+    assert campaign_plan.load(_campaign(tmp_path, kill, policy=None)).crash.policy == "restart"
 
 
 @pytest.mark.integration
@@ -289,8 +267,8 @@ def test_kill_of_a_tp_worker_is_a_row_a_crash_and_a_restart(tmp_path):
         tmp_path,
         fault,
         duration=60,
-        extra="max_requests = 400\n",
-        flags='["--tensor-parallel-size", "2", "--delay-ms", "20"]',
+        max_requests=400,
+        flags=("--tensor-parallel-size", "2", "--delay-ms", "20"),
     )
     [result] = campaign_runner.CampaignRunner(campaign_plan.load(f), tmp_path / "results").run()
     trial = tmp_path / "results" / "faults" / "tp2" / "t000"
@@ -354,7 +332,7 @@ def test_a_faults_effects_end_where_the_next_fault_begins(tmp_path):
     assert e.loc["reset", "verdict"] == "fails" and e.loc["reset", "empty_2xx"] == 2, e.loc["reset"]
 
 
-DEV = 'env = { VLLM_SERVER_DEV_MODE = "1" }'
+DEV = {"VLLM_SERVER_DEV_MODE": "1"}
 
 
 @pytest.mark.integration
@@ -369,7 +347,7 @@ def test_operator_actions_are_sent_under_load_and_judged_by_the_bounds_given(tmp
         '[[fault]]\nkind = "pause"\nmode = "keep"\nafter_requests = 30\nduration = 4\n'
     )
     # the stand-in answers in 20 ms: the run ends at its 120th request (a minute bounds it), after the pause
-    f = _campaign(tmp_path, fault, duration=60, extra="max_requests = 120\n", flags='["--delay-ms", "20"]', env=DEV)
+    f = _campaign(tmp_path, fault, duration=60, max_requests=120, flags=("--delay-ms", "20"), env=DEV)
     assert subprocess.run([sys.executable, "-m", "mmchaos.harness.cli", "campaign", "check", str(f)]).returncode == 0
     [result] = campaign_runner.CampaignRunner(campaign_plan.load(f), tmp_path / "results").run()
     trial = tmp_path / "results" / "faults" / "tp2" / "t000"
@@ -430,8 +408,8 @@ def test_a_campaign_with_its_web_ui_lists_scheduled_faults_and_takes_faults_by_h
         tmp_path,
         '[[fault]]\nkind = "reset_mm_cache"\nafter_requests = 5\n',
         duration=40,
-        extra="max_requests = 100000\n",
-        flags='["--delay-ms", "20"]',
+        max_requests=100000,
+        flags=("--delay-ms", "20"),
         env=DEV,
     )
     port = free_port()

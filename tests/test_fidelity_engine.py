@@ -16,6 +16,7 @@ import io
 import json
 from pathlib import Path
 
+import campaign_toml
 import pytest
 from conftest import FIXED_VERSION, REPORT_VERSION, require_engine_and_model
 from PIL import Image
@@ -62,36 +63,25 @@ def _log(folder: Path) -> None:
 
 
 def _campaign(folder: Path) -> Path:
-    f = folder / "c.toml"
-    f.write_text(f"""
-[campaign]
-name = "fidelity"
-target = "engine"
-trials = 1
-
-[workload]
-trace = "production.jsonl"
-replay_speed = 1
-duration = 60
-
-[crash]
-policy = "stop"
-startup_timeout = 420
-
-[[config]]
-name = "v0.30-default"
-engine = "{REPORT_VERSION}"
-
-[[config]]
-name = "v0.30-cache-off"
-engine = "{REPORT_VERSION}"
-flags = ["--mm-processor-cache-gb", "0"]
-
-[[config]]
-name = "v0.32-default"
-engine = "{FIXED_VERSION}"
-""")
-    return f
+    return campaign_toml.write_campaign(
+        folder / "c.toml",
+        campaign={"name": "fidelity", "target": "engine", "command": None},
+        workload={
+            "locustfile": None,
+            "users": None,
+            "spawn_rate": None,
+            "trace": "production.jsonl",
+            "replay_speed": 1,
+            "duration": 60,
+        },
+        options={"image_preset": None, "pool_size": None},
+        crash={"startup_timeout": 420},
+        configs=[
+            {"name": "v0.30-default", "engine": REPORT_VERSION},
+            {"name": "v0.30-cache-off", "engine": REPORT_VERSION, "flags": ["--mm-processor-cache-gb", "0"]},
+            {"name": "v0.32-default", "engine": FIXED_VERSION},
+        ],
+    )
 
 
 @pytest.mark.timeout(1800)

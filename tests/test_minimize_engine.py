@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import campaign_toml
 import pytest
 from conftest import REPORT_VERSION, require_engine_and_model
 from PIL import Image
@@ -142,57 +143,40 @@ def test_the_demo_crash_shrinks_to_a_script_that_crashes_only_the_affected_serve
     assert "-> 503" in fixed.stdout or raced, fixed.stdout
 
 
-def _campaign(tmp_path: Path, workload: str, duration: int = 60, users: int = 4) -> Path:
-    f = tmp_path / "c.toml"
-    f.write_text(f"""
-[campaign]
-name = "engine-trace"
-target = "engine"
-seed = 3
-
-[workload]
-users = {users}
-spawn_rate = {users}
-duration = {duration}
-{workload}
-
-[crash]
-policy = "stop"
-startup_timeout = 420
-
-[[config]]
-name = "v0.30-default"
-engine = "{REPORT_VERSION}"
-""")
-    return f
+def _campaign(
+    tmp_path: Path, *, duration: int = 60, users: int = 4, trace: str | None = None, **sections: dict
+) -> Path:
+    """One 0.30.0 default configuration, stopped at its first crash: the mix (its ``mix`` and ``options``) or a
+    ``trace`` replayed."""
+    return campaign_toml.write_campaign(
+        tmp_path / "c.toml",
+        campaign={"name": "engine-trace", "target": "engine", "seed": 3, "command": None},
+        workload={"locustfile": None, "users": users, "spawn_rate": users, "duration": duration, "trace": trace},
+        crash={"startup_timeout": 420},
+        configs=[{"name": "v0.30-default", "engine": REPORT_VERSION}],
+        **sections,
+    )
 
 
 @pytest.mark.timeout(1800)
 def test_a_crash_of_aborts_alone_keeps_an_abort(tmp_path):
     require_engine_and_model(REPORT_VERSION)
+    # An abort poisons only an image new to the server, and only if the body is in before the hang-up and the hang-up
+    # comes while the image is rendered: small images, hanging up after 1 ms (at 40 ms two users ran 60 s uncrashed),
+    # and 40 images, so that many first sendings are aborts (6 realistic images: one run sent 4,393 requests uncrashed)
     f = _campaign(
         tmp_path,
-        """
-[workload.mix]
-valid_image = 2
-abort = 2
-text = 0
-multi_image = 0
-batch = 0
-tokenize = 0
-malformed_pre = 0
-malformed_post = 0
-
-[workload.options]
-# An abort poisons only an image new to the server, and only if the body is in before the hang-up and the hang-up
-# comes while the image is rendered: small images, hanging up after 1 ms (at 40 ms two users ran 60 s uncrashed),
-# and 40 images, so that many first sendings are aborts (6 realistic images: one run sent 4,393 requests uncrashed)
-image_preset = "small"
-pool_size = 40
-zipf = 0
-fresh_fraction = 0.0
-abort_after_ms = 1
-""",
+        mix={
+            "valid_image": 2,
+            "abort": 2,
+            "text": 0,
+            "multi_image": 0,
+            "batch": 0,
+            "tokenize": 0,
+            "malformed_pre": 0,
+            "malformed_post": 0,
+        },
+        options={"pool_size": 40, "zipf": 0, "fresh_fraction": 0.0, "abort_after_ms": 1},
         users=2,
     )  # two users: fewer requests overlap before the crash, fewer for the search to take apart
     [result] = campaign_runner.CampaignRunner(campaign_plan.load(f), tmp_path / "results").run()
@@ -239,6 +223,6 @@ def test_a_hand_written_request_log_reproduces_the_crash(tmp_path):
         },
     ]
     (tmp_path / "production.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
-    f = _campaign(tmp_path, 'trace = "production.jsonl"', duration=30)
+    f = _campaign(tmp_path, trace="production.jsonl", duration=30)
     [result] = campaign_runner.CampaignRunner(campaign_plan.load(f), tmp_path / "results").run()
     assert [c.signature for c in result.crashes] == ["detokenizer_assert"], result

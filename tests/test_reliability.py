@@ -21,6 +21,7 @@ import time
 import uuid
 from pathlib import Path
 
+import campaign_toml
 import pandas as pd
 import psutil
 import pyarrow.parquet as pq
@@ -51,7 +52,7 @@ XSS = "<script>alert(1)</script><img src=x onerror=alert(2)>"
 def write_campaign(
     tmp_path: Path,
     *,
-    configs: str = '[[config]]\nname = "a"\n',
+    configs: list[dict] | None = None,
     command: str | None = None,
     target: str = "command",
     url: str = "",
@@ -62,41 +63,31 @@ def write_campaign(
     policy: str = "stop",
     hang_after: float = 10,
     startup_timeout: float = 10,
-    options: str = "",
-    mix: str = "",
+    options: dict | None = None,
+    mix: dict | None = None,
+    locustfile: Path = LOCUSTFILE,
 ) -> Path:
-    command = f"{STANDIN} --port {{port}}" if command is None else command
-    f = tmp_path / "campaign.toml"
-    f.write_text(f'''
-[campaign]
-name = "{CAMP}"
-trials = {trials}
-target = "{target}"
-command = "{command}"
-url = "{url}"
-
-[workload]
-locustfile = "{LOCUSTFILE}"
-users = {users}
-spawn_rate = {users}
-duration = {duration}
-max_requests = {max_requests}
-
-[workload.options]
-image_preset = "small"
-pool_size = 8
-{options}
-{"[workload.mix]" if mix else ""}
-{mix}
-
-[crash]
-policy = "{policy}"
-hang_after = {hang_after}
-startup_timeout = {startup_timeout}
-max_restarts = 1
-
-{configs}''')
-    return f
+    return campaign_toml.write_campaign(
+        tmp_path,
+        campaign={
+            "name": CAMP,
+            "trials": trials,
+            "target": target,
+            "command": f"{STANDIN} --port {{port}}" if command is None else command,
+            "url": url,
+        },
+        workload={
+            "locustfile": str(locustfile),
+            "users": users,
+            "spawn_rate": users,
+            "duration": duration,
+            "max_requests": max_requests,
+        },
+        options={"pool_size": 8, **(options or {})},
+        mix=mix,
+        crash={"policy": policy, "hang_after": hang_after, "startup_timeout": startup_timeout, "max_restarts": 1},
+        configs=configs,
+    )
 
 
 def trial_dir(root: Path, config: str = "a", trial: int = 0) -> Path:
@@ -307,7 +298,7 @@ def test_server_sigstop_hang_is_detected_after_hang_after_and_cleaned_up(tmp_pat
     root = tmp_path / "results"
     hang_after = 1.5
     # the detected hang ends the trial (policy stop): 120 s only bounds a hang of the runner's own
-    f = write_campaign(tmp_path, duration=120, hang_after=hang_after, options="request_timeout = 1.0")
+    f = write_campaign(tmp_path, duration=120, hang_after=hang_after, options={"request_timeout": 1.0})
 
     def stop_server(trial):
         [pgid] = manifest(trial)["server_pgids"]
@@ -353,8 +344,7 @@ def test_a_locust_that_never_ends_is_stopped_with_its_greenlets_stacks_and_the_t
     lf.write_text(STALLING)
     # its run time is what ends it (then it stalls): long enough for a loaded machine's Locust to start and send
     # (CI once recorded no request in 3 s, beside two vLLM lanes)
-    f = write_campaign(tmp_path, duration=10)
-    f.write_text(f.read_text().replace(f'locustfile = "{LOCUSTFILE}"', f'locustfile = "{lf}"'))
+    f = write_campaign(tmp_path, duration=10, locustfile=lf)
     [res] = run(f, tmp_path / "results")
     trial = trial_dir(tmp_path / "results")
     m = manifest(trial)
@@ -373,14 +363,7 @@ def test_server_never_healthy_fails_its_trial_and_the_next_one_runs(tmp_path, re
         duration=60,  # "well" ends at its budget, however busy the machine
         max_requests=100,
         startup_timeout=1,
-        configs="""
-[[config]]
-name = "sick"
-flags = ["--unhealthy"]
-
-[[config]]
-name = "well"
-""",
+        configs=[{"name": "sick", "flags": ["--unhealthy"]}, {"name": "well"}],
     )
     sick, well = run(f, root)
     assert sick.status == campaign_runner.FAILED and well.status == campaign_runner.COMPLETED
@@ -752,7 +735,7 @@ def test_api_key_is_sent_as_bearer_and_never_written_anywhere(tmp_path, via, rea
 
     root = tmp_path / "results"
     # ends at its budget, however busy the machine (the duration only bounds a hung trial)
-    f = write_campaign(tmp_path, duration=120, max_requests=200, configs='[[config]]\nname = "keyed"\n')
+    f = write_campaign(tmp_path, duration=120, max_requests=200, configs=[{"name": "keyed"}])
     env = {**os.environ, "STANDIN_API_KEY": key}  # the server's own configuration; Server passes it on
     env.pop("MMCHAOS_API_KEY", None)
     env.pop("MMCHAOS_API_KEY_FILE", None)
@@ -820,11 +803,7 @@ def test_report_renders_server_text_as_text(tmp_path, reaper):
         tmp_path,
         duration=120,
         max_requests=2000,
-        configs=f'''
-[[config]]
-name = "xss"
-flags = ["--error-text", "{XSS}", "--die-after", "300"]
-''',
+        configs=[{"name": "xss", "flags": ["--error-text", XSS, "--die-after", "300"]}],
     )
     [res] = run(f, root)
     trial = trial_dir(root, "xss")
@@ -853,7 +832,7 @@ def test_real_vllm_hang_is_detected_and_its_whole_stopped_group_cleaned_up(tmp_p
     require_engine_and_model(REPORT_VERSION)
     root = tmp_path / "results"
     # valid traffic only: the chaos mix would crash this version (the report's bug) before the hang is injected
-    mix = "\n".join(f"{k} = {int(k in ('valid_image', 'text'))}" for k in WEIGHTS)
+    mix = {k: int(k in ("valid_image", "text")) for k in WEIGHTS}
     f = write_campaign(
         tmp_path,
         target="engine",
@@ -861,8 +840,8 @@ def test_real_vllm_hang_is_detected_and_its_whole_stopped_group_cleaned_up(tmp_p
         hang_after=3,
         startup_timeout=420,
         mix=mix,
-        options="request_timeout = 2.0",
-        configs=f'[[config]]\nname = "a"\nengine = "{REPORT_VERSION}"\n',
+        options={"request_timeout": 2.0},
+        configs=[{"name": "a", "engine": REPORT_VERSION}],
     )
     group: list[int] = []
 

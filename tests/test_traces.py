@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from cli_inprocess import mmchaos
-from conftest import TESTS, standin_server
+from conftest import standin_server
 from locust_run import locust, rows
 from PIL import Image
 from test_campaign_standin import run, write_campaign
@@ -247,11 +247,11 @@ def test_a_bad_request_log_is_one_line_naming_the_line(tmp_path, line, needle):
 @pytest.mark.integration
 def test_a_campaign_workload_can_replay_a_request_log(tmp_path):
     _hand_written_log(tmp_path)
-    f = write_campaign(tmp_path, duration=30, configs='[[config]]\nname = "v030"\nflags = ["--crash-after-poison"]\n')
-    f.write_text(
-        f.read_text().replace(
-            f'locustfile = "{TESTS.parent / "locustfiles/embeddings.py"}"', 'trace = "production.jsonl"'
-        )
+    f = write_campaign(
+        tmp_path,
+        duration=30,
+        configs=[{"name": "v030", "flags": ["--crash-after-poison"]}],
+        workload={"locustfile": None, "trace": "production.jsonl"},
     )
     r = _cli("campaign", "check", str(f))
     assert r.returncode == 0, r.stderr
@@ -262,11 +262,11 @@ def test_a_campaign_workload_can_replay_a_request_log(tmp_path):
 
 
 def _replay_campaign(tmp_path: Path, flags: list[str], duration: int = 30) -> Path:
-    f = write_campaign(tmp_path, duration=duration, configs=f'[[config]]\nname = "v032"\nflags = {json.dumps(flags)}\n')
-    f.write_text(
-        f.read_text().replace(
-            f'locustfile = "{TESTS.parent / "locustfiles/embeddings.py"}"', 'trace = "production.jsonl"'
-        )
+    f = write_campaign(
+        tmp_path,
+        duration=duration,
+        configs=[{"name": "v032", "flags": flags}],
+        workload={"locustfile": None, "trace": "production.jsonl"},
     )
     return f
 
@@ -398,16 +398,19 @@ def crashed_trial(tmp_path_factory):
     the replay sends the trial's requests in the order they left, which is the order the server took them only
     when nothing ran beside them (with three users a loaded machine delivered a reuse before its poison)."""
     tmp = tmp_path_factory.mktemp("minimize")
-    f = write_campaign(tmp, duration=60, configs='[[config]]\nname = "v030"\nflags = ["--crash-after-poison"]\n')
     # images only (the stand-in's crash is an image's): no video kind, no video in the poisons
-    f.write_text(
-        f.read_text()
-        .replace("users = 3\nspawn_rate = 3", "users = 1\nspawn_rate = 1")
-        .replace(
-            "pool_size = 16",
-            'pool_size = 4\nfresh_fraction = 0.0\nvideo_share = 0.0\nmalformed_cases = "dimensions_unsupported"',
-        )
-        .replace("[workload.options]", "[workload.mix]\nmalformed_pre = 0\nvideo = 0\n\n[workload.options]")
+    f = write_campaign(
+        tmp,
+        duration=60,
+        configs=[{"name": "v030", "flags": ["--crash-after-poison"]}],
+        workload={"users": 1, "spawn_rate": 1},
+        options={
+            "pool_size": 4,
+            "fresh_fraction": 0.0,
+            "video_share": 0.0,
+            "malformed_cases": "dimensions_unsupported",
+        },
+        mix={"malformed_pre": 0, "video": 0},
     )
     [result] = run(f, tmp / "results")
     assert result.crashes, "the stand-in did not crash"
@@ -514,7 +517,7 @@ def test_minimize_keeps_to_its_budget_and_says_so(crashed_trial, tmp_path):
 def test_minimize_says_when_the_trials_crash_does_not_replay(tmp_path, reaper):  # noqa: F811
     """A crash no request caused (the server SIGKILLed from outside mid-load): no guess and not the whole sequence
     crashes a fresh server, so the search ends there, without spending its budget on ddmin."""
-    f = write_campaign(tmp_path, duration=10, configs='[[config]]\nname = "killed"\n')
+    f = write_campaign(tmp_path, duration=10, configs=[{"name": "killed"}])
     trial = tmp_path / "results" / "standin" / "killed" / "t000"
     killed = []
 
@@ -536,7 +539,7 @@ def test_minimize_says_when_the_trials_crash_does_not_replay(tmp_path, reaper): 
 def test_minimize_refuses_what_it_cannot_do(tmp_path, crashed_trial):
     r = _cli("minimize", str(tmp_path))
     assert r.returncode == 2 and "not a trial folder" in r.stderr
-    healthy = write_campaign(tmp_path, duration=2, configs='[[config]]\nname = "ok"\n')
+    healthy = write_campaign(tmp_path, duration=2, configs=[{"name": "ok"}])
     run(healthy, tmp_path / "results")
     r = _cli("minimize", str(tmp_path / "results" / "standin" / "ok" / "t000"))
     assert r.returncode == 2 and "did not crash" in r.stderr
