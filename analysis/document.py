@@ -169,7 +169,8 @@ td.warn{background:#fff1d6;font-weight:600}
 .note{color:#555;font-size:.9em}
 .cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(270px,1fr));gap:.8em;margin:1em 0}
 .card{border:1px solid #ddd;border-left:6px solid #bbb;border-radius:4px;padding:.5em .7em;font-size:.9em}
-.card p{margin:.25em 0}.card .ct{font-weight:600;overflow-wrap:anywhere}.card .cv{font-size:1.15em;font-weight:700}
+.card p{margin:.25em 0;overflow-wrap:anywhere}.card .ct{font-weight:600;overflow-wrap:anywhere}
+.card .cv{font-size:1.15em;font-weight:700}
 .card.yes{border-left-color:#3a9a3a}.card.no{border-left-color:#c33}.card.warn{border-left-color:#d99a1c}
 figure{margin:1em 0}img{max-width:100%}
 pre{background:#f6f6f6;padding:.6em;overflow-x:auto;font-size:.8em}

@@ -107,7 +107,7 @@ def tradeoff(crash: pd.DataFrame, cost: pd.DataFrame, configs: list[str], baseli
     p50 and its throughput, each a ratio to the baseline's (95 % bootstrap interval); the baseline at 1."""
     col = colors(configs)
     rates = crash.set_index(crash["config"].astype(str))
-    fig, axes = plt.subplots(1, 2, figsize=(10, 2.8), sharey=True)  # short: it is on the first screen
+    fig, axes = plt.subplots(1, 2, figsize=(10, 2.4), sharey=True)  # short: it is on the first screen
     for ax, (key, label) in zip(
         axes, (("p50_ratio", f"latency p50, × {baseline}'s"), ("throughput_ratio", f"throughput, × {baseline}'s"))
     ):

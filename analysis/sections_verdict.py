@@ -82,7 +82,7 @@ def cards(doc, c, verdict, crash, cost, baseline) -> None:
         first = c.crashes[c.crashes["config"] == cfg].sort_values("t_detected").head(1)
         if len(first) and (cfg, first["trial"].iloc[0]) in trials.index:
             folder = trials.loc[(cfg, first["trial"].iloc[0]), "path"]
-            lines.append(f"first crash: {folder} — shrink it: mmchaos minimize {folder}")
+            lines.append(f"shrink its first crash: mmchaos minimize {folder}")
         out.append((cfg, v[cfg]["title"], lines))
     doc.cards(out)
 

@@ -936,7 +936,7 @@ def test_the_first_screen_is_a_card_per_configuration(tmp_path):
     for cfg in ("default", "off"):
         assert f"**{cfg}: {verdicts[cfg]}**" in head
     assert head.count("crashes per hour of uptime") == 2 and "crashes / hour" not in md
-    [folder] = re.findall(r"shrink it: mmchaos minimize (\S+)", head)
+    [folder] = re.findall(r"shrink its first crash: mmchaos minimize (\S+)", head)
     assert Path(folder).parent.name == "default" and (Path(folder) / "manifest.json").is_file()
     assert "the baseline the costs are measured against" in head.split("**off:")[1]
     assert '<div class="cards">' in res.html.read_text()

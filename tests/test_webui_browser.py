@@ -43,7 +43,7 @@ CRASH_WAIT_MS = 240_000  # from the start click: pool warm-up, the load (up to i
 
 
 @contextlib.contextmanager
-def browser_page(profile_dir):
+def browser_page(profile_dir, width: int = 1500, height: int = 1000):
     """A page of a fresh headless Chromium (its own user-data dir), closed at the end."""
     if not os.access(CHROMIUM, os.X_OK):
         pytest.fail(f"headless Chromium is missing ({CHROMIUM}): install it with `{INSTALL}`")
@@ -57,7 +57,7 @@ def browser_page(profile_dir):
             executable_path=CHROMIUM,
             headless=True,
             args=CHROMIUM_ARGS,
-            viewport={"width": 1500, "height": 1000},
+            viewport={"width": width, "height": height},
         )
         try:
             page = ctx.pages[0] if ctx.pages else ctx.new_page()
@@ -312,3 +312,24 @@ def test_the_fault_form_offers_no_operator_action_without_dev_mode(tmp_path):
             assert r.status_code == 400 and "VLLM_SERVER_DEV_MODE" in r.json()["error"], r.text
         finally:
             ui.stop()
+
+
+def test_the_reports_first_screen_at_1280_px_holds_the_cards_and_the_figure(tmp_path):
+    """A campaign of three configurations: at 1280 x 900 the cards and the crash-rate-against-cost figure are on
+    the first screen, and nothing (no table) makes the page scroll sideways."""
+    from mmchaos.analysis import report
+    from mmchaos.analysis.synthetic import make_campaign
+
+    res = report.write_report(make_campaign(tmp_path, "c", trials=2, requests_per_trial=300, duration_s=300))
+    with browser_page(tmp_path / "chromium-profile", width=1280, height=900) as page:
+        page.goto(res.html.as_uri())
+        cards = page.locator("div.cards").bounding_box()
+        figure = page.locator("img[alt^='crash rate against latency']").bounding_box()
+        assert cards and figure and cards["y"] + cards["height"] <= figure["y"], (cards, figure)
+        assert figure["y"] + figure["height"] <= 900, figure
+        assert page.evaluate("document.documentElement.scrollWidth") <= 1280
+        # a card's long line (its trial folder) wraps inside it
+        spill = "[...document.querySelectorAll('.card p')].some(p => p.scrollWidth > p.clientWidth)"
+        assert not page.evaluate(spill)
+        OUTPUT.mkdir(exist_ok=True)
+        page.screenshot(path=str(OUTPUT / "report-first-screen-1280.png"))
