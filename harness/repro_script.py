@@ -145,6 +145,7 @@ import urllib.parse
 EXPECT = {expect!r}  # crash, 5xx, hang, wrong or log: what reproduces it (see above)
 COMPARE = {compare!r}  # wrong: pairs of requests (1-based) whose answers must agree
 LOG_NEEDLE = {needle!r}  # log: what the server's log says when it is reproduced
+LOG_WAIT_S = 5  # log: how long at least the log is read for it after the last answer
 # (session, seconds after the first request, endpoint, hang up after ms (None: wait for the answer), JSON body);
 # "@IMAGE_n@" in a body is image n (a data URL, at the end of this file)
 REQUESTS = [
@@ -296,11 +297,17 @@ def judge(args, headers, results, log_from):
         if not args.log:
             print("give --log SERVER_LOG: the finding is the server logging %r" % LOG_NEEDLE)
             return 2
-        time.sleep(min(args.settle, 2.0))  # the server writes its traceback as it fails, not before
-        with open(args.log, errors="replace") as f:
-            f.seek(log_from)
-            if LOG_NEEDLE in f.read():
-                found.append("the server logged %s" % LOG_NEEDLE)
+        # the server writes its traceback as it fails, often after its answer: the log is read until it says
+        # the line or --settle (at least LOG_WAIT_S) has passed
+        deadline = time.monotonic() + max(args.settle, LOG_WAIT_S)
+        while not found:
+            with open(args.log, errors="replace") as f:
+                f.seek(log_from)
+                if LOG_NEEDLE in f.read():
+                    found.append("the server logged %s" % LOG_NEEDLE)
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
     print(("reproduced: " + "; ".join(found)) if found else "not reproduced")
     if args.json:
         print(json.dumps({{"reproduced": bool(found), "crashed": False, "why": found}}))
