@@ -51,6 +51,7 @@ from mmchaos.sameness import input_keys
 REGISTRY = CollectorRegistry()
 REQUESTS = Counter("standin_requests", "requests", ["handler", "status"], registry=REGISTRY)
 DIM = 64
+STALL_S = 300  # --stall-format: how long such a request goes unanswered (the test ends first)
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -138,6 +139,8 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(404, {"error": {"message": f"The model `{body['model']}` does not exist.", "code": 404}})
         if self.opts.delay_ms:
             time.sleep(self.opts.delay_ms / 1000)  # emulated service time
+        if self.opts.stall_format and isinstance(body, dict) and body.get("encoding_format") == self.opts.stall_format:
+            time.sleep(STALL_S)  # as 0.30.0 computes `padding: max_length` on a short input: minutes, /health 200
         if self.path == "/tokenize":
             return self._send(200, {"count": 8, "max_model_len": 4096, "tokens": list(range(8))})
         if self.path != "/v1/embeddings":
@@ -348,6 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--die-after-s", type=float, default=0, help="die this long after the first embedding request")
     p.add_argument("--die-on-file", default="", help="die at the first embedding request after this file appears")
     p.add_argument("--delay-ms", type=float, default=0)
+    p.add_argument("--stall-format", default="", help="answer no request of this encoding_format for minutes")
     p.add_argument("--unhealthy", action="store_true")
     p.add_argument("--api-key", default=os.environ.get("STANDIN_API_KEY"))
     p.add_argument("--error-text", default="", help="message of 400 answers (to test escaping)")

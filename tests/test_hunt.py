@@ -310,7 +310,7 @@ def test_what_the_minimizer_gets_keeps_no_key_of_the_target():
 
 
 def test_a_crash_is_shrunk_from_a_life_naming_a_whole_request_first_and_a_hang_up_answered_is_plain(tmp_path):
-    from mmchaos.harness.hunt import search as hunt
+    from mmchaos.harness.hunt import lives as hunt_lives
 
     body = {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "x"}]}]}
     hang_up = hunt_case.Step(0, "/pooling", body, hang_up_ms=1.0, images=["h1"])
@@ -329,12 +329,12 @@ def test_a_crash_is_shrunk_from_a_life_naming_a_whole_request_first_and_a_hang_u
     (folder / "lives" / "10.json").write_text(json.dumps(short))
     shortest = [{"steps": [asdict(hang_up)], "answers": [{"step": 0, "status": None, "text": ""}]}]
     (folder / "lives" / "7.json").write_text(json.dumps(shortest))
-    lives = hunt._lives(folder)
+    lives = hunt_lives.lives(folder)
     # a life whose crash names a request sent whole first (hang-ups alone are a race), then fewest requests first
     assert [name for name, _ in lives] == ["10", "7", "2"]
     life = lives[0][1]
     assert [len(c.steps) for c, _ in life] == [2]
-    trace, named = hunt.shrink_input(life)
+    trace, named = hunt_lives.shrink_input(life)
     rows = trace.requests
     assert rows["outcome"].tolist()[0] == "aborted" and rows["abort_after_ms"].tolist()[0] == 1.0
     assert rows["status"].tolist()[1] == 500 and pd_isna(rows["abort_after_ms"].tolist()[1])
@@ -556,6 +556,39 @@ def test_a_5xx_finding_gets_a_reproducer_confirmed_on_the_server_that_answered_i
                 timeout=60,
             )
         assert p.returncode == code and p.stdout.strip().splitlines()[-1] == says, p.stdout
+
+
+@pytest.mark.integration
+def test_a_request_left_unanswered_is_a_hang_whose_reproducer_is_it_and_what_such_requests_share_is_spared(
+    tmp_path,
+):
+    """A stand-in that leaves base64 requests unanswered (as 0.30.0 does `padding: max_length` on a short input):
+    each is a hang finding of its route whose reproducer is the one request (reproduced on such a server, not on one
+    that answers); once two were left unanswered, the field they shared is sent no more."""
+    cmd = f"{sys.executable} {TESTS / 'standin_server.py'} --port {{port}} --openapi --stall-format base64"
+    out = tmp_path / "h"
+    args = ("--out", str(out), "--max-cases", "20", "--max-starts", "1", "--settle", "0", "--request-timeout", "2")
+    r = _hunt("--command", cmd, *args)
+    state = json.loads((out / "state.json").read_text())
+    [hang] = [f for f in state["findings"] if f["oracle"] == "hang"] or [None]
+    assert hang and hang["fingerprint"] == "hang|no answer|/v1/embeddings", r.stdout[-3000:] + r.stderr[-2000:]
+    assert state["spared"]["fields"].get("encoding_format") == "base64", state.get("spared")
+    later = [json.loads(x) for x in (out / "cases.jsonl").read_text().splitlines()][state["spared"]["case"] :]
+    assert later and not any((s["body"] or {}).get("encoding_format") == "base64" for c in later for s in c["steps"])
+    assert "no request carried" in (out / "findings.md").read_text()
+    script = out / hang["reproducer"]
+    assert len(json.loads((out / "findings" / str(hang["first_case"]) / "case.json").read_text())) >= 1
+    for stall, code, says in (("base64", 1, "reproduced"), ("", 0, "not reproduced")):
+        with standin_server(
+            tmp_path / f"s{stall}.log", "--openapi", *(["--stall-format", stall] if stall else [])
+        ) as s:
+            p = subprocess.run(
+                [sys.executable, str(script), "--url", s.base_url, "--settle", "0", "--timeout", "2"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+        assert p.returncode == code and p.stdout.strip().splitlines()[-1].startswith(says), p.stdout
 
 
 def test_findings_say_the_target_reference_and_versions_with_their_keys_masked(tmp_path):

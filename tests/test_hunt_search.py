@@ -213,3 +213,57 @@ def test_once_a_crash_is_known_no_suspect_is_drawn_and_answered_images_still_are
         lives.append(_drawn_from(life))
     assert failed.hash in lives[0]
     assert failed.hash not in lives[1] and ok.hash in lives[1]
+
+
+def test_once_a_crash_is_known_no_mutant_comes_from_a_case_that_crashed_or_made_one_that_did():
+    state: dict = {}
+    c = hunt_corpus.Corpus(state)
+    for n in (1, 2, 3, 4):
+        c.consider(n, Case([Step(0, f"/r{n}", {"input": "x"})]), [200], 10, False)
+    c.retire(2)  # it crashed
+    c.retire(3, 2)  # a mutant of 3 and 2 crashed
+    assert c.parents(crash_known=False) == [1, 2, 3, 4]
+    assert c.parents(crash_known=True) == [1, 4]
+    assert hunt_corpus.Corpus(state).parents(crash_known=True) == [1, 4]  # kept in the hunt's state
+
+
+def test_once_a_crash_is_known_a_suspect_drawn_as_new_is_replaced_by_an_image_the_server_never_saw():
+    from mmchaos.harness.hunt import cases
+    from mmchaos.harness.hunt.media import make
+
+    simplest = make("PNG", 16, 16, 0, "none")  # what Hypothesis draws first, again and again
+    for avoid in (False, True):
+        life = cases.Life(avoid_suspects=avoid)
+        life.saw([simplest], answered=False)
+        got = cases._unsuspected(life, simplest)
+        if not avoid:
+            assert got is simplest
+        else:
+            assert got.hash not in life.seen and (got.format, got.width, got.height) == ("PNG", 16, 16)
+
+
+def test_once_a_crash_is_known_no_step_carries_a_suspect_nor_an_image_a_step_before_it_hung_up_on():
+    """Mutations splice, repeat and move media: a hang-up then its step sent again met the known crash."""
+    from mmchaos.harness.hunt import cases
+    from mmchaos.harness.hunt.media import make
+
+    old, kept = make("PNG", 16, 16, 1, "none"), make("PNG", 16, 16, 2, "none")
+
+    def step(m, hang_up=None):
+        body = {"model": "m", "messages": [{"role": "user", "content": [m.part]}]}
+        return Step(0, "/pooling", body, hang_up_ms=hang_up, images=[m.hash])
+
+    fresh = make("PNG", 16, 16, 3, "none")
+    steps = [step(old), step(fresh, hang_up=1.0), step(fresh), step(kept)]
+    for avoid in (False, True):
+        life = cases.Life(avoid_suspects=avoid)
+        life.saw([old], answered=False)
+        life.saw([kept], answered=True)
+        got = cases.without_suspects(steps, life)
+        if not avoid:
+            assert got == steps
+            continue
+        assert got[0].images != [old.hash] and old.url not in json.dumps(got[0].body)  # a suspect of the life
+        assert got[1] == steps[1] and got[2].images != [fresh.hash]  # the image a step before hung up on
+        assert got[3] == steps[3]  # an image the server answered
+        assert all(life.seen[h].url in json.dumps(s.body) for s in (got[0], got[2]) for h in s.images)

@@ -70,6 +70,12 @@ def add_parser(sub) -> None:
         "--settle", type=float, default=1.0, help="seconds the server is watched after each case (default 1)"
     )
     h.add_argument(
+        "--request-timeout",
+        type=arg_types.positive_number,
+        default=60.0,
+        help="seconds a request may go unanswered before it is a hang finding (default 60)",
+    )
+    h.add_argument(
         "--repeats",
         type=arg_types.positive_int,
         default=2,
@@ -146,6 +152,7 @@ def run(a) -> int:
             budget,
             seed=a.seed,
             settle=a.settle,
+            request_timeout=a.request_timeout,
             startup_timeout=a.timeout,
             minimize=not a.no_minimize,
             repeats=a.repeats,

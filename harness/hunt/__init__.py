@@ -6,6 +6,7 @@
 - negative.py: bodies just off a route's schema (one thing made wrong);
 - oracles.py, reference.py: what counts as a failure (a crash, a log line nobody named, a 5xx, a wrong answer);
 - findings.py: a finding, typed; report.py: the findings report; versions.py: reproducers on other versions;
+- lives.py: a server's life as kept (its cases and answers) and as the trace reproducers and the minimizer replay;
 - coverage.py, corpus.py: vLLM's own lines as the search's compass, the cases that taught it something, mutants;
 - axis.py, flag_draw.py: server flags as an axis of the search, and flag sets drawn from vLLM's own help.
 """

@@ -30,7 +30,7 @@ import json
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -39,9 +39,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
 from mmchaos import faults
+from mmchaos.payloads.pool import content_hash
 
 from . import bodies, negative
-from .media import Media, media
+from .media import DATA_URL, Media, make, media, renew
 
 MAX_STEPS = 8  # rules a case runs at most
 SESSIONS = 3  # keep-alive connections a case's requests go out on
@@ -49,6 +50,7 @@ HANG_UP_MS = (1.0, 2.0, 5.0, 10.0, 30.0, 100.0)  # short first: while the image 
 TOGETHER = 3  # requests sent at once, at most
 SAME_MAX = 2  # times a case sends the very same request (a poison and its reuse are two requests)
 WALKED_FROM = 3  # from this step on, a case does not begin with the shape another case began with (if it can)
+RENEWED_SIDE = 32  # an image put in place of a suspect (without_suspects)
 EDGE_BURST = 8  # text-only requests an edge or off-schema rule sends one after the other, at most
 # an operator action sent with requests lands this long after them: at 0 before they are rendered, later while the
 # engine holds them (a /pause then aborts them: measured on 0.32.0, docs/findings.md)
@@ -76,6 +78,7 @@ class Sent:
     ms: float
     answer: object = None
     t: float = 0.0  # when it was sent: seconds since the server's life began (the hunt's clock)
+    timed_out: bool = False  # no answer within the client's timeout (not a hang-up of ours)
 
 
 @dataclass
@@ -142,7 +145,8 @@ class Client:
         try:
             r = http.post(self.base_url + step.path, data=data.encode(), headers=hdrs, timeout=self.timeout)
         except requests.RequestException as e:
-            return Sent(i, None, f"no answer: {type(e).__name__}", _ms(t0), None, t)
+            timed_out = isinstance(e, requests.Timeout) and not isinstance(e, requests.ConnectTimeout)
+            return Sent(i, None, f"no answer: {type(e).__name__}", _ms(t0), None, t, timed_out)
         answer = None
         if r.status_code == 200:
             try:
@@ -199,7 +203,7 @@ class Hooks:
     client: Client
     life: Life
     after_step: Callable[[Sent], None]
-    end_case: Callable[[Case, list[Sent]], None]
+    end_case: Callable[[Case, list[Sent]], object]  # what it returns is the hunt's own
     begin_case: Callable[[], None] = lambda: None  # may raise to stop the search (a spent budget)
     # what requests are sent as, given the case's earlier steps: the drawn ones, or (when a case began so before, or
     # they repeat a request the case sent SAME_MAX times) a variation of them; never a rejection, which Hypothesis
@@ -247,6 +251,7 @@ def machine(forms: list[tuple[str, bodies.Form]], operators: list[str], hooks: H
             """``images``, each drawn one kept for the step (its ``images``) and the server's life."""
 
             def keep(m: Media) -> Media:
+                m = _unsuspected(hooks.life, m)
                 self.drawn[m.hash] = m
                 hooks.life.seen.setdefault(m.hash, m)
                 return m
@@ -359,6 +364,37 @@ def _weighted(hooks: Hooks, where: list) -> st.SearchStrategy:
         return weighted[k % len(weighted)]
 
     return st.integers(0, 2**16).map(pick)
+
+
+def _unsuspected(life: Life, m: Media) -> Media:
+    """``m``; but once suspects are avoided, a new image in place of a suspect drawn as "new": Hypothesis draws its
+    simplest image again and again (four hang-ups and a request of one image crashed a server avoiding suspects)."""
+    if not life.avoid_suspects or m.hash not in life.suspects:
+        return m
+    return renew(m, len(life.seen))
+
+
+def without_suspects(steps: list[Step], life: Life) -> list[Step]:
+    """``steps``; but once suspects are avoided, each image a step carries that is a suspect of the server's life,
+    or that a step before it in ``steps`` hung up on, swapped for an image the server never saw: mutations splice,
+    repeat and move media (a hang-up, then its step sent again, met the known crash on such a server)."""
+    if not life.avoid_suspects:
+        return steps
+    bad, out = set(life.suspects), []
+    for s in steps:
+        if s.body is not None and bad.intersection(s.images):
+            text, images = json.dumps(s.body), list(s.images)
+            for url in set(DATA_URL.findall(text)):
+                h = content_hash(url.encode())
+                if h in bad and h in images:
+                    new = make("PNG", RENEWED_SIDE, RENEWED_SIDE, 2**17 + len(life.seen), "none")
+                    life.seen[new.hash] = new
+                    text, images[images.index(h)] = text.replace(url, new.url), new.hash
+            s = replace(s, body=json.loads(text), images=images)
+        if s.hang_up_ms is not None:
+            bad.update(s.images)
+        out.append(s)
+    return out
 
 
 def _from_life(life: Life, which: str, drawn: dict[str, int] | None = None) -> st.SearchStrategy[Media]:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import random
-import re
 from collections import Counter
 from copy import deepcopy
 from dataclasses import replace
@@ -29,12 +28,12 @@ from dataclasses import replace
 from mmchaos.payloads.pool import content_hash
 
 from .cases import HANG_UP_MS, MAX_STEPS, Case, Step
+from .media import DATA_URL
 
 MUTATE_SHARE = 0.3  # of the cases sent: mutants of corpus cases (the rest drawn afresh by Hypothesis)
 GUIDE = 3  # the most gain weighs a route this many times more than none (below: weighted)
 DECAY = 0.7  # a route's gain, each case that sent it and reached nothing new
 MAX_ITEMS = 64  # media in one request a mutant grows to at most (the server's own limit refuses more: a finding too)
-DATA_URL = re.compile(r"data:[a-z]+/[-\w.+]+;base64,[A-Za-z0-9+/=]+")
 
 
 def case_hash(case: Case) -> str:
@@ -67,6 +66,7 @@ class Corpus:
         state.setdefault("shapes", {})  # shape -> cases of it
         state.setdefault("outcomes", [])  # the (route, status) sequences met
         state.setdefault("route_gain", {})  # route -> new lines it brought lately (weighted)
+        state.setdefault("retired", [])  # cases that crashed or made a mutant that crashed (parents)
         self._hashes = set(state["sent_hashes"])
         self._prefixes: Counter[str] = Counter()  # the shapes of the cases' beginnings, each length
         for sh, n in state["shapes"].items():
@@ -124,6 +124,17 @@ class Corpus:
         if best <= 0:
             return where
         return [x for x in where for _ in range(1 + round(GUIDE * gain.get(x[0], 0.0) / best))]
+
+    def retire(self, *cases: int) -> None:
+        self.state["retired"].extend(n for n in cases if n not in self.state["retired"])
+
+    def parents(self, crash_known: bool) -> list[int]:
+        """The corpus cases a mutant may come from. Once a crash is known (the hunt's ``KNOWN_CRASH``), none that
+        crashed or made a mutant that crashed: their mutants kept meeting it (5 restarts in 27 cases, each ~40 s)."""
+        if not crash_known:
+            return self.state["corpus"]
+        retired = set(self.state["retired"])
+        return [n for n in self.state["corpus"] if n not in retired]
 
     def distinct(self) -> tuple[int, int]:
         """(distinct shapes, cases sent)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import io
+import re
 import struct
 import zlib
 from dataclasses import dataclass, replace
@@ -31,6 +32,7 @@ DAMAGE = ("none", "truncated", "wrong_mime", "not_base64", "empty", "huge_header
 HUGE_SIDE = 60000  # a PNG header claiming 60000 x 60000 pixels: over Pillow's decompression-bomb limit
 VIDEO_ONE_IN = 8  # one medium in this many is a video clip (a few frames of 64x64: 4 patches of the tiny model each)
 VIDEO_SIDE = 64
+DATA_URL = re.compile(r"data:[a-z]+/[-\w.+]+;base64,[A-Za-z0-9+/=]+")  # a medium as a body carries it
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,12 @@ def make(fmt: str, width: int, height: int, seed: int, damage: str) -> Media:
         b64 = b64[:16] + "!!" + b64[16:]
     url = f"data:{mime};base64,{b64}"
     return Media(url, content_hash(url.encode()), damage, fmt, width, height)
+
+
+def renew(m: Media, salt: int) -> Media:
+    """An image of ``m``'s size and damage with other pixels (above every drawn seed): new to any server."""
+    fmt = m.format if m.kind == "image" and m.format in FORMATS else "PNG"
+    return make(fmt, m.width, m.height, 2**17 + salt, m.damage)
 
 
 def _huge_png_header(png: bytes) -> bytes:

@@ -157,6 +157,17 @@ def _error_message(text: str) -> str:
     return m.group(1) if m else ""
 
 
+def shared_fields(bodies: list[dict]) -> dict[str, object]:
+    """The top-level fields, with their values, that every one of ``bodies`` carried (``model`` aside): what the
+    requests a server left unanswered had in common, the likeliest cause."""
+    if not bodies:
+        return {}
+    common = {k: v for k, v in bodies[0].items() if k != "model"}
+    for b in bodies[1:]:
+        common = {k: v for k, v in common.items() if k in b and b[k] == v}
+    return common
+
+
 def bad_response(answer: object, schema: dict | None) -> str | None:
     """Why a 200's body does not validate against the route's response schema (None: it does, or no schema)."""
     if schema is None:

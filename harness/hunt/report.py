@@ -3,6 +3,7 @@ each distinct finding with its oracle, fingerprint, count, first case and reprod
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -30,6 +31,17 @@ def _searched(doc: Doc, hunt) -> None:
         doc.note(
             f"From case {avoided['case']} on, no suspect was sent: {avoided['crash']} had been met twice, and each "
             "meeting costs a server restart; images the server answered were still sent again."
+            + (
+                f" No mutant was made from the {len(s['retired'])} case(s) that crashed or made a mutant that crashed."
+                if s.get("retired")
+                else ""
+            )
+        )
+    if spared := s.get("spared"):
+        said = ", ".join(f"{k}={json.dumps(v)}" for k, v in spared["fields"].items())
+        doc.note(
+            f"From case {spared['case']} on, no request carried {said}: the {spared['of']} requests the server had "
+            "left unanswered all did (each costs the client's whole timeout while the server goes on computing it)."
         )
     cov = s.get("coverage")
     if hunt.blind or not cov:

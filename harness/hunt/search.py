@@ -29,27 +29,23 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import requests
 from hypothesis import HealthCheck, Phase, seed, settings
 from hypothesis.errors import FlakyStrategyDefinition
 from hypothesis.stateful import run_state_machine_as_test
 
-from mmchaos import schema
 from mmchaos.auth import auth_headers
 from mmchaos.errors import MmchaosError
 from mmchaos.files import write_json_atomic
 from mmchaos.logtail import LogTail
-from mmchaos.payloads.bodies import body_template
-from mmchaos.payloads.pool import DataURL, content_hash
+from mmchaos.payloads.pool import content_hash
 from mmchaos.payloads.traces import Trace
 from mmchaos.redact import Redactor
 from mmchaos.signatures import Signatures
 
 from .. import crash_watch, repro_script
-from ..minimize import HUNT_KIND
 from ..server import Server, ServerError, Target
-from . import api_schema, bodies, cases, corpus, flag_draw, oracles, versions
+from . import api_schema, bodies, cases, corpus, flag_draw, lives, oracles, versions
 from .coverage import EngineCoverage
 from .findings import Finding
 from .reference import Reference
@@ -131,6 +127,7 @@ class Hunt:
         self.seconds_before = float(self.state["seconds"])
         self.corpus = corpus.Corpus(self.state)
         self.state.setdefault("mutants", 0)
+        self.state.setdefault("unanswered", [])  # small fields of the requests left unanswered (_unanswered)
         self.state.setdefault("first_steps", [])
         self._first_steps = set(self.state["first_steps"])
         self.cov: EngineCoverage | None = None
@@ -257,9 +254,12 @@ class Hunt:
 
     def _send_mutant(self, api) -> None:
         rng = random.Random(f"{self.state['seed']}:{self.state['cases']}")
-        for _ in range(8):  # a mutant nothing sent before: a few tries
-            a, b = (cases.Case.from_json(self._corpus_case(n)) for n in rng.choices(self.state["corpus"], k=2))
+        parents = self.corpus.parents(self.life.avoid_suspects)
+        for _ in range(8 if parents else 0):  # a mutant nothing sent before: a few tries
+            pair = rng.choices(parents, k=2)
+            a, b = (cases.Case.from_json(self._corpus_case(n)) for n in pair)
             case, how = corpus.mutate(a, b, rng)
+            case = cases.Case(cases.without_suspects(self._spare(case.steps), self.life))
             if self.corpus.novel(case):
                 break
         else:
@@ -267,13 +267,19 @@ class Hunt:
             return
         self.state["mutants"] += 1
         assert self.client is not None
-        self._end_case(case, cases.replay(case, self.client), api, f"mutant ({how})")
+        if self._end_case(case, cases.replay(case, self.client), api, f"mutant ({how})") is not None:
+            self.corpus.retire(*pair)
 
     def _corpus_case(self, n: int) -> str:
         return (self.out / "corpus" / f"{n}.json").read_text()
 
     def _vary(self, steps: list[cases.Step], earlier: list[cases.Step]) -> list[cases.Step]:
-        """Requests as sent: as drawn, unless they would begin a case as one began before (each machine run's first
+        """Requests as sent (:meth:`_varied`), without the fields every unanswered request shared, and once a crash
+        is known without suspects (cases.without_suspects)."""
+        return cases.without_suspects(self._spare(self._varied(steps, earlier)), self.life)
+
+    def _varied(self, steps: list[cases.Step], earlier: list[cases.Step]) -> list[cases.Step]:
+        """Requests as drawn, unless they would begin a case as one began before (each machine run's first
         example is Hypothesis's simplest, the same after every restart), repeat a request this case already sent
         ``cases.SAME_MAX`` times, or make the case begin, from its ``cases.WALKED_FROM``-th step, with the shape
         another case began with (Hypothesis's generator draws many cases of one rule, and copies a drawn case into
@@ -308,6 +314,27 @@ class Hunt:
                 return varied
         return steps
 
+    def _unanswered(self, body: dict, n: int) -> None:
+        """Keep what a request the server left unanswered carried (its small fields); once KNOWN_CRASH were, the
+        fields they all shared are left out of every request from then on (:meth:`_spare`): each costs the client's
+        whole timeout, and the server's worker keeps computing it (minutes, measured)."""
+        small = {k: v for k, v in body.items() if len(json.dumps(v)) <= SMALL_FIELD}
+        kept = self.state["unanswered"] = [*self.state["unanswered"], small][-UNANSWERED_KEPT:]
+        shared = oracles.shared_fields(kept) if len(kept) >= KNOWN_CRASH else {}
+        if shared and self.state.get("spared", {}).get("fields") != shared:
+            self.state["spared"] = {"case": n, "fields": shared, "of": len(kept)}
+
+    def _spare(self, steps: list[cases.Step]) -> list[cases.Step]:
+        fields = self.state.get("spared", {}).get("fields", {})
+        if not fields:
+            return steps
+        return [
+            replace(s, body={k: v for k, v in s.body.items() if not (k in fields and fields[k] == v)})
+            if s.body is not None and any(k in s.body and s.body[k] == v for k, v in fields.items())
+            else s
+            for s in steps
+        ]
+
     def _after_step(self, sent: cases.Sent) -> None:
         """After each step: a request the server did not answer, or answered 5xx, may mean it died; then the case
         ends here (its other steps would meet a dead server)."""
@@ -317,14 +344,17 @@ class Hunt:
                 self.crash = crash
                 raise cases.CaseOver
 
-    def _end_case(self, case: cases.Case, sent: list[cases.Sent], api, why: str = "search") -> None:
-        """Judge a case that was sent, keep what it found, and restart the server it crashed."""
+    def _end_case(self, case: cases.Case, sent: list[cases.Sent], api, why: str = "search") -> crash_watch.Crash | None:
+        """Judge a case that was sent, keep what it found, and restart the server it crashed (returned)."""
         assert self.server is not None
         n = self.state["cases"] = self.state["cases"] + 1
         self.state["requests"] += len(case.steps)
         self.cases_of_life.append((case, sent))
         crash = self.crash or self._settle()
         self.crash = None
+        for step, s in zip(case.steps, sent):
+            if s.timed_out and step.body is not None:
+                self._unanswered(step.body, n)
         lines = self.tail.new_lines()
         found = self._judge(case, sent, crash, lines, api)
         repeat = not self.corpus.sent(case)
@@ -333,6 +363,8 @@ class Hunt:
         joins = self.corpus.consider(
             n, case, statuses_list, new_lines, any(x.fingerprint not in self.findings for x in found)
         )
+        if crash is not None:
+            self.corpus.retire(n)
         if joins:
             (self.out / "corpus").mkdir(exist_ok=True)
             (self.out / "corpus" / f"{n}.json").write_text(case.to_json())
@@ -346,6 +378,7 @@ class Hunt:
                         "start": self.state["starts"],  # the server start it was sent to
                         "steps": json.loads(case.to_json()),
                         "statuses": [s.status for s in sent],
+                        "ms": [round(s.ms) for s in sent],
                         "answers": [s.text[:160] for s in sent],
                         "findings": [x.fingerprint for x in found],
                         "crash": crash.chain if crash else None,
@@ -371,13 +404,13 @@ class Hunt:
                 folder = self.out / "findings" / str(n)
                 folder.mkdir(parents=True, exist_ok=True)
                 (folder / "case.json").write_text(case.to_json())
-                (folder / "answers.json").write_text(json.dumps(_answers(sent)))
+                (folder / "answers.json").write_text(json.dumps(lives.answers(sent)))
                 if x.oracle == "server_error" and x.step is not None and crash is None:
                     self._answer_repro(x, case, sent, folder)
                 elif x.oracle == "hang" or (x.oracle in ("wrong_answer", "unknown_signature") and crash is None):
                     self._case_repro(x, case, sent, folder, run=crash is None)
             if x.oracle in ("crash", "hang"):  # the poison may have come in an earlier case of the server's life
-                life = [{"steps": json.loads(c.to_json()), "answers": _answers(a)} for c, a in self.cases_of_life]
+                life = [{"steps": json.loads(c.to_json()), "answers": lives.answers(a)} for c, a in self.cases_of_life]
                 (folder / "lives").mkdir(parents=True, exist_ok=True)
                 (folder / "lives" / f"{n}.json").write_text(json.dumps(life))
         statuses = ",".join("-" if s.status is None else str(s.status) for s in sent)
@@ -387,6 +420,7 @@ class Hunt:
         self._save()
         if crash is not None:
             self._restart()
+        return crash
 
     def _settle(self):
         end = time.time() + self.settle
@@ -444,6 +478,15 @@ class Hunt:
                 continue  # the answer of a dying server: the crash is the finding
             if got:
                 add(*got, s.text[:300], step=k, route=step.path, status=s.status)
+            if s.timed_out and crash is None:
+                add(
+                    "hang",
+                    f"hang|no answer|{step.path}",
+                    f"no answer from {step.path} in {self.request_timeout:g} s while /health answered 200",
+                    s.text,
+                    step=k,
+                    route=step.path,
+                )
             if s.status == 200 and step.body is not None and isinstance(s.answer, dict):
                 route = api.get(step.path)
                 why = oracles.bad_response(s.answer, route.response if route else None)
@@ -621,7 +664,7 @@ class Hunt:
             # the lives the crash ended, shortest first, until one shrinks to a confirmed reproducer: a crash of a
             # hang-up's race may not come again on a fresh server, and a short life costs few starts to find out
             done: tuple[Path, Any] | None = None
-            for case_n, life in _lives(folder):
+            for case_n, life in lives.lives(folder):
                 if self.budget.max_starts - self.state["starts"] <= 0:
                     self.say(f"hunt: finding {f.first_case}: no server start left in the budget to shrink it")
                     break
@@ -646,7 +689,7 @@ class Hunt:
         5xx), run at once against the server that answered it."""
         assert f.step is not None and self.server is not None
         step = replace(case.steps[f.step], session=0, together=None, delay_ms=None, hang_up_ms=None)
-        trace, _ = trace_of([(cases.Case([step]), [replace(sent[f.step], step=0)])])
+        trace, _ = lives.trace_of([(cases.Case([step]), [replace(sent[f.step], step=0)])])
         about = f"Found by mmchaos hunt (case {f.first_case}, step {f.step + 1}) on {self._found_on()}."
         script = folder / _repro_name(f)
         script.write_text(
@@ -675,7 +718,7 @@ class Hunt:
             step = replace(case.steps[f.step], session=0, together=None, delay_ms=None, hang_up_ms=None)
             again = [(cases.Case([step]), [replace(sent[f.step], step=0)])]
             by_ref = self.ref is not None and "reference" in f.fingerprint
-            trace, _ = trace_of(again if by_ref else again * 2)
+            trace, _ = lives.trace_of(again if by_ref else again * 2)
             info = repro_script.ScriptInfo(f.title, "", repro_script.WRONG, compare=() if by_ref else ((1, 2),))
             if by_ref:
                 assert self.ref is not None
@@ -684,13 +727,18 @@ class Hunt:
             needle = oracles.log_needle(f.exception, (f.detail.splitlines() or [f.title])[0])
             info = repro_script.ScriptInfo(f.title, "", repro_script.LOG, log_needle=needle)
             args += ["--log", str(self.server.log_path)]
-            trace, _ = trace_of([(case, sent)])
+            trace, _ = lives.trace_of([(case, sent)])
             if run:
                 trace = self._one_step_that_logs(f, case, sent, replace(info, about="(a try)"), args, folder) or trace
         else:
-            trace, _ = trace_of([(case, sent)])
+            if f.step is not None:  # a request left unanswered: it alone
+                step = replace(case.steps[f.step], session=0, together=None, delay_ms=None)
+                trace, _ = lives.trace_of([(cases.Case([step]), [replace(sent[f.step], step=0)])])
+            else:
+                trace, _ = lives.trace_of([(case, sent)])
             info = repro_script.ScriptInfo(f.title, "", repro_script.HANG)
-            run = False  # the server that hung was restarted: a fresh server is the reproducer's to try
+            # a fresh server is the reproducer's to try: the one that hung was restarted, or still computes it
+            run = False
         about = f"Found by mmchaos hunt (case {f.first_case}) on {self._found_on()}."
         script = folder / _repro_name(f)
         script.write_text(repro_script.render(trace, replace(info, about=about)))
@@ -723,7 +771,7 @@ class Hunt:
         order = sorted((k for k, s in enumerate(case.steps[: len(sent)]) if s.body is not None), key=answered_well)
         for k in order[:ONE_STEP_TRIES]:
             step = replace(case.steps[k], session=0, together=None, delay_ms=None)
-            trace, _ = trace_of([(cases.Case([step]), [replace(sent[k], step=0)])])
+            trace, _ = lives.trace_of([(cases.Case([step]), [replace(sent[k], step=0)])])
             script = folder / "one-step.py"
             script.write_text(repro_script.render(trace, info))
             p = subprocess.run(
@@ -816,7 +864,7 @@ class Hunt:
         from .. import bug_report
         from ..minimize import MinimizeError, Minimizer
 
-        trace, named = shrink_input(life)
+        trace, named = lives.shrink_input(life)
         try:
             m = Minimizer(
                 trace,
@@ -878,78 +926,6 @@ def run_cases(machine: type, max_examples: int) -> None:
         raise ours from None
 
 
-def _lives(folder: Path) -> list[tuple[str, list[tuple[cases.Case, list[cases.Sent]]]]]:
-    """The server lives a crash ended (each time it was met: the cases the dying server was sent): first those whose
-    last case has a request the dying server did not answer as asked (not a hang-up: a request it was sent whole),
-    then the rest; fewest requests first. A death met by hang-ups alone is a race that a fresh server may not run
-    again (seen: eight fresh servers survived such a life); a short life is cheap to shrink and holds little else."""
-    found = [(p.stem, json.loads(p.read_text())) for p in (folder / "lives").glob("*.json")]
-    if (folder / "life.json").exists():  # written by older hunts
-        found.append(("life", json.loads((folder / "life.json").read_text())))
-    found.sort(key=lambda x: (not _names_a_request(x[1]), sum(len(c["steps"]) for c in x[1]), x[0]))
-    return [
-        (
-            name,
-            [
-                (
-                    cases.Case.from_json(json.dumps(c["steps"])),
-                    [cases.Sent(a["step"], a["status"], a["text"], 0.0, t=a.get("t", 0.0)) for a in c["answers"]],
-                )
-                for c in life
-            ],
-        )
-        for name, life in found
-    ]
-
-
-def _names_a_request(life: list[dict]) -> bool:
-    """Whether the life's last case holds a request sent whole (no hang-up, or one answered first) that got no
-    answer or a 5xx: the request a crash names (shrink_input's rule)."""
-    if not life:
-        return False
-    last = life[-1]
-    got = {a["step"]: a["status"] for a in last["answers"]}
-    return any(_named(step.get("hang_up_ms"), got.get(i)) for i, step in enumerate(last["steps"]))
-
-
-def trace_of(life: list) -> tuple[Trace, list[dict[str, Any]]]:
-    """The cases a server was sent (``life``: (case, sent) pairs) as a trace the minimizer and repro.py read: case
-    k's session j is a lane of its own; and its rows."""
-    images: dict[str, dict] = {}
-    rows: list[dict[str, Any]] = []
-    for k, (case, sent) in enumerate(life):
-        got = {s.step: s for s in sent}
-        for i, step in enumerate(case.steps):
-            body = step.body if step.body is not None else {}
-            status = got[i].status if i in got else None
-            hung_up = _hung_up(step.hang_up_ms, status)
-            template, urls = body_template(_with_data_urls(body, images))
-            rows.append(
-                {
-                    "worker": "hunt",
-                    "user_id": k * cases.SESSIONS + step.session,
-                    "seq": len(rows),
-                    "attempt": 1,
-                    "request_group": str(len(rows)),
-                    "request_id": f"hunt-{k + 1}-{i + 1}",
-                    # when it was sent in the server's life (older hunts kept no time: cases 10 s apart)
-                    "t_start": got[i].t if i in got and got[i].t else k * 10.0 + i * 0.01,
-                    "endpoint": step.path,
-                    "kind": HUNT_KIND,
-                    "case": None,
-                    "probe": None,
-                    "expected_status": status,
-                    "status": status,
-                    "outcome": schema.ABORTED if hung_up else None,
-                    "image_hashes": ",".join(_url_hashes(urls)) or None,
-                    "abort_after_ms": step.hang_up_ms if hung_up else None,
-                    "body": template,
-                    "images": ",".join(_url_hashes(urls)) or None,
-                }
-            )
-    return Trace.of(pd.DataFrame(rows), list(images.values())), rows
-
-
 def _reproduced(p: subprocess.CompletedProcess) -> bool:
     """Whether a reproducer said it reproduced its finding (its --json summary; an exit code of 1 alone may be a
     Python error)."""
@@ -958,6 +934,8 @@ def _reproduced(p: subprocess.CompletedProcess) -> bool:
 
 
 KNOWN_CRASH = 2  # times a crash is met before the search stops sending suspects (each meeting costs a restart)
+SMALL_FIELD = 200  # characters of JSON: a request field kept to compare unanswered requests by
+UNANSWERED_KEPT = 8  # the latest unanswered requests compared
 ONE_STEP_TRIES = 6  # steps of a case tried alone for an unknown log line's reproducer
 
 
@@ -971,15 +949,6 @@ def _request_key(step: cases.Step) -> str:
     return corpus.case_hash(cases.Case([replace(step, session=0, together=None)]))
 
 
-def _hung_up(hang_up_ms: float | None, status: int | None) -> bool:
-    return hang_up_ms is not None and status is None  # one answered first was a plain request
-
-
-def _named(hang_up_ms: float | None, status: int | None) -> bool:
-    """A request of the crash's case that the dying server did not answer, or answered 5xx, sent whole."""
-    return not _hung_up(hang_up_ms, status) and (status is None or status >= 500)
-
-
 def _rank(result) -> tuple[bool, bool, int]:
     """A confirmed reproducer first, then one that crashed a fresh server at least once, then the shortest."""
     return result.confirmed, result.outcome is not None, -len(result.trace)
@@ -989,61 +958,8 @@ def _skip(skipped: set[str], path: str, name: str) -> None:
     skipped.add(f"{path} {name}")
 
 
-def _answers(sent: list[cases.Sent]) -> list[dict]:
-    return [{"step": x.step, "status": x.status, "text": x.text[:500], "t": x.t} for x in sent]
-
-
-def shrink_input(life: list) -> tuple[Trace, list[str]]:
-    """What the minimizer starts from: every case the dying server was sent, in order, as one trace (case k's
-    session j is a lane of its own); and the requests of the last case it did not answer, or answered 5xx, sent
-    whole: the ones the crash names (its first guesses are each of them after the earlier failed request that sent
-    its image)."""
-    trace, rows = trace_of(life)
-    last = [r for r in rows if r["request_id"].startswith(f"hunt-{len(life)}-")]
-    return trace, [r["request_id"] for r in last if _named(r["abort_after_ms"], r["status"])]
-
-
 def masked(target: Target) -> Target:
     """``target`` with its keys masked, as the minimizer's servers and reproducers get it (a masked key is a key all
     the same: the minimizer's client sends the mask; a reproducer never carries the real one)."""
     redactor = Redactor.from_environment(target.secrets())
     return replace(target, flags=redactor.argv(target.flags), env=redactor.env(target.env))
-
-
-class _HashedURL(DataURL):
-    hash: str
-
-
-def _url_hashes(urls: list[DataURL]) -> list[str]:
-    """The hashes the trace keeps the URLs of a body by (each made a _HashedURL by _with_data_urls)."""
-    return [u.hash for u in urls if isinstance(u, _HashedURL)]
-
-
-def _with_data_urls(node, images: dict[str, dict]):
-    """``node`` with each data URL string made a DataURL (so the trace keeps it once, by hash, as a URL image)."""
-    if isinstance(node, dict):
-        return {k: _with_data_urls(v, images) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_with_data_urls(v, images) for v in node]
-    if isinstance(node, str) and node.startswith("data:"):
-        u = _HashedURL(node)
-        u.hash = content_hash(node.encode())
-        images.setdefault(
-            u.hash,
-            {
-                "hash": u.hash,
-                "form": "url",
-                "mime": None,
-                "format": None,
-                "width": None,
-                "height": None,
-                "mode": None,
-                "quality": None,
-                "data": node.encode(),
-                "spec": None,
-                "base": None,
-                "token": None,
-            },
-        )
-        return u
-    return node
