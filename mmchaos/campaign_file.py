@@ -272,7 +272,14 @@ class FileProblem(MmchaosError, ValueError):
         self.section, self.key, self.nth = section, key, nth
 
 
+# Locust's names (command line and locust.conf) for what a campaign file names otherwise: users reach for them
+LOCUST_NAMES = {"run_time": "duration", "run-time": "duration", "spawn-rate": "spawn_rate", "num_users": "users"}
+
+
 def did_you_mean(word: str, choices) -> str:
+    ours = LOCUST_NAMES.get(word)
+    if ours in set(choices):
+        return f"'{word}' is Locust's name: here it is '{ours}'"
     return options.did_you_mean(word, choices)
 
 

@@ -53,7 +53,7 @@ CASES = [
     (["predict", "RESULTS", "--rps", "-3", "--disconnects", "1%"], "rps"),
     (["predict", "RESULTS", "--rps", "10", "--disconnects", "150%"], "disconnects"),
     (["campaign", "run", "NOFILE"], "NOFILE"),
-    (["campaign", "check", "RUN_TIME"], "duration"),
+    (["campaign", "check", "RUN_TIME"], "'run_time' is Locust's name: here it is 'duration'"),
     (["campaign", "check", "BADTOML"], "not valid TOML"),
     (["k8s", "NOFILE", "--config", "a", "--workers", "2", "--image", "x"], "NOFILE"),
     (["k8s", "CAMPAIGN", "--config", "nope", "--workers", "2", "--image", "x"], "nope"),

@@ -51,6 +51,19 @@ def test_every_default_is_said_in_help():
     assert not missing, missing
 
 
+def test_no_help_prints_an_escaped_percent():
+    """argparse formats an option's help with %, not a parser's description: "95 %%" showed in predict's."""
+
+    def helps(p: argparse.ArgumentParser, path: str):
+        yield path, p.format_help()
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for name, sp in a.choices.items():
+                    yield from helps(sp, f"{path} {name}".strip())
+
+    assert [path for path, text in helps(build_parser(), "mmchaos") if "%%" in text] == []
+
+
 def test_each_name_means_one_idea_in_every_command():
     wrong = [
         f"{cmd} {name}: {a.help}"

@@ -139,7 +139,7 @@ def add_parser(sub) -> None:
         help="mean time between crashes at your traffic, per configuration, from a (sweep) campaign",
         description="Fits each configuration's crash hazard (the chance that one poison event, a post-render 4xx "
         "or a client disconnect whose image is sent again, crashes the server) and turns it into the "
-        "mean time between crashes at your rates, with its 95 %% interval and the caveats; then checks "
+        "mean time between crashes at your rates, with its 95 % interval and the caveats; then checks "
         "the model on each sweep point it was not fitted on.",
     )
     p.add_argument("results_dir", help="a campaign folder: results/<campaign> (best: a [sweep] campaign)")
