@@ -42,7 +42,7 @@ from mmchaos import faults
 from mmchaos.payloads.pool import content_hash
 
 from . import bodies, negative
-from .media import DATA_URL, Media, make, media, renew
+from .media import DATA_URL, Media, media, renew
 
 MAX_STEPS = 8  # rules a case runs at most
 SESSIONS = 3  # keep-alive connections a case's requests go out on
@@ -50,7 +50,6 @@ HANG_UP_MS = (1.0, 2.0, 5.0, 10.0, 30.0, 100.0)  # short first: while the image 
 TOGETHER = 3  # requests sent at once, at most
 SAME_MAX = 2  # times a case sends the very same request (a poison and its reuse are two requests)
 WALKED_FROM = 3  # from this step on, a case does not begin with the shape another case began with (if it can)
-RENEWED_SIDE = 32  # an image put in place of a suspect (without_suspects)
 EDGE_BURST = 8  # text-only requests an edge or off-schema rule sends one after the other, at most
 # an operator action sent with requests lands this long after them: at 0 before they are rendered, later while the
 # engine holds them (a /pause then aborts them: measured on 0.32.0, docs/findings.md)
@@ -387,7 +386,7 @@ def without_suspects(steps: list[Step], life: Life) -> list[Step]:
             for url in set(DATA_URL.findall(text)):
                 h = content_hash(url.encode())
                 if h in bad and h in images:
-                    new = make("PNG", RENEWED_SIDE, RENEWED_SIDE, 2**17 + len(life.seen), "none")
+                    new = renew(life.seen.get(h), len(life.seen))
                     life.seen[new.hash] = new
                     text, images[images.index(h)] = text.replace(url, new.url), new.hash
             s = replace(s, body=json.loads(text), images=images)

@@ -5,6 +5,7 @@ its requests on a lane per case and session."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,15 @@ def names_a_request(life: list[dict]) -> bool:
     last = life[-1]
     got = {a["step"]: a["status"] for a in last["answers"]}
     return any(_named(step.get("hang_up_ms"), got.get(i)) for i, step in enumerate(last["steps"]))
+
+
+def alone(case: cases.Case, sent: list[cases.Sent], k: int, plain: bool = False) -> list:
+    """Step ``k`` of ``case`` as a life of its own (one request on one connection, at once; ``plain``: without its
+    hang-up): what a one-request reproducer replays."""
+    step = replace(case.steps[k], session=0, together=None, delay_ms=None)
+    if plain:
+        step = replace(step, hang_up_ms=None)
+    return [(cases.Case([step]), [replace(sent[k], step=0)])]
 
 
 def trace_of(life: list) -> tuple[Trace, list[dict[str, Any]]]:

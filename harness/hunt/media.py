@@ -32,6 +32,7 @@ DAMAGE = ("none", "truncated", "wrong_mime", "not_base64", "empty", "huge_header
 HUGE_SIDE = 60000  # a PNG header claiming 60000 x 60000 pixels: over Pillow's decompression-bomb limit
 VIDEO_ONE_IN = 8  # one medium in this many is a video clip (a few frames of 64x64: 4 patches of the tiny model each)
 VIDEO_SIDE = 64
+RENEWED_SIDE = 32  # renew: a new image in place of one whose size is not known
 DATA_URL = re.compile(r"data:[a-z]+/[-\w.+]+;base64,[A-Za-z0-9+/=]+")  # a medium as a body carries it
 
 
@@ -89,8 +90,11 @@ def make(fmt: str, width: int, height: int, seed: int, damage: str) -> Media:
     return Media(url, content_hash(url.encode()), damage, fmt, width, height)
 
 
-def renew(m: Media, salt: int) -> Media:
-    """An image of ``m``'s size and damage with other pixels (above every drawn seed): new to any server."""
+def renew(m: Media | None, salt: int) -> Media:
+    """An image new to any server (its seed above every drawn one): ``m``'s format, size and damage with other
+    pixels, or a RENEWED_SIDE-pixel PNG when ``m`` is not known."""
+    if m is None:
+        return make("PNG", RENEWED_SIDE, RENEWED_SIDE, 2**17 + salt, "none")
     fmt = m.format if m.kind == "image" and m.format in FORMATS else "PNG"
     return make(fmt, m.width, m.height, 2**17 + salt, m.damage)
 

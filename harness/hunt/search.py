@@ -688,8 +688,7 @@ class Hunt:
         """A 5xx's reproducer: the one request that got it, as a standalone script (repro_script.py, expecting a
         5xx), run at once against the server that answered it."""
         assert f.step is not None and self.server is not None
-        step = replace(case.steps[f.step], session=0, together=None, delay_ms=None, hang_up_ms=None)
-        trace, _ = lives.trace_of([(cases.Case([step]), [replace(sent[f.step], step=0)])])
+        trace, _ = lives.trace_of(lives.alone(case, sent, f.step, plain=True))
         about = f"Found by mmchaos hunt (case {f.first_case}, step {f.step + 1}) on {self._found_on()}."
         script = folder / _repro_name(f)
         script.write_text(
@@ -715,8 +714,7 @@ class Hunt:
         assert self.server is not None
         args = ["--settle", "0"]
         if f.oracle == "wrong_answer" and f.step is not None:
-            step = replace(case.steps[f.step], session=0, together=None, delay_ms=None, hang_up_ms=None)
-            again = [(cases.Case([step]), [replace(sent[f.step], step=0)])]
+            again = lives.alone(case, sent, f.step, plain=True)
             by_ref = self.ref is not None and "reference" in f.fingerprint
             trace, _ = lives.trace_of(again if by_ref else again * 2)
             info = repro_script.ScriptInfo(f.title, "", repro_script.WRONG, compare=() if by_ref else ((1, 2),))
@@ -731,11 +729,8 @@ class Hunt:
             if run:
                 trace = self._one_step_that_logs(f, case, sent, replace(info, about="(a try)"), args, folder) or trace
         else:
-            if f.step is not None:  # a request left unanswered: it alone
-                step = replace(case.steps[f.step], session=0, together=None, delay_ms=None)
-                trace, _ = lives.trace_of([(cases.Case([step]), [replace(sent[f.step], step=0)])])
-            else:
-                trace, _ = lives.trace_of([(case, sent)])
+            # a request left unanswered: it alone
+            trace, _ = lives.trace_of(lives.alone(case, sent, f.step) if f.step is not None else [(case, sent)])
             info = repro_script.ScriptInfo(f.title, "", repro_script.HANG)
             # a fresh server is the reproducer's to try: the one that hung was restarted, or still computes it
             run = False
@@ -770,8 +765,7 @@ class Hunt:
 
         order = sorted((k for k, s in enumerate(case.steps[: len(sent)]) if s.body is not None), key=answered_well)
         for k in order[:ONE_STEP_TRIES]:
-            step = replace(case.steps[k], session=0, together=None, delay_ms=None)
-            trace, _ = lives.trace_of([(cases.Case([step]), [replace(sent[k], step=0)])])
+            trace, _ = lives.trace_of(lives.alone(case, sent, k))
             script = folder / "one-step.py"
             script.write_text(repro_script.render(trace, info))
             p = subprocess.run(
