@@ -5,12 +5,13 @@ machines it runs on, and the static checks.
   with the unit lane: seconds of ruff and under a minute of mypy, in the unit lane's shadow;
 - the unit lane (``-m unit``: in-process, a minute or two), then the integration lane (``-m integration``: stand-in
   servers, Locust, the mmchaos command, campaigns), one after the other, started first;
-- the first engine lane: the tests against real vLLM that start their own servers (``-m "engine and not
-  shared_server"``), printed as it goes. What it needs (``--prepare``: `make engines browser`, minutes on a fresh
-  machine) is installed while the unit and integration lanes run, and the lane starts when that is done;
+- the first engine lane: the tests against real vLLM that start their own servers, printed as it goes. What it
+  needs (``--prepare``: `make engines browser`, minutes on a fresh machine) is installed while the unit and
+  integration lanes run, and the lane starts when that is done;
 - the second engine lane: the tests that share the session's servers and the demo campaign (``shared_server``, set
-  by tests/conftest.py: a shared server is started once only within one pytest process), started when the
-  integration lane is done and its core is free. A vLLM start is ~30 s of mostly one core: two engine lanes overlap
+  by tests/conftest.py: a shared server is started once only within one pytest process), and a few with servers of
+  their own marked ``second_lane`` (this lane starts ~15 minutes later: they even the two lanes' end), started when
+  the integration lane is done and its core is free. A vLLM start is ~30 s of mostly one core: two engine lanes overlap
   them.
 
 The reports of the lanes not printed as they go, and the static checks', are printed at the end, then each step's
@@ -41,8 +42,8 @@ ROOT = Path(__file__).resolve().parent.parent
 LANES = {
     "unit": ["-m", "unit", "--durations=10"],
     "integration": ["-m", "integration", "--durations=15"],
-    "engine, own servers": ["-m", "engine and not shared_server", "--durations=20"],
-    "engine, shared servers": ["-m", "engine and shared_server", "--durations=20"],
+    "engine, own servers": ["-m", "engine and not (shared_server or second_lane)", "--durations=20"],
+    "engine, shared servers": ["-m", "engine and (shared_server or second_lane)", "--durations=20"],
 }
 STOP_GRACE_S = 30
 NO_TESTS = pytest.ExitCode.NO_TESTS_COLLECTED

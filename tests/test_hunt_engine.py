@@ -143,6 +143,7 @@ def test_on_032_default_the_hunt_reports_the_drift_as_retryable_and_no_crash(fix
     assert fixed_server.exit_code() is None and fixed_server.health()[0]
 
 
+@pytest.mark.second_lane
 def test_on_030_with_the_cache_off_there_is_no_drift_and_a_short_padded_input_goes_unanswered(tmp_path):
     """A server of its own: 0.30.0 leaves a request unanswered for minutes whatever its cache (`padding:
     max_length` on a short input, docs/findings.md), which would keep a shared server busy after the test. That

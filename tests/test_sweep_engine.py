@@ -31,7 +31,7 @@ from mmchaos.cause_rule import AT_ONCE
 from mmchaos.harness import campaign_plan, campaign_runner
 from mmchaos.tables import read_table
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.second_lane]
 CHAIN_030 = "cache_drift → detokenizer_assert"
 DURATION = 40
 LAST_WORDS_S = 2.5
@@ -194,19 +194,41 @@ def test_the_fit_and_predict_read_the_sweep(sweep):
 
 
 def _story(trial) -> str:
-    """What a crash met: the drift lines, and every request that carried an image of a request they name, in
-    order."""
-    events = read_table(trial, "log_events").to_pandas()
-    drift = events[events["signature"].astype(str).isin(["cache_drift", "expected_cached_item"])]
+    """What a crash met, compact enough for a CI log's excerpt: each event as the report attributes it, the drift
+    lines, and every request that carried an image of a request they name (seconds from the trial's first request,
+    the server life it was sent in)."""
+    c = load_results(trial.parent.parent)
+    events, _ = attribute(c)
+    trial_no = int(c.requests.loc[c.requests["request_id"].isin(_ids(trial)), "trial"].iat[0])
+    ev = events[events["trial"] == trial_no]
+    t0 = c.requests.loc[c.requests["trial"] == trial_no, "t_start"].min()
+    crash_t = sorted(ev.loc[ev["event"] == "crash", "t"])
+    drift = read_table(trial, "log_events").to_pandas()
+    drift = drift[drift["signature"].astype(str).isin(["cache_drift", "expected_cached_item"])]
     rows = read_table(trial, "requests").to_pandas().sort_values("t_start")
     hashes = rows.loc[rows["request_id"].isin(set(drift["request_id"].dropna())), "image_hashes"].dropna()
     named = {h for hs in hashes for h in str(hs).split(",")}
     carried = rows[rows["image_hashes"].fillna("").map(lambda hs: bool(named & set(hs.split(","))))]
-    cols = [c for c in ("t_start", "kind", "case", "endpoint", "status", "outcome", "latency_ms", "error") if c in rows]
-    by_kind = rows.groupby(["kind", "outcome"], dropna=False).size()
-    return (
-        "drift lines:\n"
-        + "\n".join(drift["line"].astype(str).str[:300])
-        + f"\nrequests with their images:\n{carried[cols].to_string(max_rows=60)}"
-        + f"\nall requests by kind and outcome:\n{by_kind}"
+    table = pd.DataFrame(
+        {
+            "t": (carried["t_start"] - t0).round(3),
+            "life": np.searchsorted(crash_t, carried["t_start"].to_numpy(), side="right"),
+            "kind": carried["kind"].astype(str) + "/" + carried["case"].fillna("").astype(str),
+            "status": carried["status"],
+            "outcome": carried["outcome"].astype(str),
+            "ms": carried["latency_ms"].round(0),
+            "images": carried["image_hashes"].fillna("").str.replace(r"([0-9a-f]{6})[0-9a-f]+", r"\1", regex=True),
+            "id": carried["request_id"].astype(str).str[-12:],
+        }
     )
+    cols = ["event", "signature", "t", "request_id", "named_image", "cause_kind", "cause_case", "cause_before_s"]
+    return (
+        f"events (t from the first request):\n{ev[cols].assign(t=ev['t'] - t0).to_string()}"
+        + "\ndrift lines:\n"
+        + "\n".join(drift["line"].astype(str).str[:220])
+        + f"\nrequests with their images:\n{table.to_string(max_rows=80)}"
+    )
+
+
+def _ids(trial) -> set:
+    return set(read_table(trial, "requests").to_pandas()["request_id"])
