@@ -9,10 +9,10 @@ opened its chain (the last one of its server's life). Incidents without that evi
 The window statistics below are the second opinion (column ``lift``):
 
 For a drift / cache-miss log line that names our request (X-Request-Id; ``image_hash`` in results.py) we
-look for requests that carried one of its images (``image_hashes``) in the window before it: the poisoners. vLLM's
-own mm_hash hashes the decoded image, in another hash space, so where the line names no request of ours we fall
-back to every request with images in the window, and say so (column ``match``). Crashes carry no mm_hash:
-their window runs from ``window_s`` before the last healthy moment to the detection.
+look for requests that carried one of its images or videos (``media_hashes``) in the window before it: the
+poisoners. vLLM's own mm_hash hashes the decoded image, in another hash space, so where the line names no request
+of ours we fall back to every request with images in the window, and say so (column ``match``). Crashes carry no
+mm_hash: their window runs from ``window_s`` before the last healthy moment to the detection.
 
 To tell a trigger from a bystander, each kind/case is compared with a background: the same windows placed
 before randomly chosen image requests of the same configuration. ``lift`` > 1 means the kind shows up before
@@ -30,7 +30,7 @@ from mmchaos import cause_rule
 from mmchaos import schema as S
 
 from .intervals import SEED
-from .results import CampaignResults
+from .results import CampaignResults, media_hashes
 from .stats import drift_events
 
 DEFAULT_WINDOW_S = 10.0
@@ -105,25 +105,14 @@ def _trial_code(config, trial, configs: list[str]) -> np.ndarray:
 
 
 class _ImageIndex:
-    """Requests that carried images, with their hashes exploded once (only if some event needs them)."""
+    """Requests that carried images or videos (a video poisons as an image does), with their hashes exploded once
+    (only if some event needs them)."""
 
     def __init__(self, c: CampaignResults):
         r = c.requests
-        img = r.loc[
-            (r["n_images"] > 0) & r["image_hashes"].notna(),
-            [
-                "config",
-                "trial",
-                "t_start",
-                "latency_ms",
-                "kind",
-                "case",
-                "image_hashes",
-                "request_id",
-                "status",
-                "outcome",
-            ],
-        ]
+        media = media_hashes(r)
+        cols = ["config", "trial", "t_start", "latency_ms", "kind", "case", "request_id", "status", "outcome"]
+        img = r.loc[pd.notna(media), cols].assign(media=media[pd.notna(media)])
         self.configs = c.configs
         self.img = img
         self.key = _trial_code(img["config"], img["trial"], c.configs)
@@ -138,7 +127,7 @@ class _ImageIndex:
         """(request position per hash, unique hashes, requests sorted by (trial, hash) and time)."""
         if self._hashes is None:
             # in Arrow: splitting and encoding 1M hash strings as Python objects would take seconds
-            split = pc.split_pattern(pa.chunked_array([pa.array(self.img["image_hashes"], pa.string())]), ",")
+            split = pc.split_pattern(pa.chunked_array([pa.array(self.img["media"], pa.string())]), ",")
             parent = pc.list_parent_indices(split).to_numpy()
             enc = pc.dictionary_encode(pc.utf8_trim_whitespace(pc.list_flatten(split))).combine_chunks()
             codes = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
@@ -462,7 +451,7 @@ def _background(events: pd.DataFrame, index: _ImageIndex) -> tuple[pd.Series, pd
         same = (grp["match"] == SAME_IMAGE).mean() >= 0.5
         modes[(str(cfg), etype)] = SAME_IMAGE if same else WINDOW
         t = index.t[pick]
-        hashes = index.img["image_hashes"].to_numpy()[pick].astype(str)
+        hashes = index.img["media"].to_numpy()[pick].astype(str)
         pseudo = pd.DataFrame(
             {
                 "config": str(cfg),

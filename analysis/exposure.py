@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 from mmchaos import schema as S
 from mmchaos.verdict_rule import is_poison
 
-from .results import CampaignResults
+from .results import CampaignResults, media_hashes
 
 BASE_COLUMNS = (
     "config",
@@ -199,7 +199,7 @@ def _events(ti, start, crash_trial, crash_t, r: pd.DataFrame, poison: np.ndarray
         return reused, event
     t = r["t_start"].to_numpy(float)
     life = _life(ti, t - start[np.maximum(ti, 0)], crash_trial, crash_t - start[np.maximum(crash_trial, 0)], len(start))
-    hashes = pa.array(_media_hashes(r), type=pa.string(), from_pandas=True)
+    hashes = pa.array(media_hashes(r), type=pa.string(), from_pandas=True)
     lists = pc.split_pattern(hashes, ",")
     parent = pc.list_parent_indices(lists).to_numpy()
     flat = pc.list_flatten(lists)
@@ -225,19 +225,6 @@ def _events(ti, start, crash_trial, crash_t, r: pd.DataFrame, poison: np.ndarray
     reused[parent[hit]] = True
     event[parent[hit & (tp == first_poison) & (tp <= first_cached)]] = True
     return reused, event
-
-
-def _media_hashes(r: pd.DataFrame) -> np.ndarray:
-    """Each row's images and videos, comma-joined: a video poisons and is reused as an image is (measured on 0.30.0
-    and 0.32.0, payloads/video_cases.py); results written before videos have no video_hashes column."""
-    images = r["image_hashes"].to_numpy(dtype=object)
-    if "video_hashes" not in r or not r["video_hashes"].notna().any():
-        return images
-    videos = r["video_hashes"].to_numpy(dtype=object)
-    both = pd.notna(images) & pd.notna(videos)
-    out = np.where(pd.isna(images), videos, images)
-    out[both] = [f"{a},{b}" for a, b in zip(images[both], videos[both])]
-    return out
 
 
 def _life(ti, t_rel, crash_trial, crash_rel, n_trials) -> np.ndarray:

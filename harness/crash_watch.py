@@ -86,8 +86,10 @@ class CrashWatch:
         self._matches, self._read_at = [], []
         self.rule = HealthRule(self.hang_after)
 
-    def _read_log(self) -> None:
-        now = time.time()
+    def _read_log(self, by: float | None = None) -> None:
+        """Rows for the new classified lines, stamped when read, or at ``by`` if that is sooner: a dying server's
+        last words (read after its crash was detected) belong to its life, not to the next one's."""
+        now = time.time() if by is None else min(time.time(), by)
         for line in self._tail.new_lines():
             m = self.sigs.match(line)
             if m:
@@ -116,7 +118,7 @@ class CrashWatch:
             return None
         t_detected = time.time()
         if reason != HANG:
-            self._await_last_words()
+            self._await_last_words(t_detected)
             # a dying process stops answering a moment before it is gone: its exit, when it comes, is the reason
             end = time.time() + EXIT_GRACE
             while (code := self.server.exit_code()) is None and time.time() < end:
@@ -129,13 +131,13 @@ class CrashWatch:
         self.crashes.append(crash)
         return crash
 
-    def _await_last_words(self, quiet: float = 0.3, limit: float = 2.0) -> None:
+    def _await_last_words(self, t_detected: float, quiet: float = 0.3, limit: float = 2.0) -> None:
         """A dying server may still be writing its traceback: read the log until a fatal line is in, or it has
         been quiet for ``quiet`` s (a SIGKILLed server says nothing more), at most ``limit`` s."""
         end, last_growth, size = time.time() + limit, time.time(), self._tail.pos
         while time.time() < end and not any(m.signature.fatal for m in self._matches):
             time.sleep(0.05)  # polling the log file
-            self._read_log()
+            self._read_log(by=t_detected)
             if self._tail.pos != size:
                 size, last_growth = self._tail.pos, time.time()
             elif time.time() - last_growth >= quiet:

@@ -121,7 +121,9 @@ METRICS = pa.schema(
 
 LOG_EVENTS = pa.schema(
     [
-        ("t", pa.float64()),  # when the line was read (epoch seconds)
+        # when the line was read (epoch seconds); a dying server's last words, read after its crash was detected,
+        # at the crash's t_detected: they belong to the life that ended
+        ("t", pa.float64()),
         ("signature", pa.string()),  # name from the signature table
         ("fatal", pa.bool_()),  # the signature, when seen, means the server is going down
         ("mm_hash", pa.string()),  # vLLM's hash of the item (not the same hash space as image_hashes)

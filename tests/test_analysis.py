@@ -758,6 +758,28 @@ def test_a_cause_is_the_named_image_s_not_another_image_s_of_the_request(tmp_pat
     assert second["cause_before_s"] == pytest.approx(4.1)
 
 
+def test_a_video_poisons_as_an_image_does_and_its_drift_line_names_it(tmp_path):
+    """A post-render 400 on a video, then the video again (a request with no image): the line names that request,
+    and its cause is the 400 (seen on 0.30.0 in the sweep test: the crash had been left unexplained)."""
+
+    def video(t, kind, outcome, status, case=None, request_id=None):
+        row = req(t, kind, outcome, status, None, case, status if case else None, request_id=request_id)
+        return {**row, "n_videos": 1, "video_hashes": "v1"}
+
+    events, _ = _trial_with(
+        tmp_path / "c",
+        [
+            req(0.5, hashes="h1"),
+            video(1, "malformed_post", S.HTTP_ERROR, 400, "video_dimensions_unsupported"),
+            video(2, "video", S.HTTP_ERROR, 500, request_id="mmc-r-0-0-2"),
+        ],
+        [(2.1, "dd" * 8, "mmc-r-0-0-2")],
+    )
+    drift = events.loc[2.1]
+    assert drift["named_image"] == "v1" and drift["cause_case"] == "video_dimensions_unsupported"
+    assert drift["cause_before_s"] == pytest.approx(1.1)
+
+
 def test_no_cause_without_a_post_render_failure_since_the_images_last_answer(tmp_path):
     """The image was answered after its poison (the engine held it then); a pre-render case does not poison; the
     request the line names is not its own cause (it timed out); a poison of an earlier server life is gone."""

@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import psutil
 import pytest
@@ -224,3 +225,42 @@ def test_a_signature_file_is_typed_and_its_errors_are_one_line(tmp_path, text, s
     with pytest.raises(SignatureError) as e:
         Signatures.load(bad)
     assert says in str(e.value) and "\n" not in str(e.value)
+
+
+class _DyingServer:
+    """Plays a vLLM 0.30.0 server dying of drift: /health is refused, its log gets the drift warning and the
+    assert only then (read as its last words)."""
+
+    LAST_WORDS = (
+        "(EngineCore pid=1) WARNING [core.py:1868] Multi-modal cache miss for request embd-mmc-0a1b-0-1-2-0-f "
+        "(mm_hashes=['6db6b0cc0495e58d']): P0/P1 cache drift\n"
+        "(APIServer pid=2) AssertionError: assert req_state.detokenizer is not None\n"
+    )
+
+    def __init__(self, log_path):
+        self.log_path, self.dead = log_path, False
+        log_path.write_text("")
+
+    def exit_code(self):
+        return 1 if self.dead else None
+
+    def health(self, timeout=0.5):
+        self.dead = True
+        with open(self.log_path, "a") as f:
+            f.write(self.LAST_WORDS)
+        return False, None, "connection refused"
+
+
+def test_a_dying_servers_last_words_are_stamped_in_the_life_they_end(tmp_path):
+    from mmchaos.harness.crash_watch import CrashWatch
+    from mmchaos.tables import read_table
+
+    watch = CrashWatch(_DyingServer(tmp_path / "server.log"), tmp_path, Signatures.default())
+    watch.healthy_at(time.time())
+    crash = watch.check()
+    watch.finish()
+    assert crash is not None and crash.chain == "cache_drift → detokenizer_assert"
+    events = read_table(tmp_path, "log_events").to_pandas()
+    assert list(events["signature"]) == ["cache_drift", "detokenizer_assert"]
+    # read after the crash was detected, but written before: a restart's life must not take them
+    assert (events["t"] <= crash.t_detected).all(), (events["t"] - crash.t_detected).tolist()

@@ -26,7 +26,7 @@ from mmchaos.analysis import hazard as H
 from mmchaos.analysis import stats
 from mmchaos.analysis.attribution import attribute
 from mmchaos.analysis.exposure import exposure
-from mmchaos.analysis.results import load_results
+from mmchaos.analysis.results import load_results, media_hashes
 from mmchaos.cause_rule import AT_ONCE
 from mmchaos.harness import campaign_plan, campaign_runner
 from mmchaos.tables import read_table
@@ -34,7 +34,6 @@ from mmchaos.tables import read_table
 pytestmark = [pytest.mark.engine, pytest.mark.second_lane]
 CHAIN_030 = "cache_drift → detokenizer_assert"
 DURATION = 40
-LAST_WORDS_S = 2.5
 
 
 @pytest.fixture(scope="module")
@@ -133,9 +132,9 @@ def test_every_crash_had_a_poison_event_of_its_life_or_was_a_race_and_its_drift_
     r = c.requests[c.requests["trial"] == 1].sort_values("t_start")
     crash_t = sorted(c.crashes.loc[c.crashes["trial"] == 1, "t_detected"])
     life = np.searchsorted(crash_t, r["t_start"].to_numpy(), side="right")
-    images = r["image_hashes"].fillna("").str.split(",")
+    images = pd.Series(media_hashes(r), index=r.index).fillna("").str.split(",")  # a video poisons as an image
     post = r["kind"].eq("malformed_post") & r["status"].eq(400)
-    reaches = r["kind"].isin(["valid_image", "multi_image", "batch"])
+    reaches = r["kind"].isin(["valid_image", "multi_image", "batch", "video"])
     ok = reaches & r["status"].between(200, 299)
     event_images: dict[int, set] = {}
     for i in np.flatnonzero(post.to_numpy()):
@@ -156,8 +155,8 @@ def test_every_crash_had_a_poison_event_of_its_life_or_was_a_race_and_its_drift_
     named = drift.dropna(subset=["image_hash"])
     assert len(named) >= 1
     for _, ev in named.iterrows():
-        # the life it was logged in (a dying server's last lines are read up to 2 s after the crash's detection)
-        lf = int(np.searchsorted(crash_t, ev["t"] - LAST_WORDS_S, side="left"))
+        # the life it was logged in (a dying server's last words are stamped no later than its crash)
+        lf = int(np.searchsorted(crash_t, ev["t"], side="left"))
         if lf < len(hot_causes) and hot_causes[lf] == AT_ONCE:
             continue
         assert set(ev["image_hash"].split(",")) & event_images.get(lf, set()), ev["line"]
@@ -206,9 +205,9 @@ def _story(trial) -> str:
     drift = read_table(trial, "log_events").to_pandas()
     drift = drift[drift["signature"].astype(str).isin(["cache_drift", "expected_cached_item"])]
     rows = read_table(trial, "requests").to_pandas().sort_values("t_start")
-    hashes = rows.loc[rows["request_id"].isin(set(drift["request_id"].dropna())), "image_hashes"].dropna()
-    named = {h for hs in hashes for h in str(hs).split(",")}
-    carried = rows[rows["image_hashes"].fillna("").map(lambda hs: bool(named & set(hs.split(","))))]
+    media = pd.Series(media_hashes(rows), index=rows.index).fillna("")
+    named = {h for hs in media[rows["request_id"].isin(set(drift["request_id"].dropna()))] for h in hs.split(",")}
+    carried = rows[media.map(lambda hs: bool(named & set(hs.split(","))))]
     table = pd.DataFrame(
         {
             "t": (carried["t_start"] - t0).round(3),
@@ -217,7 +216,7 @@ def _story(trial) -> str:
             "status": carried["status"],
             "outcome": carried["outcome"].astype(str),
             "ms": carried["latency_ms"].round(0),
-            "images": carried["image_hashes"].fillna("").str.replace(r"([0-9a-f]{6})[0-9a-f]+", r"\1", regex=True),
+            "media": media[carried.index].str.replace(r"([0-9a-f]{6})[0-9a-f]+", r"\1", regex=True),
             "id": carried["request_id"].astype(str).str[-12:],
         }
     )
