@@ -8,6 +8,7 @@ Little's law from the latency of the last second's answers, never fewer, at most
 
 from __future__ import annotations
 
+import logging
 import math
 
 from locust import LoadTestShape
@@ -17,6 +18,7 @@ from mmchaos import arrivals
 from . import run_state
 
 DEFAULT_RUN_TIME = 60.0  # when the user gave no run time: loads here are always bounded
+log = logging.getLogger("mmchaos")
 
 
 def users_at(shape: str, t: float, users: int, run_time: float) -> int:
@@ -34,10 +36,11 @@ class ChaosShape(LoadTestShape):
     use_common_options = True  # users / spawn rate / run time come from the command line or the web form
     _pool = 0  # open loop: the users so far
     _seen = (0, 0.0)  # open loop: Locust's count and summed response time of requests at the last tick
+    _said_behind = False  # open loop: the run said once that it fell behind
 
     def reset_time(self):
         super().reset_time()
-        self._pool, self._seen = 0, (0, 0.0)
+        self._pool, self._seen, self._said_behind = 0, (0, 0.0), False
 
     def open_loop_users(self, opts) -> int:
         runner = self.runner
@@ -50,6 +53,15 @@ class ChaosShape(LoadTestShape):
             self._seen = (n, rt)
         cap = opts.max_concurrency or arrivals.AUTO_MAX_CONCURRENCY
         backlog = run_state.of(runner.environment).live.backlog()
+        if not self._said_behind and arrivals.behind(backlog, opts.rate):
+            self._said_behind = True
+            log.warning(
+                "mmchaos: falling behind --rate %g: %d arrivals due and not sent, with %d users (at most %d)",
+                opts.rate,
+                backlog,
+                self._pool,
+                cap,
+            )
         self._pool = opts.max_concurrency or arrivals.pool_size(opts.rate, latency, self._pool, cap, backlog)
         return self._pool
 

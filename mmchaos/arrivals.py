@@ -21,6 +21,7 @@ import numpy as np
 
 ARRIVALS = ("poisson", "constant", "gamma")
 DEFAULT_MIN_RATE_RATIO = 0.95  # the gate's default: 95 % of the requests due were sent
+BEHIND_S, BEHIND_MIN = 1.0, 5  # behind(): a second of arrivals due and not sent, and at least 5
 AUTO_MAX_CONCURRENCY = 1000  # the pool sized for the rate grows to this at most (--max-concurrency sets another cap)
 _BLOCK = 1024  # gaps drawn at once
 _SEED_TAG = 0xA771  # the arrivals' own stream of the run's seed: the mix's draws do not move them
@@ -140,6 +141,12 @@ class LagCounts:
             if seen >= q * total:
                 return edge
         return LAG_EDGES_MS[-1]
+
+
+def behind(backlog: int, rate: float) -> bool:
+    """Whether arrivals due and not sent are more than a second of the rate (and a few): the generator is not
+    holding it, and says so while it runs, not only at its end."""
+    return backlog >= max(BEHIND_S * rate, BEHIND_MIN)
 
 
 def held(sent: int, due: int) -> float | None:

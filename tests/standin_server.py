@@ -13,9 +13,11 @@ its next request into it). ``--miss-after-poison`` plays vLLM 0.32: an image who
 answered once with the retryable 503 cache miss the next time it comes; ``--crash-after-poison`` plays vLLM 0.30: it
 dies (with 0.30's log lines) when that image comes again. ``--wrong-on-repeat`` answers an image it answered
 before with another embedding: a wrong answer, for the wrong-answer oracle. ``--body-log FILE`` appends each
-POST's X-Request-Id and the sha256 of its body, as received. ``--openapi`` serves an ``/openapi.json`` listing
-``/v1/embeddings`` (its chat form only), so the hunt can run against it. Its embedding of an input is a function of
-the input (images and text): the same input gets the same vector, distinct inputs distinct ones.
+POST's X-Request-Id and the sha256 of its body, as received; ``--arrival-log FILE`` its X-Request-Id, when its
+headers were in (epoch seconds) and its route, for tests of the rate requests arrive at. ``--openapi`` serves an
+``/openapi.json`` listing ``/v1/embeddings`` (its chat form only), so the hunt can run against it. Its embedding
+of an input is a function of the input (images and text): the same input gets the same vector, distinct inputs
+distinct ones.
 
 With ``VLLM_SERVER_DEV_MODE=1`` in its environment it takes vLLM's operator routes: ``/pause`` (any mode) and
 ``/sleep`` hold every embedding request until ``/resume`` or ``/wake_up`` while ``/health`` answers 200 (a wedge on
@@ -113,6 +115,7 @@ class Handler(BaseHTTPRequestHandler):
             self._send(404, {"error": "not found"})
 
     def do_POST(self):
+        arrived = time.time()  # the request line and headers are in: the server's own clock, as a proxy would take it
         if getattr(self, "dead", False):
             return self.hang_up()
         n = int(self.headers.get("Content-Length") or 0)
@@ -125,6 +128,9 @@ class Handler(BaseHTTPRequestHandler):
             elif route in ("/resume", "/wake_up"):
                 type(self).held.clear()
             return self._send(200, {"status": "ok"})
+        if self.opts.arrival_log:
+            with self.lock, open(self.opts.arrival_log, "a") as f:
+                f.write(f"{self.headers.get('X-Request-Id')} {arrived:.6f} {route}\n")
         if self.opts.body_log:
             with self.lock, open(self.opts.body_log, "a") as f:
                 f.write(f"{self.headers.get('X-Request-Id')} {hashlib.sha256(raw).hexdigest()}\n")
@@ -367,6 +373,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dimensions-status", type=int, default=400, help="the status of an answer to 'dimensions'")
     p.add_argument("--vector-salt", default="", help="answer other vectors than a stand-in without it")
     p.add_argument("--body-log", default="", help="append 'request-id sha256(body)' of each POST to this file")
+    p.add_argument("--arrival-log", default="", help="append 'request-id epoch-seconds route' as each POST arrives")
     p.add_argument("--limit-mm-per-prompt", type=json.loads, default={}, help="JSON, as vLLM's (checked, unused)")
     p.add_argument("--echo-key", action="store_true", help="quote the API key in 400 answers (a careless server)")
     p.add_argument("--tensor-parallel-size", type=int, default=0, help="play vLLM's engine core and N TP workers")

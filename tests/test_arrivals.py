@@ -93,6 +93,11 @@ def test_held_is_the_share_sent_of_those_due():
     assert arrivals.held(95, 100) == 0.95 and arrivals.held(0, 0) is None and arrivals.held(3, 2) == 1.0
 
 
+def test_behind_is_more_than_a_second_of_arrivals_due_and_not_sent():
+    assert not arrivals.behind(49, 50) and arrivals.behind(50, 50)
+    assert not arrivals.behind(4, 0.5) and arrivals.behind(5, 0.5)  # a slow rate: a few arrivals, not a fraction
+
+
 def test_the_pool_is_sized_by_littles_law_and_never_shrinks():
     assert arrivals.pool_size(100.0, None, 0, 1000) == 14  # before any answer: a tenth of a second of arrivals
     assert arrivals.pool_size(100.0, 0.5, 14, 1000) == 104  # 100/s x 0.5 s in flight, twice for bursts, + 4

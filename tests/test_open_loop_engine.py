@@ -29,8 +29,8 @@ def served(base_url: str) -> float:
 
 def test_open_loop_at_a_rate_the_server_holds(fixed_server, tmp_path):
     before = served(fixed_server.base_url)
-    # ends at 60 requests; fresh images: nothing another test cached. Whether a busy shared machine lets the server
-    # keep up is not this test's question (the rate gate is off): what was sent, when, and what the server saw
+    # ends at 60 requests; fresh images: nothing another test cached. The rate gate is on (its default: 95 % of
+    # the requests due sent): at 5 req/s the pool grows to the server's latency, whatever a busy machine makes it
     r = locust(
         "locustfiles/embeddings.py",
         fixed_server.base_url,
@@ -47,8 +47,6 @@ def test_open_loop_at_a_rate_the_server_holds(fixed_server, tmp_path):
         "2701",
         "--fresh-fraction",
         "1",
-        "--min-rate-ratio",
-        "0",
         seconds=120,
         timeout=240,
     )
