@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from mmchaos import options, sameness, schema
-from mmchaos.analysis import exposure
+from mmchaos.analysis.results import media_hashes
 from mmchaos.locustfiles.traffic import Traffic, UserTraffic
 from mmchaos.payloads import bodies, video, video_cases
 
@@ -155,10 +155,10 @@ def test_video_share_puts_videos_into_the_poisons_and_the_broken_requests():
 
 def test_a_video_is_a_poisoned_item_as_an_image_is():
     rows = pd.DataFrame({"image_hashes": ["a", None, "b,c", None], "video_hashes": [None, "v1", "v2", None]})
-    got = exposure._media_hashes(rows)
+    got = media_hashes(rows)
     assert list(got[:3]) == ["a", "v1", "b,c,v2"] and pd.isna(got[3])
     old = rows.drop(columns="video_hashes")  # results written before videos
-    assert [None if pd.isna(h) else h for h in exposure._media_hashes(old)] == ["a", None, "b,c", None]
+    assert [None if pd.isna(h) else h for h in media_hashes(old)] == ["a", None, "b,c", None]
 
 
 def test_the_video_kind_is_a_valid_kind_with_a_weight():
