@@ -78,6 +78,9 @@ class Sent:
     answer: object = None
     t: float = 0.0  # when it was sent: seconds since the server's life began (the hunt's clock)
     timed_out: bool = False  # no answer within the client's timeout (not a hang-up of ours)
+    # sent after another request of this server's life went unanswered: it may wait behind that one, whatever it
+    # carries (seen: a /score request left unanswered there, answered in 52 ms by a fresh server)
+    behind: bool = False
 
 
 @dataclass

@@ -352,8 +352,14 @@ class Hunt:
         self.cases_of_life.append((case, sent))
         crash = self.crash or self._settle()
         self.crash = None
-        for step, s in zip(case.steps, sent):
-            if s.timed_out and step.body is not None:
+        for step, s in sorted(zip(case.steps, sent), key=lambda x: x[1].t):
+            if not s.timed_out:
+                continue
+            # a hang is judged on the first request this server left unanswered only (later ones may wait behind
+            # it); every one cost the client's timeout, so each counts toward the fields spared
+            s.behind = self.unanswered_at is not None
+            self.unanswered_at = s.t if self.unanswered_at is None else self.unanswered_at
+            if step.body is not None:
                 self._unanswered(step.body, n)
         lines = self.tail.new_lines()
         found = self._judge(case, sent, crash, lines, api)
@@ -478,7 +484,7 @@ class Hunt:
                 continue  # the answer of a dying server: the crash is the finding
             if got:
                 add(*got, s.text[:300], step=k, route=step.path, status=s.status)
-            if s.timed_out and crash is None:
+            if s.timed_out and not s.behind and crash is None:
                 add(
                     "hang",
                     f"hang|no answer|{step.path}",
@@ -532,6 +538,7 @@ class Hunt:
         self.model = self.server.model_name()
         self.answers = oracles.Answers()
         self.cases_of_life: list[tuple[cases.Case, list[cases.Sent]]] = []  # the cases this server was sent
+        self.unanswered_at: float | None = None  # when the first request this server left unanswered was sent
         self.crash = None
         known = [f for f in self.findings.values() if f.oracle == "crash" and f.count >= KNOWN_CRASH]
         self.life = cases.Life(avoid_suspects=bool(known))
