@@ -1,7 +1,7 @@
 """Load one campaign folder (``results/<campaign>/<config>/<trial>/``) into tidy DataFrames.
 
 Everything in ``analysis`` reads results through :func:`load_results`; nothing else opens the files. (What a
-campaign is to run is harness.campaign_plan.CampaignPlan; what it wrote is a :class:`CampaignResults`.)
+campaign is to run is harness.campaign.plan.CampaignPlan; what it wrote is a :class:`CampaignResults`.)
 Every table gets ``campaign``, ``config`` and ``trial`` columns taken from the folder layout (the
 folders are the truth: a writer that got a column wrong cannot mislabel a trial), ``sweep`` (the trial's sweep
 point from its manifest, as in the trials table), and a ``t_rel`` column: seconds since the trial started.

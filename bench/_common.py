@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 
-from mmchaos.harness.processes import free_port, stop_group
+from mmchaos.harness.servers.processes import free_port, stop_group
 
 ROOT = Path(__file__).resolve().parent.parent
 

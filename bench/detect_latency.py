@@ -111,7 +111,8 @@ def measure(config_dir: Path, instants: dict[str, float] | None) -> list[dict]:
 
 
 def run(path: Path, results: Path, killer: Killer | None = None) -> Path:
-    from mmchaos.harness import campaign_plan, campaign_runner
+    from mmchaos.harness.campaign import plan as campaign_plan
+    from mmchaos.harness.campaign import runner as campaign_runner
 
     camp = campaign_plan.load(path)
     if killer:

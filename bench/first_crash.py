@@ -3,7 +3,7 @@ deterministic probe's request count.
 
     .venv/bin/python bench/first_crash.py [--quick] [--trials 10] [--probe-trials 3] [--duration 60]
 
-Uses the campaign runner (harness/campaign_runner.py) with a campaign file written to a temp folder: target
+Uses the campaign runner (harness/campaign/runner.py) with a campaign file written to a temp folder: target
 ``engine`` 0.30.0 with no extra flags, the realistic mix (locustfiles/embeddings.py, default options) with 8
 users, crash policy ``stop`` (a trial ends at its first crash), ``--trials`` trials (one server start each,
 ~35-40 s). Per trial: time to first crash = crashes.t_detected - manifest t_load_start (Locust's start-up
@@ -43,7 +43,8 @@ def _only_poison_reuse(parser):
 
 
 def run_campaign(path: Path, results: Path):
-    from mmchaos.harness import campaign_plan, campaign_runner
+    from mmchaos.harness.campaign import plan as campaign_plan
+    from mmchaos.harness.campaign import runner as campaign_runner
 
     camp = campaign_plan.load(path)
     campaign_runner.CampaignRunner(camp, results, progress=phase_printer()).run()

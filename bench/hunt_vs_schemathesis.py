@@ -29,7 +29,7 @@ from _common import footer, header
 
 from mmchaos import paths
 from mmchaos.harness.hunt.coverage import AREAS, EngineCoverage
-from mmchaos.harness.server import Server, Target
+from mmchaos.harness.servers.server import Server, Target
 from mmchaos.signatures import Signatures
 
 VENV = paths.home() / "bench" / "schemathesis"

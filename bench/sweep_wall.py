@@ -47,7 +47,8 @@ def main() -> int:
 
     from mmchaos.analysis import hazard, report
     from mmchaos.analysis.results import load_results
-    from mmchaos.harness import campaign_plan, campaign_runner
+    from mmchaos.harness.campaign import plan as campaign_plan
+    from mmchaos.harness.campaign import runner as campaign_runner
 
     header("sweep wall time")
     root = Path(a.results or tempfile.mkdtemp(prefix="mmchaos-bench-sweep-"))

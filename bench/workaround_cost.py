@@ -42,7 +42,8 @@ def main() -> int:
     from mmchaos import schema
     from mmchaos.analysis import stats
     from mmchaos.analysis.results import load_results
-    from mmchaos.harness import campaign_plan, campaign_runner
+    from mmchaos.harness.campaign import plan as campaign_plan
+    from mmchaos.harness.campaign import runner as campaign_runner
     from mmchaos.tables import write_json_atomic
 
     with tempfile.TemporaryDirectory(prefix="mmchaos-bench-cost-") as tmp:

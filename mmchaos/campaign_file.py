@@ -1,6 +1,6 @@
 """What a campaign file may hold: every section and key, its type, default and bounds, as pydantic models.
 
-One definition serves three readers: `campaign check`/`run` (harness/campaign_plan.py validates a file with them and
+One definition serves three readers: `campaign check`/`run` (harness/campaign/plan.py validates a file with them and
 turns pydantic's errors into one line with the file, the line and a did-you-mean), `mmchaos campaign schema` (the
 JSON Schema editors complete and check campaign files with) and the docs site's campaign reference (docs/hooks.py).
 What needs more than a key's own value (a file that must exist, an engine that must know a flag, keys that exclude
@@ -122,7 +122,7 @@ class Workload(Section):
     max_concurrency: int = _key(0, "open loop: the most requests in flight at once (0: sized for the rate)")
     mix: Mix = _key(Mix(), "request kinds' weights")
     options: Options = _key(Options(), "the traffic's knobs")
-    # Locust's master and workers (harness/distributed.py)
+    # Locust's master and workers (harness/campaign/distributed.py)
     processes: Annotated[int, Field(ge=0, le=1024)] = _key(0, "local Locust worker processes (0: one process)")
     expect_workers: Annotated[int, Field(ge=0, le=1024)] = _key(
         0, "workers from other machines (`mmchaos worker`) the master waits for"
@@ -210,7 +210,7 @@ class CampaignFile(Section):
     crash: Crash = _key(Crash(), "the crash policy")
     config: Annotated[list[Config], Field(min_length=1)] = Field(description="the flag configurations compared")
     fault: list[Fault] = _key([], "faults injected into every trial")
-    # its knobs and values are checked by the plan (harness/campaign_plan.py), which knows what each knob takes
+    # its knobs and values are checked by the plan (harness/campaign/plan.py), which knows what each knob takes
     sweep: dict[str, Any] | None = _key(
         None,
         "one or two knobs (users, a kind's weight, a numeric option) = [values]; every combination is a "

@@ -4,11 +4,11 @@ check a fault with :func:`problem`; the harness injects it (harness/fault_inject
 it did (analysis/faults.py).
 
 Process faults go only into processes mmchaos started, found by the identities it recorded at start
-(harness/server_processes.py): ``kill`` (SIGKILL) and ``stop`` (SIGSTOP for ``duration`` seconds, then SIGCONT: a
-stalled accelerator). Network faults act in the fault proxy mmchaos puts between Locust and the server, on loopback
-(harness/fault_proxy.py), for ``duration`` seconds. Operator actions are what a person (or an autoscaler) does to a
-serving vLLM through its own routes (VLLM_SERVER_DEV_MODE=1 exposes them): ``pause`` and ``sleep`` last ``duration``
-seconds and are undone by ``/resume`` and ``/wake_up``; the cache resets are at once.
+(harness/servers/server_processes.py): ``kill`` (SIGKILL) and ``stop`` (SIGSTOP for ``duration`` seconds, then
+SIGCONT: a stalled accelerator). Network faults act in the fault proxy mmchaos puts between Locust and the server, on
+loopback (harness/injection/proxy.py), for ``duration`` seconds. Operator actions are what a person (or an
+autoscaler) does to a serving vLLM through its own routes (VLLM_SERVER_DEV_MODE=1 exposes them): ``pause`` and
+``sleep`` last ``duration`` seconds and are undone by ``/resume`` and ``/wake_up``; the cache resets are at once.
 """
 
 from __future__ import annotations

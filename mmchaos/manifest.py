@@ -1,6 +1,6 @@
 """A trial's manifest (``manifest.json``): what was run and how it ended, as one pydantic model.
 
-Writers: the campaign runner (harness/campaign_runner.py), which writes it as the trial starts and again as it
+Writers: the campaign runner (harness/campaign/runner.py), which writes it as the trial starts and again as it
 grows (the process groups it started, the load's window, a replay's account, how it ended); the synthetic
 campaigns (analysis/synthetic*.py) and the tests' trial helper. Reader: the trials table (analysis/results.py).
 
@@ -37,7 +37,7 @@ class Record(BaseModel):
 
 
 class TargetDetail(Record):
-    """The server a trial ran (harness/server.py ``Target.describe``), every secret masked."""
+    """The server a trial ran (harness/servers/server.py ``Target.describe``), every secret masked."""
 
     mode: TargetMode | None = None
     engine: str | None = None
@@ -49,7 +49,7 @@ class TargetDetail(Record):
 
 
 class ProcessRow(Record):
-    """One process of the server, by role, as it became healthy (harness/server_processes.py ``Identity``): the
+    """One process of the server, by role, as it became healthy (harness/servers/server_processes.py ``Identity``): the
     only pids a fault may go to."""
 
     role: str
@@ -122,7 +122,7 @@ class TrialManifest(Record):
     fault_proxy: str | None = None  # the fault proxy's URL, when the trial had network faults
     processes: list[ProcessRow] = []
     replay: ReplayAccount | None = None
-    workers: list[dict[str, Any]] = []  # Locust workers (harness/distributed.py ledger)
+    workers: list[dict[str, Any]] = []  # Locust workers (harness/campaign/distributed.py ledger)
     workers_lost: list[str] = []  # those lost mid-trial
     locust_exit_code: int | None = None
     requests: Annotated[int | None, Field(ge=0)] = None  # rows in the requests table

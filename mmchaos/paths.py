@@ -23,7 +23,7 @@ def default_model_dir() -> Path:
 
 
 def model_dir(name: str) -> Path:
-    """Where the tiny model of recipe ``name`` is built (harness/model.py has the recipes)."""
+    """Where the tiny model of recipe ``name`` is built (harness/servers/model.py has the recipes)."""
     return home() / "models" / f"{name}-tiny"
 
 

@@ -31,7 +31,7 @@ FIXED_VERSION = "0.32.0"  # cache miss made retryable
 def require_engine_and_model(version: str) -> None:
     """Fail (never skip) an engine test whose engine or tiny model is missing, saying how to install it."""
     from mmchaos import paths
-    from mmchaos.harness import engines
+    from mmchaos.harness.servers import engines
 
     try:
         engines.require(version)
@@ -44,7 +44,7 @@ def require_engine_and_model(version: str) -> None:
 @contextlib.contextmanager
 def vllm_server(version: str, flags: list[str], log: Path, timeout: float = 420, env: dict | None = None):
     """A real vLLM server on the tiny model; fails (never skips) when the engine or model is missing."""
-    from mmchaos.harness.server import Server, Target
+    from mmchaos.harness.servers.server import Server, Target
 
     require_engine_and_model(version)
     server = Server(Target(mode="engine", engine=version, flags=flags, env=dict(env or {})), log)
@@ -156,7 +156,8 @@ def demo_campaign(tmp_path_factory):
     """campaigns/demo.toml itself, one trial per configuration, against the real engines: the ground truth of the
     verdicts (test_ground_truth_engine.py) and the crash the minimizer starts from (test_minimize_engine.py).
     Returns (campaign folder, {config: TrialResult})."""
-    from mmchaos.harness import campaign_plan, campaign_runner
+    from mmchaos.harness.campaign import plan as campaign_plan
+    from mmchaos.harness.campaign import runner as campaign_runner
 
     for version in (REPORT_VERSION, FIXED_VERSION):
         require_engine_and_model(version)
@@ -174,7 +175,7 @@ def demo_campaign(tmp_path_factory):
 
 @contextlib.contextmanager
 def standin_server(log: Path, *args: str):
-    from mmchaos.harness.server import Server, Target
+    from mmchaos.harness.servers.server import Server, Target
 
     cmd = f"{sys.executable} {TESTS / 'standin_server.py'} --port {{port}} " + " ".join(args)
     server = Server(Target(mode="command", command=cmd), log)

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import pytest
 
-from mmchaos.harness.processes import stop_group
+from mmchaos.harness.servers.processes import stop_group
 
 ROOT = Path(__file__).resolve().parent.parent
 LANES = {

@@ -13,9 +13,11 @@ import pytest
 from conftest import FIXED_VERSION, REPORT_VERSION, TESTS, require_engine_and_model
 
 from mmchaos import schema
-from mmchaos.harness import campaign_plan, campaign_runner, engines
-from mmchaos.harness.campaign_plan import CampaignError
-from mmchaos.harness.server import Server, ServerError, Target
+from mmchaos.harness.campaign import plan as campaign_plan
+from mmchaos.harness.campaign import runner as campaign_runner
+from mmchaos.harness.campaign.plan import CampaignError
+from mmchaos.harness.servers import engines
+from mmchaos.harness.servers.server import Server, ServerError, Target
 
 STANDIN = f"{sys.executable} {TESTS / 'standin_server.py'} --port {{port}}"
 ROOT = TESTS.parent

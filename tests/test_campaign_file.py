@@ -11,8 +11,9 @@ import jsonschema
 import pytest
 
 from mmchaos import campaign_file
-from mmchaos.harness import campaign_plan, cli
-from mmchaos.harness.campaign_plan import CampaignError
+from mmchaos.harness import cli
+from mmchaos.harness.campaign import plan as campaign_plan
+from mmchaos.harness.campaign.plan import CampaignError
 from mmchaos.options import did_you_mean
 
 ROOT = Path(__file__).resolve().parent.parent

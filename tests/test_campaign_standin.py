@@ -15,7 +15,8 @@ from locust_run import locust_rows
 
 from mmchaos import schema
 from mmchaos.analysis.results import load_results
-from mmchaos.harness import campaign_plan, campaign_runner
+from mmchaos.harness.campaign import plan as campaign_plan
+from mmchaos.harness.campaign import runner as campaign_runner
 from mmchaos.tables import read_table
 
 TWO = [{"name": "healthy"}, {"name": "dies", "flags": ["--die-after", "40"]}]

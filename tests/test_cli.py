@@ -127,13 +127,13 @@ def test_the_projects_user_errors_are_mmchaos_errors():
     from mmchaos.analysis.report import ReportError
     from mmchaos.auth import ApiKeyError
     from mmchaos.campaign_file import FileProblem
-    from mmchaos.harness.campaign_plan import CampaignError
-    from mmchaos.harness.engines import EngineError
+    from mmchaos.harness.campaign.plan import CampaignError
+    from mmchaos.harness.campaign.worker import WorkerError
     from mmchaos.harness.injection.proxy import ProxyError
-    from mmchaos.harness.minimize import MinimizeError
-    from mmchaos.harness.model import ModelError
-    from mmchaos.harness.server import ServerError
-    from mmchaos.harness.worker import WorkerError
+    from mmchaos.harness.minimize.minimizer import MinimizeError
+    from mmchaos.harness.servers.engines import EngineError
+    from mmchaos.harness.servers.model import ModelError
+    from mmchaos.harness.servers.server import ServerError
     from mmchaos.options import OptionError
     from mmchaos.payloads.catalogue import CaseFileError
     from mmchaos.payloads.request_log import LogError

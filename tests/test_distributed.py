@@ -28,10 +28,11 @@ from test_reliability import CAMP, Fault, assert_no_orphans, killpg, live_in_gro
 
 from mmchaos import schema
 from mmchaos.analysis.results import load_results
-from mmchaos.harness import campaign_plan, campaign_runner
-from mmchaos.harness.campaign_plan import CampaignError
-from mmchaos.harness.distributed import Distribution
-from mmchaos.harness.processes import free_port
+from mmchaos.harness.campaign import plan as campaign_plan
+from mmchaos.harness.campaign import runner as campaign_runner
+from mmchaos.harness.campaign.distributed import Distribution
+from mmchaos.harness.campaign.plan import CampaignError
+from mmchaos.harness.servers.processes import free_port
 from mmchaos.tables import compact, encode_part, part_problem, put_part, read_table
 
 PY = sys.executable

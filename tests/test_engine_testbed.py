@@ -10,7 +10,8 @@ import pytest
 import requests
 from conftest import REPORT_VERSION, require_engine_and_model, vllm_server
 
-from mmchaos.harness import engines, repro
+from mmchaos.harness.minimize import repro
+from mmchaos.harness.servers import engines
 from mmchaos.signatures import Signatures
 
 pytestmark = pytest.mark.engine

@@ -23,9 +23,10 @@ from mmchaos.analysis.fault_effects import fault_effects
 from mmchaos.analysis.results import load_results
 from mmchaos.analysis.sections_faults import in_words
 from mmchaos.analysis.verdict import verdicts
-from mmchaos.harness import campaign_plan, campaign_runner
+from mmchaos.harness.campaign import plan as campaign_plan
+from mmchaos.harness.campaign import runner as campaign_runner
 from mmchaos.harness.injection.proxy import FaultProxy
-from mmchaos.harness.server_processes import alive, identify
+from mmchaos.harness.servers.server_processes import alive, identify
 from mmchaos.tables import read_table
 
 
@@ -402,7 +403,7 @@ def test_a_campaign_with_its_web_ui_lists_scheduled_faults_and_takes_faults_by_h
 
     import requests
 
-    from mmchaos.harness.processes import free_port
+    from mmchaos.harness.servers.processes import free_port
 
     f = _campaign(
         tmp_path,

@@ -14,8 +14,9 @@ from conftest import FIXED_VERSION, REPORT_VERSION, TESTS, require_engine_and_mo
 from mmchaos import schema
 from mmchaos.analysis.fault_effects import WEDGE_S, fault_effects
 from mmchaos.analysis.results import load_results
-from mmchaos.harness import campaign_plan, campaign_runner
-from mmchaos.harness.server_processes import Identity, alive
+from mmchaos.harness.campaign import plan as campaign_plan
+from mmchaos.harness.campaign import runner as campaign_runner
+from mmchaos.harness.servers.server_processes import Identity, alive
 from mmchaos.tables import read_table
 
 pytestmark = pytest.mark.engine

@@ -26,7 +26,8 @@ from mmchaos.analysis import report
 from mmchaos.analysis.attribution import attribute
 from mmchaos.analysis.results import load_results
 from mmchaos.analysis.verdict import verdicts
-from mmchaos.harness import campaign_plan, campaign_runner
+from mmchaos.harness.campaign import plan as campaign_plan
+from mmchaos.harness.campaign import runner as campaign_runner
 from mmchaos.tables import read_table
 
 pytestmark = pytest.mark.engine

@@ -14,8 +14,8 @@ import pytest
 from cli_inprocess import mmchaos
 from conftest import TESTS, standin_server
 
-from mmchaos.harness import engines
-from mmchaos.harness.server import Server, ServerError, Target, tensor_parallel_size
+from mmchaos.harness.servers import engines
+from mmchaos.harness.servers.server import Server, ServerError, Target, tensor_parallel_size
 from mmchaos.signatures import SignatureError, Signatures
 
 
@@ -169,7 +169,7 @@ def test_the_engine_launcher_ends_with_the_process_that_started_it(told, tmp_pat
     """A SIGKILL of mmchaos leaves it no chance to stop its server: the launcher (run by every engine server) asks
     Linux for a SIGTERM when its starter dies, if the starter says who it is, and removes the server's temp folder.
     A stand-in `vllm` CLI that waits, and takes SIGTERM as a shutdown as vLLM does."""
-    from mmchaos.harness.server import OWN_TMPDIR_ENV, PARENT_ENV
+    from mmchaos.harness.servers.server import OWN_TMPDIR_ENV, PARENT_ENV
 
     fake = tmp_path / "vllm" / "entrypoints" / "cli"
     fake.mkdir(parents=True)
@@ -252,7 +252,7 @@ class _DyingServer:
 
 
 def test_a_dying_servers_last_words_are_stamped_in_the_life_they_end(tmp_path):
-    from mmchaos.harness.crash_watch import CrashWatch
+    from mmchaos.harness.servers.crash_watch import CrashWatch
     from mmchaos.tables import read_table
 
     watch = CrashWatch(_DyingServer(tmp_path / "server.log"), tmp_path, Signatures.default())

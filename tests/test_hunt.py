@@ -300,7 +300,7 @@ def test_the_hunt_does_not_import_the_lists_it_must_not_need():
 
 def test_what_the_minimizer_gets_keeps_no_key_of_the_target():
     from mmchaos.harness.hunt import search as hunt
-    from mmchaos.harness.server import Target
+    from mmchaos.harness.servers.server import Target
 
     key = "sekret-key-123456"
     target = Target(mode="engine", engine="0.30.0", flags=["--api-key", key], env={"VLLM_API_KEY": key})
@@ -348,7 +348,7 @@ def pd_isna(x) -> bool:
 @pytest.mark.integration
 def test_a_server_that_does_not_start_again_ends_the_search_with_its_reason(tmp_path):
     from mmchaos.harness.hunt import search as hunt
-    from mmchaos.harness.server import Target
+    from mmchaos.harness.servers.server import Target
 
     said: list[str] = []
     dies = f"{sys.executable} -c 'import sys; sys.exit(3)' {{host}} {{port}}"
@@ -362,7 +362,7 @@ def test_a_server_that_does_not_start_again_ends_the_search_with_its_reason(tmp_
 def test_an_error_of_the_hunts_own_mid_search_still_reports_what_was_found_then_fails_in_one_line(tmp_path):
     from mmchaos.harness.hunt import search as hunt
     from mmchaos.harness.hunt.findings import Finding
-    from mmchaos.harness.server import Target
+    from mmchaos.harness.servers.server import Target
 
     class Broken(hunt.Hunt):  # the server and the search replaced: what run() does around them is under test
         def _start(self) -> None:
@@ -596,7 +596,7 @@ def test_findings_say_the_target_reference_and_versions_with_their_keys_masked(t
     affected-versions line, a reproducer's docstring, the reference's name) nor the report."""
     from mmchaos.harness.hunt import report as hunt_report
     from mmchaos.harness.hunt import search as hunt
-    from mmchaos.harness.server import Target
+    from mmchaos.harness.servers.server import Target
 
     keys = ["sekret-key-123456", "other-key-654321"]
     h = hunt.Hunt(

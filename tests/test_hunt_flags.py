@@ -75,7 +75,7 @@ def test_an_auto_axis_without_an_engine_or_sets_is_refused(args, says, capsys):
 def test_the_real_help_of_a_version_gives_the_flags_that_shape_multimodal_pooling():
     """vLLM 0.32.0's own `serve --help=all`: the options the drift depends on are among those drawn from."""
     require_engine_and_model("0.32.0")
-    from mmchaos.harness import engines
+    from mmchaos.harness.servers import engines
 
     by_name = {o.names[0]: o for o in flag_draw.parse(engines.require("0.32.0").serve_help())}
     assert ["--mm-processor-cache-type", "shm"] in by_name["--mm-processor-cache-type"].values()

@@ -15,7 +15,7 @@ import pytest
 from mmchaos.harness.hunt import corpus as hunt_corpus
 from mmchaos.harness.hunt.cases import Case, Step
 from mmchaos.harness.hunt.coverage import EngineCoverage
-from mmchaos.harness.server import ENGINE_SITE
+from mmchaos.harness.servers.server import ENGINE_SITE
 
 pytestmark = pytest.mark.integration
 

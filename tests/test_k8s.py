@@ -1,5 +1,5 @@
-"""The Kubernetes manifests (harness/k8s.py), checked offline: no cluster, only the Kubernetes API schemas that
-kubernetes-validate ships. `python tests/test_k8s.py` rewrites deploy/k8s/example.yaml."""
+"""The Kubernetes manifests (harness/k8s/manifests.py), checked offline: no cluster, only the Kubernetes API schemas
+that kubernetes-validate ships. `python tests/test_k8s.py` rewrites deploy/k8s/example.yaml."""
 
 from __future__ import annotations
 
@@ -15,8 +15,11 @@ import pytest
 import yaml
 
 from mmchaos import faults
-from mmchaos.harness import campaign_plan, chaos_mesh, cli, k8s
-from mmchaos.harness.campaign_plan import Config
+from mmchaos.harness import cli
+from mmchaos.harness.campaign import plan as campaign_plan
+from mmchaos.harness.campaign.plan import Config
+from mmchaos.harness.k8s import chaos_mesh
+from mmchaos.harness.k8s import manifests as k8s
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = ROOT / "campaigns" / "gpu-template.toml"

@@ -109,3 +109,38 @@ def test_no_import_loop():
     graph = {m: {i for i in imports if i in sources and i != m} for m, (_, imports) in sources.items()}
     # a package's __init__ imports nothing here, so `from pkg import module` arrows point at real modules
     graphlib.TopologicalSorter(graph).prepare()  # raises CycleError naming the loop
+
+
+# the harness's subsystems, each a subpackage, and which others each may import (the command line, cli.py and
+# commands/, sits above them all): servers at the bottom, then what runs on them
+HARNESS_MAY_IMPORT = {
+    "servers": set(),
+    "injection": {"servers"},
+    "campaign": {"servers", "injection"},
+    "minimize": {"servers"},
+    "hunt": {"servers", "minimize"},
+    "versions": {"servers", "campaign", "minimize"},
+    "k8s": {"servers", "campaign"},
+    "commands": {"servers", "injection", "campaign", "minimize", "hunt", "versions", "k8s", "arg_types"},
+}
+HARNESS_TOP = {"cli", "arg_types"}  # the only modules at the harness's top: the command line's parser and types
+
+
+def _subsystem(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if module.startswith("mmchaos.harness.") else None
+
+
+def test_the_harness_is_subsystems_that_import_only_what_they_may():
+    top = {p.stem for p in (ROOT / "harness").glob("*.py")} - {"__init__"}
+    assert top == HARNESS_TOP, f"a module of a subsystem at the harness's top: {sorted(top - HARNESS_TOP)}"
+    wrong = []
+    for module, (path, imports) in _sources().items():
+        own = _subsystem(module)
+        if own is None or own in HARNESS_TOP:
+            continue
+        for imp in imports:
+            other = _subsystem(imp)
+            if other and other != own and other not in HARNESS_MAY_IMPORT[own]:
+                wrong.append(f"{path.relative_to(ROOT)} imports {imp} ({other} is not below {own})")
+    assert not wrong, "\n".join(wrong)

@@ -19,8 +19,9 @@ from conftest import REPORT_VERSION, require_engine_and_model
 from PIL import Image
 
 from mmchaos import paths
-from mmchaos.harness import campaign_plan, campaign_runner
-from mmchaos.harness.repro_script import parse_result
+from mmchaos.harness.campaign import plan as campaign_plan
+from mmchaos.harness.campaign import runner as campaign_runner
+from mmchaos.harness.minimize.repro_script import parse_result
 from mmchaos.tables import read_table
 
 pytestmark = pytest.mark.engine
@@ -34,8 +35,8 @@ def _minimize(
     """The minimal sequence (exit 0); with ``budget_may_end_it``, also the smallest found when the start budget ran
     out (exit 1, said so). With ``hang_up_may_lose``, a trial's sequence with a client hang-up that did not crash
     when replayed returns None: a hang-up poisons only if it lands while the image renders, a race a loaded machine
-    loses (harness/repro.py); the caller tries again on fresh servers. Images kept as recorded: shrinking them costs
-    starts and is pinned on the stand-in (test_traces.py)."""
+    loses (harness/minimize/repro.py); the caller tries again on fresh servers. Images kept as recorded: shrinking
+    them costs starts and is pinned on the stand-in (test_traces.py)."""
     p = subprocess.Popen(
         [
             sys.executable,
@@ -137,8 +138,8 @@ def test_the_demo_crash_shrinks_to_a_script_that_crashes_only_the_affected_serve
     fixed = _script(script, fixed_server)  # the session's 0.32.0: the script's images are new to it
     assert fixed.returncode == 0 and fixed_server.health()[0], fixed.stdout
     # the drift reached 0.32.0 and was answered 503: certain after a post-render 400; after a hang-up only when it
-    # landed while the image rendered (13 of 16 on 0.32.0, harness/repro.py); when it did not, the reuse got a 200
-    # and the script says that this survival is weak evidence
+    # landed while the image rendered (13 of 16 on 0.32.0, harness/minimize/repro.py); when it did not, the reuse got a
+    # 200 and the script says that this survival is weak evidence
     raced = sequence[0]["kind"] == "abort" and "hung up before an answer" in fixed.stdout
     assert "-> 503" in fixed.stdout or raced, fixed.stdout
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from mmchaos import paths
-from mmchaos.harness import model
+from mmchaos.harness.servers import model
 
 
 def test_every_recipe_has_its_builder_and_its_own_folder():

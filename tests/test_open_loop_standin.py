@@ -15,7 +15,8 @@ from locust_run import locust, rows
 from scipy import stats
 
 from mmchaos.analysis.report import write_report
-from mmchaos.harness import campaign_plan, campaign_runner
+from mmchaos.harness.campaign import plan as campaign_plan
+from mmchaos.harness.campaign import runner as campaign_runner
 
 STANDIN = f"{sys.executable} {TESTS / 'standin_server.py'} --port {{port}}"
 

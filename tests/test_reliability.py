@@ -35,7 +35,9 @@ from test_webui import wait_for
 from mmchaos import schema
 from mmchaos.analysis import report
 from mmchaos.analysis.results import load_results
-from mmchaos.harness import campaign_plan, campaign_runner, cli
+from mmchaos.harness import cli
+from mmchaos.harness.campaign import plan as campaign_plan
+from mmchaos.harness.campaign import runner as campaign_runner
 from mmchaos.options import WEIGHTS
 from mmchaos.tables import read_table
 

@@ -21,8 +21,8 @@ from locust_run import ROOT, only, rows
 
 from mmchaos import schema
 from mmchaos.analysis.report import write_report
-from mmchaos.harness.processes import free_port
-from mmchaos.harness.server import fill_placeholders
+from mmchaos.harness.servers.processes import free_port
+from mmchaos.harness.servers.server import fill_placeholders
 from mmchaos.redact import Redactor, secrets_of
 from mmchaos.tables import COMPACT, table_dir
 

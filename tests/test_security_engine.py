@@ -16,7 +16,7 @@ from locust_run import rows
 from test_security import cli, grep_tree
 
 from mmchaos import paths, schema
-from mmchaos.harness import engines
+from mmchaos.harness.servers import engines
 
 pytestmark = pytest.mark.engine
 

@@ -28,7 +28,8 @@ from mmchaos.analysis.attribution import attribute
 from mmchaos.analysis.exposure import exposure
 from mmchaos.analysis.results import load_results, media_hashes
 from mmchaos.cause_rule import AT_ONCE
-from mmchaos.harness import campaign_plan, campaign_runner
+from mmchaos.harness.campaign import plan as campaign_plan
+from mmchaos.harness.campaign import runner as campaign_runner
 from mmchaos.tables import read_table
 
 pytestmark = [pytest.mark.engine, pytest.mark.second_lane]

@@ -16,7 +16,8 @@ from conftest import TESTS
 from mmchaos import schema
 from mmchaos.analysis import hazard as H
 from mmchaos.analysis.results import load_results
-from mmchaos.harness import campaign_plan, campaign_runner
+from mmchaos.harness.campaign import plan as campaign_plan
+from mmchaos.harness.campaign import runner as campaign_runner
 from mmchaos.tables import read_table
 
 STANDIN = f"{sys.executable} {TESTS / 'standin_server.py'} --port {{port}}"

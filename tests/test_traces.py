@@ -26,7 +26,7 @@ from test_reliability import killpg, manifest, reaper  # noqa: F401  (the fixtur
 
 from mmchaos.analysis.results import load_results
 from mmchaos.analysis.verdict import verdicts
-from mmchaos.harness import repro_script
+from mmchaos.harness.minimize import repro_script
 from mmchaos.payloads import request_log
 from mmchaos.payloads.traces import Trace
 from mmchaos.tables import read_table

@@ -16,8 +16,11 @@ from cli_inprocess import mmchaos
 from conftest import FIXED_VERSION, REPORT_VERSION, TESTS, require_engine_and_model
 
 from mmchaos import paths
-from mmchaos.harness import engines, repro, versions, versions_table
-from mmchaos.harness.server import Server, Target
+from mmchaos.harness.minimize import repro
+from mmchaos.harness.servers import engines
+from mmchaos.harness.servers.server import Server, Target
+from mmchaos.harness.versions import survey as versions
+from mmchaos.harness.versions import table as versions_table
 
 # stand-in behaviours: dies at the reuse (warm-up is request 1, the poison 2) / a retryable 503 / healthy
 STANDIN = {"0.1.0": "--die-after 2", "0.2.0": "--miss-after-poison", "0.3.0": "", "0.4.0": "--delay-ms 300"}

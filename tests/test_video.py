@@ -173,7 +173,7 @@ def test_an_engine_installed_before_its_pins_changed_gets_them_without_a_reinsta
     import json
     import os
 
-    from mmchaos.harness import engines
+    from mmchaos.harness.servers import engines
 
     monkeypatch.setenv("MMCHAOS_HOME", str(tmp_path))
     e = engines.engine("0.30.0")

@@ -19,7 +19,7 @@ from helpers import wait_until
 from locust_run import ROOT, rows
 
 from mmchaos import schema
-from mmchaos.harness.processes import free_port
+from mmchaos.harness.servers.processes import free_port
 from mmchaos.locustfiles import panel_tables
 from mmchaos.locustfiles.panel import Panel
 from mmchaos.locustfiles.panel_outcomes import CATEGORIES, Attempt, Outcomes, category, classify_request

@@ -44,8 +44,9 @@ def add_parser(sub) -> None:
 
 
 def run(a) -> int:
-    from .. import campaign_plan, campaign_runner
-    from ..progress import CampaignProgress
+    from ..campaign import plan as campaign_plan
+    from ..campaign import runner as campaign_runner
+    from ..campaign.progress import CampaignProgress
 
     if a.action == "schema":
         from mmchaos import campaign_file

@@ -15,8 +15,8 @@ from mmchaos.errors import MmchaosError
 from mmchaos.redact import RedactingStream, Redactor, flag_values, split_command
 
 from .. import arg_types
-from .. import model as model_build
-from ..server import Server, ServerError, Target
+from ..servers import model as model_build
+from ..servers.server import Server, ServerError, Target
 
 # wide enough for the campaign tables when the output is a file or a CI log (rich assumes 80 there)
 console = Console(stderr=True, highlight=False, soft_wrap=True, width=None if sys.stderr.isatty() else 160)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .. import engines
+from ..servers import engines
 from .common import console
 
 

@@ -7,12 +7,13 @@ from pathlib import Path
 
 from mmchaos import paths
 
-from .. import arg_types, engines, sigterm
+from .. import arg_types
 from ..hunt import axis as hunt_axis
 from ..hunt import flag_draw as hunt_flag_draw
 from ..hunt import versions as hunt_versions
 from ..hunt.corpus import MUTATE_SHARE
-from ..server import Target
+from ..servers import engines, sigterm
+from ..servers.server import Target
 from .common import CommandError, say
 
 
@@ -108,7 +109,7 @@ def add_parser(sub) -> None:
 
 
 def run(a) -> int:
-    from ..hunt.search import Budget, Hunt  # its HuntError is an MmchaosError: the command line says it
+    from ..hunt.search import Budget, Hunt
 
     passthrough = a.passthrough
     if not 0 <= a.mutants < 1:

@@ -41,7 +41,9 @@ def add_parser(sub) -> None:
 
 
 def run(a) -> int:
-    from .. import campaign_plan, chaos_mesh, k8s
+    from ..campaign import plan as campaign_plan
+    from ..k8s import chaos_mesh
+    from ..k8s import manifests as k8s
 
     plan = campaign_plan.load(a.campaign, check_flags=False)  # the cluster's vLLM, not an engine here, judges them
     try:

@@ -46,8 +46,8 @@ def add_parser(sub) -> None:
 
 
 def run(a) -> int:
-    from .. import bug_report
-    from ..minimize import Minimizer
+    from ..minimize import bug_report
+    from ..minimize.minimizer import Minimizer
 
     out = Path(a.out) if a.out else Path(a.trial) / "minimized"
     m = Minimizer.from_trial(

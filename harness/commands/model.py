@@ -6,7 +6,7 @@ from pathlib import Path
 
 from mmchaos import paths
 
-from .. import model as model_build
+from ..servers import model as model_build
 from .common import CommandError, console, listing
 
 

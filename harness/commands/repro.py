@@ -25,7 +25,7 @@ def add_parser(sub) -> None:
 
 
 def run(a) -> int:
-    from .. import repro
+    from ..minimize import repro
 
     target = target_from_args(a, a.passthrough)
     sigs = Signatures.load(*a.signatures)

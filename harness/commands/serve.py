@@ -11,7 +11,7 @@ from rich.markup import escape
 from mmchaos import paths
 from mmchaos.redact import split_command
 
-from .. import sigterm
+from ..servers import sigterm
 from .common import CommandError, add_server_args, console, start, target_from_args
 
 HELP = "launch a server and keep it up until Ctrl-C; flags after -- go to vLLM verbatim"
@@ -67,7 +67,7 @@ def _fault_control(server, target, log: Path):
     from ..injection.control import FaultControl
     from ..injection.injector import FaultInjector
     from ..injection.proxy import FaultProxy
-    from ..server import api_server_count, tensor_parallel_size
+    from ..servers.server import api_server_count, tensor_parallel_size
 
     up = urlsplit(server.base_url)
     proxy = FaultProxy(up.hostname or server.host, up.port or 80).start()

@@ -8,8 +8,9 @@ from pathlib import Path
 
 from mmchaos import paths
 
-from .. import arg_types, engines
-from .. import model as model_build
+from .. import arg_types
+from ..servers import engines
+from ..servers import model as model_build
 from .common import CommandError, console
 
 
@@ -62,7 +63,7 @@ def add_parser(sub) -> None:
 
 def _configs(pairs: list[str]) -> dict[str, list[str]] | None:
     """--config NAME=FLAGS (repeatable) -> {name: flags}; None keeps the defaults."""
-    from ..versions import CONFIG_NAME
+    from ..versions.survey import CONFIG_NAME
 
     out = {}
     for pair in pairs:
@@ -79,7 +80,8 @@ def _configs(pairs: list[str]) -> dict[str, list[str]] | None:
 def run(a) -> int:
     from rich.console import Console as RichConsole
 
-    from .. import versions, versions_table
+    from ..versions import survey as versions
+    from ..versions import table as versions_table
 
     prepare = (
         (lambda v: engines.require(v).manifest().get("packages", {}))

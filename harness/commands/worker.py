@@ -35,7 +35,7 @@ def add_parser(sub) -> None:
 
 
 def run(a) -> int:
-    from ..worker import serve
+    from ..campaign.worker import serve
 
     return serve(a.master_host, a.master_port, a.locustfile, a.processes, once=a.once, say=say)
 

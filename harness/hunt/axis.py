@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..server import ServerError
+from ..servers.server import ServerError
 from . import flag_draw
 
 DEFAULT = "default"

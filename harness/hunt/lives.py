@@ -16,7 +16,7 @@ from mmchaos.payloads.bodies import body_template
 from mmchaos.payloads.pool import DataURL, content_hash
 from mmchaos.payloads.traces import Trace
 
-from ..minimize import HUNT_KIND
+from ..minimize.minimizer import HUNT_KIND
 from . import cases
 
 

@@ -18,7 +18,7 @@ import requests
 from mmchaos import sameness
 from mmchaos.auth import auth_headers
 
-from ..server import Server, ServerError, Target
+from ..servers.server import Server, ServerError, Target
 from .oracles import embeddings
 
 

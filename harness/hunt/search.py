@@ -43,8 +43,9 @@ from mmchaos.payloads.traces import Trace
 from mmchaos.redact import Redactor
 from mmchaos.signatures import Signatures
 
-from .. import crash_watch, repro_script
-from ..server import Server, ServerError, Target
+from ..minimize import repro_script
+from ..servers import crash_watch
+from ..servers.server import Server, ServerError, Target
 from . import api_schema, bodies, cases, corpus, flag_draw, lives, oracles, versions
 from .coverage import EngineCoverage
 from .findings import Finding
@@ -862,8 +863,8 @@ class Hunt:
 
     def _shrink(self, finding: Finding, life: list, folder: Path) -> tuple[Path, Any] | None:
         """Shrink one life the crash ended (the minimizer, on fresh servers): (its minimized folder, its result)."""
-        from .. import bug_report
-        from ..minimize import MinimizeError, Minimizer
+        from ..minimize import bug_report
+        from ..minimize.minimizer import MinimizeError, Minimizer
 
         trace, named = lives.shrink_input(life)
         try:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..server import Server, ServerError, Target
+from ..servers.server import Server, ServerError, Target
 
 CRASHED, SURVIVED, COULD_NOT_RUN = "crashed", "survived", "could not run"
 RACE_SAID = "run it again on a fresh server"  # repro.py's words when its trigger may not have landed

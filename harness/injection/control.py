@@ -18,7 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from mmchaos import faults
 
-from ..processes import LOOPBACK
+from ..servers.processes import LOOPBACK
 from .injector import FaultInjector
 
 MAX_BODY = 10_000

@@ -21,7 +21,7 @@ from mmchaos import schema
 from mmchaos.faults import KILL, STOP, Fault
 from mmchaos.tables import PartWriter, table_dir
 
-from ..server_processes import Identity, alive
+from ..servers.server_processes import Identity, alive
 from .operator_call import OperatorCall
 from .proxy import FaultProxy
 

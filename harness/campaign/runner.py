@@ -34,13 +34,14 @@ from mmchaos.redact import Redactor
 from mmchaos.signatures import Signatures
 from mmchaos.tables import PART_GLOB, PartWriter, compact, read_table, table_dir
 
-from . import crash_watch, distributed, engines, model, provenance
-from .campaign_plan import CampaignPlan, Config, Run, fault_target
-from .injection.control import FaultControl
-from .injection.injector import FaultInjector
-from .injection.proxy import FaultProxy, ProxyError
-from .processes import stop_group, wait_port_free
-from .server import Server, ServerError, Target
+from ..injection.control import FaultControl
+from ..injection.injector import FaultInjector
+from ..injection.proxy import FaultProxy, ProxyError
+from ..servers import crash_watch, engines, model
+from ..servers.processes import stop_group, wait_port_free
+from ..servers.server import Server, ServerError, Target
+from . import distributed, provenance
+from .plan import CampaignPlan, Config, Run, fault_target
 
 COMPLETED, INTERRUPTED, FAILED, RUNNING = "completed", "interrupted", "failed", "running"
 DONE = "done"  # the progress phase reported once per trial, with its TrialResult

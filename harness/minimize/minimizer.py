@@ -39,9 +39,10 @@ from mmchaos.payloads.traces import Trace
 from mmchaos.signatures import Signatures
 from mmchaos.tables import read_table
 
-from . import engines, repro_script
+from ..servers import engines
+from ..servers.server import ENGINE_BASE_FLAGS, Target
+from . import repro_script
 from .candidate_run import Outcome, run_candidate, target_of
-from .server import ENGINE_BASE_FLAGS, Target
 
 HUNT_KIND = "hunt"  # rows of a hunt's case (harness/hunt.py)
 SOONEST_ABORT_MS = 1.0  # an abort is tried hanging up this soon after sending (likeliest to poison: repro.py)

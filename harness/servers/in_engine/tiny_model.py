@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Build a tiny random-weight Qwen3-VL embedding model into a directory.
 
-    python harness/in_engine/tiny_model.py OUTDIR
+    python harness/servers/in_engine/tiny_model.py OUTDIR
 
 Run it with the *engine* virtualenv's python (torch CPU + transformers 5.x + tokenizers).
 It imports nothing from this repository and never touches the network.

@@ -22,8 +22,8 @@ import yaml
 
 from mmchaos.redact import API_KEY_FLAG, secret_env
 
-from .campaign_plan import CampaignPlan, Config
-from .server import tensor_parallel_size
+from ..campaign.plan import CampaignPlan, Config
+from ..servers.server import tensor_parallel_size
 
 NAME = "mmchaos"
 MASTER = "mmchaos-master"

@@ -16,8 +16,8 @@ from pathlib import Path
 from mmchaos import paths
 from mmchaos.errors import MmchaosError
 
-from . import sigterm
-from .processes import stop_group
+from ..servers import sigterm
+from ..servers.processes import stop_group
 
 STOP_GRACE = 25.0  # a stopping worker stops its users, then waits up to 15 s for the master's acknowledgements
 QUICK_FAIL_S = 10.0  # a run that fails this fast, three times over, will not do better the fourth time

@@ -14,7 +14,7 @@ from pathlib import Path
 from mmchaos import schema
 from mmchaos.campaign_file import Workload
 
-from .processes import LOOPBACK, free_port
+from ..servers.processes import LOOPBACK, free_port
 
 ALL_INTERFACES = ("*", "0.0.0.0", "::")  # bind hosts a local worker reaches on loopback
 

@@ -2,7 +2,7 @@
 """Build a tiny random-weight Qwen2-VL embedder (``Qwen2VLForConditionalGeneration``, as GME and DSE are) into a
 directory.
 
-    python harness/in_engine/tiny_qwen2vl.py OUTDIR
+    python harness/servers/in_engine/tiny_qwen2vl.py OUTDIR
 
 tiny_model.py's tokenizer and chat template (Qwen2-VL has the same vision tokens), Qwen2-VL's processor (patch 14,
 merge 2, temporal 2) and a two-layer text and vision tower; vLLM's ``--runner pooling`` embeds with it (last-token

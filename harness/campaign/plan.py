@@ -25,7 +25,7 @@ from mmchaos.payloads.replay_plan import ReplayPlan
 from mmchaos.payloads.traces import TraceError
 from mmchaos.redact import split_command
 
-from . import engines
+from ..servers import engines
 
 SWEEP = "sweep"  # [sweep]: knob = [values], one or two knobs; every combination is a point
 MAX_SWEEP_KNOBS = 2
@@ -491,7 +491,7 @@ def _check_faults(raw: list, tables: list, c: dict, configs: list[Config], w: di
 def fault_target(cfg: Config, target: str, command: str, proxy: bool = True) -> faults.Target:
     """What configuration ``cfg``'s server can take (mmchaos.faults.Target: the one rule of the web UI's form too);
     ``target`` and ``command`` are the campaign's."""
-    from .server import api_server_count, tensor_parallel_size
+    from ..servers.server import api_server_count, tensor_parallel_size
 
     argv = [*split_command(cfg.command or command), *cfg.flags]
     attached = target == "attach"

@@ -9,7 +9,7 @@ from mmchaos import paths
 from mmchaos.files import write_files_atomic
 from mmchaos.payloads import request_log
 
-from .minimize import Minimizer, Result
+from .minimizer import Minimizer, Result
 
 MAX_LOG_LINES = 12
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Build a tiny random-weight CLIP embedder (``CLIPModel``) into a directory.
 
-    python harness/in_engine/tiny_clip.py OUTDIR
+    python harness/servers/in_engine/tiny_clip.py OUTDIR
 
 vLLM serves ``CLIPModel`` with ``--runner pooling`` as an embedder of an image *or* a text, not both
 (model_executor/models/clip.py: an image request must render to no text token but special ones). The chat template

@@ -2,7 +2,7 @@
 
 For each version (installed as `mmchaos engine install` does, cached), each flag set and each probe: a fresh
 server (unless the previous probe left its server clean), which must answer a valid image request before a probe
-on it means anything; then the probe's sequence (harness/repro.py) and the verdict of that server alone: did it
+on it means anything; then the probe's sequence (harness/minimize/repro.py) and the verdict of that server alone: did it
 die, answer the retryable 503, log drift and go on, or stay clean. Every outcome is a row, also a release that
 cannot be installed or started (a row saying why). Measured rows are kept under ``<results>/rows`` and reused by
 the next run with the same flags; rows that say why nothing was measured are not (the next run tries again).
@@ -22,8 +22,9 @@ from mmchaos.files import write_json_atomic
 from mmchaos.redact import Redactor, secrets_of
 from mmchaos.signatures import Match, Signatures
 
-from . import engines, repro
-from .server import Server, ServerError, Target
+from ..minimize import repro
+from ..servers import engines
+from ..servers.server import Server, ServerError, Target
 
 # outcomes of one probe on one server, worst first
 CRASHED = "crashed"

@@ -21,8 +21,8 @@ from __future__ import annotations
 from mmchaos import faults
 from mmchaos.faults import Fault
 
-from .campaign_plan import CampaignPlan
-from .k8s import SECRET, VLLM_PORT, VLLM_URL, config_of, dump, has_api_key, labels
+from ..campaign.plan import CampaignPlan
+from .manifests import SECRET, VLLM_PORT, VLLM_URL, config_of, dump, has_api_key, labels
 
 API_VERSION = "chaos-mesh.org/v1alpha1"
 WORKFLOW = "mmchaos-faults"

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from mmchaos.schema import sweep_label
 
-from .campaign_runner import DONE
+from .runner import DONE
 
 STARTUP_GUESS_S = {"engine": 60.0, "command": 60.0, "attach": 2.0}  # a trial's overhead before it has been measured
 STOP_GUESS_S = 10.0

@@ -12,8 +12,8 @@ from rich.table import Table
 
 from mmchaos.files import write_files_atomic
 
-from .provenance import git_revision, machine
-from .versions import CRASHED, MEASURED, Row, cell, version_key
+from ..campaign.provenance import git_revision, machine
+from .survey import CRASHED, MEASURED, Row, cell, version_key
 
 CSV_COLUMNS = (
     "version",

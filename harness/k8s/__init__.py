@@ -1,0 +1,1 @@
+"""Kubernetes: the manifests of a campaign on a cluster, and Chaos Mesh faults."""
