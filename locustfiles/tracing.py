@@ -11,13 +11,13 @@ therefore costs little more than its rows (docs/benchmarks.md).
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 from collections import OrderedDict
 
 import gevent
 
 from mmchaos.payloads.pool import DerivedURL, url_text
+from mmchaos.sameness import content_hash
 from mmchaos.tables import PartWriter, process_tag
 
 KEPT = 50_000  # image hashes remembered as written: a long run's memory stays flat (~5 MB)
@@ -68,7 +68,7 @@ class Tracer:
         """The hash of the image behind ``url``, stored the first time it is seen."""
         ref = getattr(url, "ref", None)
         if ref is None:  # a URL made for the request: kept as how it differs from its image, or as it is
-            h = hashlib.sha256(url.encode()).hexdigest()[:16]
+            h = content_hash(url.encode())
             if not self._seen(h):
                 self.images.add(
                     self._derived(h, url)

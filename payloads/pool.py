@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import functools
-import hashlib
 import urllib.parse
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -12,6 +11,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
+
+from mmchaos import sameness
 
 MIME = {
     "jpeg": "image/jpeg",
@@ -166,5 +167,4 @@ class ImagePool(Sequence[PoolImage]):
         }
 
 
-def content_hash(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()[:16]
+content_hash = sameness.content_hash  # the rows' media hash: its one home is mmchaos.sameness

@@ -8,7 +8,6 @@ Per-user order is the order of ``t_start`` within a *lane*: the requests of one 
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -141,7 +140,7 @@ class Trace:
         how = json.loads(row["spec"])
         source = url_text(self._image_url(row["base"]), how["encoding"], self.data(row["base"]))
         text = source[: how["prefix"]] + row["data"].decode() + source[len(source) - how["suffix"] :]
-        if hashlib.sha256(text.encode()).hexdigest()[:16] != h:
+        if content_hash(text.encode()) != h:
             raise TraceError(f"the URL {h} made from image {row['base']} does not come out the same")
         return text
 

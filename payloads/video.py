@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import functools
-import hashlib
 import io
 from dataclasses import dataclass, replace
 from fractions import Fraction
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .pool import DataURL
+from .pool import DataURL, content_hash
 
 CONTAINERS = {"mp4": ("h264", "video/mp4"), "webm": ("libvpx", "video/webm")}
 BITEXACT = {"fflags": "+bitexact"}
@@ -99,7 +98,7 @@ def encode(spec: VideoSpec) -> bytes:
 
 def digest(data: bytes) -> str:
     """The hash rows carry for a video: sha256[:16] of the file, as for images."""
-    return hashlib.sha256(data).hexdigest()[:16]
+    return content_hash(data)
 
 
 @dataclass(frozen=True)

@@ -227,3 +227,16 @@ def test_retry_after_as_an_http_date_is_honoured_as_the_sdk_does(monkeypatch):
     soon = email.utils.formatdate(now + 5, usegmt=True)
     assert retry_policy.delay(0, 0.5, {"retry-after": soon}) == 5.0
     assert retry_policy.retry_after({"retry-after": "not a date"}) is None
+
+
+def test_the_hang_up_client_hangs_up_on_a_slow_answer_and_takes_a_quick_one(standin_here):
+    from mmchaos.hang_up import hang_up
+
+    body = json.dumps({"model": "m", "input": "a photo"}).encode()
+    headers = {"Content-Type": "application/json"}
+    with standin_here("--delay-ms", "2000") as slow:
+        got = hang_up(slow.base_url, "/v1/embeddings", body, headers, after_s=0.05)
+    assert got.hung_up and got.status is None and got.ms < 2000, got  # it did not wait for the answer
+    with standin_here() as quick:
+        got = hang_up(quick.base_url, "/v1/embeddings", body, headers, after_s=30, connect_s=5)
+    assert got.status == 200 and not got.hung_up and json.loads(got.text)["data"], got

@@ -7,7 +7,6 @@ stops, so a crash policy's stop, the end of the run and Ctrl-C reach every worke
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from mmchaos import schema
 from mmchaos.campaign_file import Workload
 
 from ..servers.processes import LOOPBACK, free_port
+from .locust_command import worker_argv
 
 ALL_INTERFACES = ("*", "0.0.0.0", "::")  # bind hosts a local worker reaches on loopback
 
@@ -61,22 +61,7 @@ class Distribution:
         if not self.processes:
             return None
         host = LOOPBACK if self.bind_host in ALL_INTERFACES else self.bind_host
-        return [
-            sys.executable,
-            "-m",
-            "locust",
-            "-f",
-            str(locustfile),
-            "--worker",
-            "--processes",
-            str(self.processes),
-            "--master-host",
-            host,
-            "--master-port",
-            str(self.port),
-            "--loglevel",
-            "WARNING",
-        ]
+        return [*worker_argv(host, self.port, locustfile, self.processes), "--loglevel", "WARNING"]
 
 
 def ledger(folder: Path) -> dict:

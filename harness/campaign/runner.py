@@ -12,7 +12,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -41,6 +40,7 @@ from ..servers import crash_watch, engines, model
 from ..servers.processes import stop_group, wait_port_free
 from ..servers.server import Server, ServerError, Target
 from . import distributed, provenance
+from .locust_command import locust_program
 from .plan import CampaignPlan, Config, Run, fault_target
 
 COMPLETED, INTERRUPTED, FAILED, RUNNING = "completed", "interrupted", "failed", "running"
@@ -146,11 +146,7 @@ def locust_argv(
     seed = camp.seed + (trial if repeat is None else repeat)
     locustfile = w.locustfile  # made absolute by the plan
     argv = [
-        sys.executable,
-        "-m",
-        "locust",
-        "-f",
-        str(locustfile),
+        *locust_program(locustfile),
         *(["--headless"] if web_port is None else WEB_UI_ARGS + ["--web-port", str(web_port)]),
         "--only-summary",
         "-u",

@@ -18,6 +18,7 @@ from mmchaos.errors import MmchaosError
 
 from ..servers import sigterm
 from ..servers.processes import stop_group
+from .locust_command import worker_argv
 
 STOP_GRACE = 25.0  # a stopping worker stops its users, then waits up to 15 s for the master's acknowledgements
 QUICK_FAIL_S = 10.0  # a run that fails this fast, three times over, will not do better the fourth time
@@ -26,22 +27,6 @@ RESTART_PAUSE_S = 1.0  # between two runs: a master that just ended needs a mome
 
 class WorkerError(MmchaosError):
     """One line: what is wrong, what to do."""
-
-
-def worker_argv(master_host: str, master_port: int, locustfile: Path, processes: int = 0) -> list[str]:
-    argv = [
-        sys.executable,
-        "-m",
-        "locust",
-        "-f",
-        str(locustfile),
-        "--worker",
-        "--master-host",
-        master_host,
-        "--master-port",
-        str(master_port),
-    ]
-    return argv + (["--processes", str(processes)] if processes else [])
 
 
 def serve(

@@ -25,20 +25,19 @@ replay steps into a server whose state the first run changed.
 from __future__ import annotations
 
 import functools
-import http.client
 import json
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
-from urllib.parse import urlsplit
 
 import requests
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
 from mmchaos import faults
+from mmchaos.hang_up import hang_up
 from mmchaos.payloads.pool import content_hash
 
 from . import bodies, negative
@@ -160,21 +159,10 @@ class Client:
     def _hang_up(self, path: str, data: bytes, headers: dict, after: float) -> tuple[int | None, str]:
         """Send the whole request, wait ``after`` seconds for an answer, hang up: the server sees the client
         disconnect. An answer that came first is recorded as such."""
-        url = urlsplit(self.base_url)
-        cls = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
-        conn = cls(url.netloc, timeout=CONNECT_S)
-        try:
-            conn.request("POST", url.path + path, body=data, headers=headers)
-            assert conn.sock is not None
-            conn.sock.settimeout(after)
-            answer = conn.getresponse()
-            return answer.status, f"answered before the hang-up: {answer.read().decode(errors='replace')[:500]}"
-        except TimeoutError:
-            return None, f"client hung up after {after * 1000:g} ms"
-        except (OSError, http.client.HTTPException) as e:
-            return None, f"no answer: {type(e).__name__}"
-        finally:
-            conn.close()
+        got = hang_up(self.base_url, path, data, headers, after, connect_s=CONNECT_S)
+        if got.status is not None:
+            return got.status, f"answered before the hang-up: {got.text[:500]}"
+        return None, f"client hung up after {after * 1000:g} ms" if got.hung_up else f"no answer: {got.text}"
 
     def send_together(self, indexed: list[tuple[int, Step]]) -> list[Sent]:
         out: dict[int, Sent] = {}

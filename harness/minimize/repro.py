@@ -10,20 +10,19 @@ The names are those of locustfiles/probes.py, which sends the same sequences und
 from __future__ import annotations
 
 import base64
-import http.client
 import io
 import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
 import numpy as np
 import requests
 from PIL import Image
 
 from mmchaos.auth import auth_headers
+from mmchaos.hang_up import HUNG_UP, hang_up
 
 # The probe hangs up while the server renders the image, which is early and short: measured on 0.32.0 (tiny
 # model, 2 cores, loaded), a hang-up after 1 ms left P0 ahead of P1 2 times in 2, after 5 ms 1 in 2, after
@@ -147,33 +146,13 @@ def abort_then_reuse(
 
 
 def _hang_up(base_url: str, body: dict, after_ms: float) -> Step:
-    url = urlsplit(base_url)
-    cls = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
-    conn = cls(url.netloc, timeout=after_ms / 1000)
-    t0 = time.perf_counter()
-    name = f"abort@{after_ms:g}ms"
-    try:
-        conn.request(
-            "POST",
-            url.path.rstrip("/") + "/v1/embeddings",
-            body=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json", **auth_headers()},
-        )
-        conn.sock.settimeout(max(after_ms / 1000 - (time.perf_counter() - t0), 0.001))  # one deadline in all
-        answer = conn.getresponse()
-        text = answer.read().decode(errors="replace")
-        return Step(
-            name, answer.status, None if answer.status == 200 else text[:200], (time.perf_counter() - t0) * 1000
-        )
-    except TimeoutError:
-        return Step(name, None, ABORTED, (time.perf_counter() - t0) * 1000)
-    except (OSError, http.client.HTTPException) as e:
-        return Step(name, None, type(e).__name__, (time.perf_counter() - t0) * 1000)
-    finally:
-        conn.close()  # the hang-up: the server sees the client disconnect
+    headers = {"Content-Type": "application/json", **auth_headers()}
+    got = hang_up(base_url, "/v1/embeddings", json.dumps(body).encode(), headers, after_ms / 1000)
+    error = None if got.status == 200 else got.text if got.status is None else got.text[:200]
+    return Step(f"abort@{after_ms:g}ms", got.status, error, got.ms)
 
 
-ABORTED = "client hung up"  # the error of an abort step that hung up before any answer, as it was asked to
+ABORTED = HUNG_UP  # the error of an abort step that hung up before any answer, as it was asked to
 
 # name -> (sequence, the first step's status when the trigger applied: None = hung up before any answer)
 SEQUENCES: dict[str, tuple[Callable[..., ReproResult], int | None]] = {
