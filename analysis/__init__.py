@@ -4,7 +4,6 @@ write the report.
     results.load_results(dir)      -> CampaignResults (tidy DataFrames; the one load path)
     stats.*, survival.*, attribution.attribute, verdict.verdicts   -> per-configuration DataFrames
     report.write_report(dir, ...)  -> report.md + PNGs + one self-contained report.html (sections_*.py)
-    synthetic.make_campaign(...)   -> a fake campaign folder with the real layout (tests, benchmark)
 
 Submodules are not imported here: ``import mmchaos.analysis`` stays cheap (matplotlib loads only for a report).
 """

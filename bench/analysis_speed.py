@@ -20,6 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # the synthetic campaign: a test fixture, not installed
 
 GOAL_S = 15.0
 GOAL_BYTES = 2 * 1024**3
@@ -35,7 +36,7 @@ print(json.dumps({"import": imported, **res.timings}))
 
 
 def main() -> int:
-    from mmchaos.analysis.synthetic import DEFAULT_CONFIGS, make_campaign
+    from synthetic import DEFAULT_CONFIGS, make_campaign
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rows", type=int, default=1_000_000)

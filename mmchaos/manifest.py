@@ -2,7 +2,7 @@
 
 Writers: the campaign runner (harness/campaign/runner.py), which writes it as the trial starts and again as it
 grows (the process groups it started, the load's window, a replay's account, how it ended); the synthetic
-campaigns (analysis/synthetic*.py) and the tests' trial helper. Reader: the trials table (analysis/results.py).
+campaigns (tests/synthetic*.py) and the tests' trial helper. Reader: the trials table (analysis/results.py).
 
 What we write is checked: a key the model does not name is an error (``extra="forbid"``), and so is a value of the
 wrong type. What we read is read leniently: a manifest from another mmchaos version (a key it did not have yet, a

@@ -14,6 +14,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 from cli_inprocess import mmchaos
+from synthetic import SyntheticConfig, make_campaign
 
 from mmchaos import cause_rule
 from mmchaos import manifest as M
@@ -23,7 +24,6 @@ from mmchaos.analysis import plots, report, stats
 from mmchaos.analysis.attribution import SAME_IMAGE, WINDOW, attribute
 from mmchaos.analysis.results import LoadError, load_results
 from mmchaos.analysis.survival import first_crash_durations, kaplan_meier, median_survival
-from mmchaos.analysis.synthetic import SyntheticConfig, make_campaign
 from mmchaos.analysis.verdict import verdicts
 from mmchaos.tables import table_dir
 

@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 from cli_inprocess import mmchaos
 from scipy import stats
+from synthetic_sweep import SweepConfig, make_sweep_campaign, read_truth
 
 from mmchaos import schema as S
 from mmchaos.analysis import exposure as X
@@ -21,7 +22,6 @@ from mmchaos.analysis import prediction as P
 from mmchaos.analysis.document import Doc
 from mmchaos.analysis.results import CampaignResults, load_results
 from mmchaos.analysis.sections_hazard import hazard_section, sentence
-from mmchaos.analysis.synthetic_sweep import SweepConfig, make_sweep_campaign, read_truth
 from mmchaos.verdict_rule import is_poison
 
 P_DEFAULT, USERS_SLOPE = 0.3, 0.05  # the known hazard of the synthetic "v0.30-default"

@@ -317,8 +317,9 @@ def test_the_fault_form_offers_no_operator_action_without_dev_mode(tmp_path):
 def test_the_reports_first_screen_at_1280_px_holds_the_cards_and_the_figure(tmp_path):
     """A campaign of three configurations: at 1280 x 900 the cards and the crash-rate-against-cost figure are on
     the first screen, and nothing (no table) makes the page scroll sideways."""
+    from synthetic import make_campaign
+
     from mmchaos.analysis import report
-    from mmchaos.analysis.synthetic import make_campaign
 
     res = report.write_report(make_campaign(tmp_path, "c", trials=2, requests_per_trial=300, duration_s=300))
     with browser_page(tmp_path / "chromium-profile", width=1280, height=900) as page:

@@ -20,12 +20,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+from synthetic import _write_parts
 
 from mmchaos import schema as S
 from mmchaos.manifest import TrialManifest
 from mmchaos.outcomes import causes
-
-from .synthetic import _write_parts
 
 TRUTH = "truth.json"
 HEALTH_EVERY_S = 1.0
