@@ -68,7 +68,7 @@ def build_bodies(n: int, users: int, overrides: dict) -> list[tuple[str, bytes]]
     import argparse as ap
 
     from mmchaos import options
-    from mmchaos.locustfiles.traffic import Traffic, UserTraffic
+    from mmchaos.locustfiles.plugin.traffic import Traffic, UserTraffic
 
     o = ap.Namespace(**{x.name: x.default for x in options.OPTIONS})
     o.model = "bench"

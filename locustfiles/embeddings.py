@@ -17,10 +17,11 @@ import time
 from locust import events, task
 from locust.runners import MasterRunner
 
-from mmchaos.locustfiles import open_loop, plugin
-from mmchaos.locustfiles.chaos_user import ChaosUser
-from mmchaos.locustfiles.shapes import ChaosShape  # noqa: F401  (Locust picks the shape class up from this module)
-from mmchaos.locustfiles.traffic import Traffic, TrafficConfigError, UserTraffic
+from mmchaos.locustfiles.plugin import listeners as plugin
+from mmchaos.locustfiles.plugin import open_loop
+from mmchaos.locustfiles.plugin.chaos_user import ChaosUser
+from mmchaos.locustfiles.plugin.shapes import ChaosShape  # noqa: F401  (Locust picks the shape class up from this module)
+from mmchaos.locustfiles.plugin.traffic import Traffic, TrafficConfigError, UserTraffic
 
 plugin.register()
 

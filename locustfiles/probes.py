@@ -17,8 +17,8 @@ from dataclasses import replace
 
 from locust import constant, events, task
 
-from mmchaos.locustfiles import plugin
-from mmchaos.locustfiles.chaos_user import ChaosUser
+from mmchaos.locustfiles.plugin import listeners as plugin
+from mmchaos.locustfiles.plugin.chaos_user import ChaosUser
 from mmchaos.payloads import bodies as build
 from mmchaos.payloads import catalogue, fresh, malformed
 from mmchaos.payloads.shared_pool import shared_pool

@@ -29,8 +29,8 @@ from locust.runners import MasterRunner, WorkerRunner
 
 from mmchaos import schema
 from mmchaos.files import write_json_atomic
-from mmchaos.locustfiles import plugin
-from mmchaos.locustfiles.chaos_user import ChaosUser
+from mmchaos.locustfiles.plugin import listeners as plugin
+from mmchaos.locustfiles.plugin.chaos_user import ChaosUser
 from mmchaos.payloads.replay_plan import ReplayError, ReplayPlan
 
 plugin.register()

@@ -15,7 +15,7 @@ from mmchaos.errors import MmchaosError
 
 # Qwen3-VL-Embedding's default instruction, sent as the system message of image conversations.
 DEFAULT_INSTRUCTION = "Represent the user's input."
-SHAPES = ("steady", "ramp", "spike", "soak")  # load shapes (locustfiles/shapes.py draws them)
+SHAPES = ("steady", "ramp", "spike", "soak")  # load shapes (locustfiles/plugin/shapes.py draws them)
 IMAGE_PRESETS: dict[str, tuple[int, int]] = {  # generated pools: range of the long side in px
     "realistic": (256, 2048),  # phone photos and screenshots after the usual client-side downscale
     "small": (64, 256),  # fast tests

@@ -1,6 +1,6 @@
 """When two answers must be the same, defined once: what makes two inputs the same, how close two embeddings of one
 input must be (bf16), and when distinct inputs answering one vector is a collapse. The wrong-answer oracle of the
-Locust mix (``locustfiles/consistency.py``) and the hunt's oracles use these rules.
+Locust mix (``locustfiles/plugin/consistency.py``) and the hunt's oracles use these rules.
 
 An *input* is what one answer (one embedding) is computed from: the route's kind of answer, the model, the prompt
 (a text, token ids, or a chat conversation: roles, texts and each media item by the hash of its content, in order)

@@ -87,7 +87,7 @@ REQUESTS = pa.schema(
         ("request_group", pa.string()),  # request_id of the first attempt: links a request and its retries
         ("final", pa.bool_()),  # the client's last attempt (false: it meant to retry, and the run ended first)
         ("reconnects", pa.int16()),  # re-sent on a fresh connection after a pooled one was found closed
-        # the wrong-answer oracle (locustfiles/consistency.py): the answer agreed with its input's first answer;
+        # the wrong-answer oracle (locustfiles/plugin/consistency.py): the answer agreed with its input's first answer;
         # null: not checked (not sampled, not answered, or the input's first answer)
         ("consistent", pa.bool_()),
         ("n_images", pa.int16()),

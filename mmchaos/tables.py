@@ -3,7 +3,7 @@
 A writer appends rows in memory and flushes them as a new part every ``interval`` seconds, each written to a
 temp name and renamed, so whatever dies (server, Locust, a worker) leaves only complete, readable parts and
 loses at most one interval of rows. A part's name is unique to its writer and never reused, so a part written
-twice (a Locust worker's part sent again to its master, locustfiles/shipping.py) is still one part.
+twice (a Locust worker's part sent again to its master, locustfiles/plugin/shipping.py) is still one part.
 """
 
 from __future__ import annotations

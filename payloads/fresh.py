@@ -399,8 +399,8 @@ def fresh_data(base, digest: bytes, offload: Offload | None = None) -> tuple[byt
 
 
 # The whole-image encodes left (WebP, mostly: ~10 ms per Mpx) can run on another core: Pillow releases the GIL
-# while libwebp / libjpeg / zlib work. A Locust process's run state (locustfiles/run_state.py) owns a gevent thread
-# pool (a thread per core), so the greenlet waits for the encode as for I/O while the other users go on, and a
+# while libwebp / libjpeg / zlib work. A Locust process's run state (locustfiles/plugin/run_state.py) owns a gevent
+# thread pool (a thread per core), so the greenlet waits for the encode as for I/O while the other users go on, and a
 # semaphore of as many slots: a greenlet waiting for a thread holds no copy of its image (~30 MB at 2,048 px; copies
 # queued for the pool in bursts of fresh images raised the heap of a long run at a server-like rate). Only the
 # encode runs there: no cache, no lock, nothing shared (the copy and the stamp hold the GIL: in a thread they cost

@@ -10,7 +10,7 @@ import pytest
 from scipy import stats
 
 from mmchaos import arrivals
-from mmchaos.locustfiles import gates
+from mmchaos.locustfiles.plugin import gates
 from mmchaos.verdict_rule import Counts
 
 N = 20_000  # arrivals per statistical test

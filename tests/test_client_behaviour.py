@@ -18,8 +18,8 @@ from geventhttpclient.response import HTTPConnectionClosed
 from locust_run import locust, only
 
 from mmchaos import retry_policy, schema
-from mmchaos.locustfiles import gates
-from mmchaos.locustfiles.connections import ReconnectingClient
+from mmchaos.locustfiles.plugin import gates
+from mmchaos.locustfiles.plugin.connections import ReconnectingClient
 from mmchaos.payloads import bodies
 from mmchaos.payloads.generated import generate_pool
 from mmchaos.verdict_rule import (

@@ -15,7 +15,7 @@ from test_campaign_standin import run, write_campaign
 from mmchaos import sameness
 from mmchaos.analysis.results import load_results
 from mmchaos.analysis.verdict import verdicts
-from mmchaos.locustfiles.consistency import Oracle
+from mmchaos.locustfiles.plugin.consistency import Oracle
 
 MIX = [
     *only(valid_image=4, multi_image=1, text=1),

@@ -1,8 +1,8 @@
 """The private parts of our dependencies that mmchaos reaches into, checked against what is installed.
 
-We reach into three places no public API covers: geventhttpclient's connection pool (locustfiles/connections.py
+We reach into three places no public API covers: geventhttpclient's connection pool (locustfiles/plugin/connections.py
 counts the sockets it creates and drops idle ones), ``http.client``'s ``_create_connection`` hook (the aborts'
-connections, locustfiles/chaos_user.py) and Locust's run state (the runner's ``state`` and ``shape_greenlet``,
+connections, locustfiles/plugin/chaos_user.py) and Locust's run state (the runner's ``state`` and ``shape_greenlet``,
 its workers' states, the FastHttpSession's client pool: plugin.py, webui.py, shipping.py). pyproject.toml pins
 the releases these were read in. When a release moves one of them, the test of it fails saying what moved, where
 we use it and what range is pinned: read the new release's code, adapt ours, then widen the range.
@@ -63,22 +63,22 @@ def test_http_client_connects_through_its_create_connection_hook():
 
     conn = http.client.HTTPConnection("127.0.0.1", 9, timeout=1)
     assert hasattr(conn, "_create_connection"), moved(
-        "python", "HTTPConnection._create_connection", "locustfiles/chaos_user.py (_abort)"
+        "python", "HTTPConnection._create_connection", "locustfiles/plugin/chaos_user.py (_abort)"
     )
     conn._create_connection = hook
     with pytest.raises(ConnectionRefusedError):
         conn.connect()
     assert called == [("127.0.0.1", 9)], moved(
-        "python", "HTTPConnection.connect() calling _create_connection", "locustfiles/chaos_user.py (_abort)"
+        "python", "HTTPConnection.connect() calling _create_connection", "locustfiles/plugin/chaos_user.py (_abort)"
     )
 
 
 def test_geventhttpclient_pool_creates_sockets_through_create_socket_and_queues_idle_ones(standin_here):
     from geventhttpclient.client import HTTPClient, HTTPClientPool
 
-    from mmchaos.locustfiles.connections import ReconnectingClient, ReconnectingClientPool
+    from mmchaos.locustfiles.plugin.connections import ReconnectingClient, ReconnectingClientPool
 
-    where = "locustfiles/connections.py (ReconnectingClient)"
+    where = "locustfiles/plugin/connections.py (ReconnectingClient)"
     pool = HTTPClient("127.0.0.1", 9)._connection_pool
     assert callable(getattr(pool, "_create_socket", None)), moved(
         "geventhttpclient", "ConnectionPool._create_socket", where
@@ -88,7 +88,7 @@ def test_geventhttpclient_pool_creates_sockets_through_create_socket_and_queues_
         "geventhttpclient", "ConnectionPool._socket_queue (a queue of idle sockets)", where
     )
     assert {"clients", "client_args"} <= set(vars(HTTPClientPool(concurrency=1))), moved(
-        "geventhttpclient", "HTTPClientPool.clients / .client_args", "locustfiles/connections.py (install)"
+        "geventhttpclient", "HTTPClientPool.clients / .client_args", "locustfiles/plugin/connections.py (install)"
     )
     with standin_here() as s:
         client = ReconnectingClient.from_url(s.base_url, concurrency=1)
@@ -110,9 +110,9 @@ def test_a_fast_http_session_takes_our_client_pool(standin_here, inprocess_locus
     from locust import FastHttpUser
     from locust.env import Environment
 
-    from mmchaos.locustfiles import connections
+    from mmchaos.locustfiles.plugin import connections
 
-    where = "locustfiles/connections.py (install)"
+    where = "locustfiles/plugin/connections.py (install)"
     with standin_here() as s:
         session = type("U", (FastHttpUser,), {"host": s.base_url, "abstract": False})(Environment()).client
         assert hasattr(getattr(session, "client", None), "clientpool"), moved(
@@ -143,7 +143,7 @@ def test_the_runner_state_we_read_and_end(inprocess_locust):
         def tick(self):
             return (1, 1) if self.get_run_time() < 0.2 else None
 
-    where = "locustfiles/plugin.py (_end_shape_on_sigterm), webui.py (_runner_state)"
+    where = "locustfiles/plugin/listeners.py (_end_shape_on_sigterm), webui.py (_runner_state)"
     env = Environment(user_classes=[Idle], shape_class=OneTick())
     runner = env.create_local_runner()
     try:
@@ -160,14 +160,16 @@ def test_the_runner_state_we_read_and_end(inprocess_locust):
             "locust", "a shape's end clearing shape_greenlet and stopping the runner", where
         )
         assert hasattr(env, "process_exit_code"), moved(
-            "locust", "Environment.process_exit_code", "locustfiles/plugin.py (the gates' exit code)"
+            "locust", "Environment.process_exit_code", "locustfiles/plugin/listeners.py (the gates' exit code)"
         )
         env.mmchaos = "run state"  # the plugin keeps its run state on the Environment (run_state.py)
         assert env.mmchaos == "run state", moved(
-            "locust", "Environment taking attributes of a plugin", "locustfiles/run_state.py (environment.mmchaos)"
+            "locust",
+            "Environment taking attributes of a plugin",
+            "locustfiles/plugin/run_state.py (environment.mmchaos)",
         )
     finally:
         runner.quit()
     assert WorkerNode("w").state == STATE_INIT, moved(
-        "locust", "WorkerNode.state", "locustfiles/shipping.py (workers gone missing)"
+        "locust", "WorkerNode.state", "locustfiles/plugin/shipping.py (workers gone missing)"
     )

@@ -220,9 +220,10 @@ def test_whole_reencodes_of_a_users_webps_leave_the_cached_decode_as_it_was(tmp_
 
 
 def test_fresh_images_waiting_for_an_encoder_thread_hold_no_copy(tmp_path):
-    """As a Locust process runs them (its run state's encoder threads, locustfiles/run_state.py): whole re-encodes
-    go to encoder threads through slots, one per thread. Three users want a fresh image of a 512 px RGBA WebP while
-    the one thread is busy: one copy of its pixels (1 MB, numpy's, which tracemalloc sees) exists, not three."""
+    """As a Locust process runs them (its run state's encoder threads, locustfiles/plugin/run_state.py): whole
+    re-encodes go to encoder threads through slots, one per thread. Three users want a fresh image of a 512 px RGBA
+    WebP while the one thread is busy: one copy of its pixels (1 MB, numpy's, which tracemalloc sees) exists, not
+    three."""
     pixels = np.random.default_rng(1).integers(0, 256, (512, 512, 4), dtype=np.uint8)
     Image.fromarray(pixels, "RGBA").save(tmp_path / "a.webp")
     base = user_images.load_image_dir(tmp_path)[0]

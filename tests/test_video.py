@@ -15,7 +15,7 @@ import pytest
 
 from mmchaos import options, sameness, schema
 from mmchaos.analysis.results import media_hashes
-from mmchaos.locustfiles.traffic import Traffic, UserTraffic
+from mmchaos.locustfiles.plugin.traffic import Traffic, UserTraffic
 from mmchaos.payloads import bodies, video, video_cases
 
 

@@ -20,11 +20,11 @@ from locust_run import ROOT, rows
 
 from mmchaos import schema
 from mmchaos.harness.servers.processes import free_port
-from mmchaos.locustfiles import panel_tables
-from mmchaos.locustfiles.panel import Panel
-from mmchaos.locustfiles.panel_outcomes import CATEGORIES, Attempt, Outcomes, category, classify_request
-from mmchaos.locustfiles.watchers import parse_metrics
-from mmchaos.locustfiles.web_form import apply_mangled_form_fields
+from mmchaos.locustfiles.plugin import panel_tables
+from mmchaos.locustfiles.plugin.panel import Panel
+from mmchaos.locustfiles.plugin.panel_outcomes import CATEGORIES, Attempt, Outcomes, category, classify_request
+from mmchaos.locustfiles.plugin.watchers import parse_metrics
+from mmchaos.locustfiles.plugin.web_form import apply_mangled_form_fields
 from mmchaos.signatures import Signatures
 
 SMALL = ["--image-preset", "small", "--pool-size", "16"]

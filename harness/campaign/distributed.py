@@ -1,7 +1,7 @@
 """A campaign trial on Locust's master and workers: ``[workload] processes`` (local worker processes, Locust's
 ``--processes``) and ``expect_workers`` (workers on other machines, ``mmchaos worker``). The master is the trial's
-Locust; it owns the run, takes every worker's rows (locustfiles/shipping.py) and tells the workers to stop when it
-stops, so a crash policy's stop, the end of the run and Ctrl-C reach every worker through Locust's own messages.
+Locust; it owns the run, takes every worker's rows (locustfiles/plugin/shipping.py) and tells the workers to stop
+when it stops, so a crash policy's stop, the end of the run and Ctrl-C reach every worker through Locust's own messages.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class Distribution:
 
 
 def ledger(folder: Path) -> dict:
-    """What the master wrote about its workers (locustfiles/shipping.py), for the manifest: each worker, and
+    """What the master wrote about its workers (locustfiles/plugin/shipping.py), for the manifest: each worker, and
     those lost mid-trial. Empty when there was no master, or it died before writing it."""
     try:
         data = json.loads((folder / schema.WORKERS).read_text())

@@ -55,8 +55,8 @@ LOCUST_OVERRUN = 60.0  # seconds past its run time (and its workers' wait) after
 
 
 def dump_greenlets(locust: subprocess.Popen) -> None:
-    """Ask a stalled Locust for its greenlets' stacks (locustfiles/plugin.py logs them on SIGUSR2), before it is
-    stopped: the one clue to a client-side stall."""
+    """Ask a stalled Locust for its greenlets' stacks (locustfiles/plugin/listeners.py logs them on SIGUSR2), before
+    it is stopped: the one clue to a client-side stall."""
     try:
         os.kill(locust.pid, signal.SIGUSR2)
     except ProcessLookupError:

@@ -109,7 +109,7 @@ def add_parser(sub) -> None:
 
 
 def run(a) -> int:
-    from ..hunt.search import Budget, Hunt
+    from ..hunt.search import Budget, Hunt  # its HuntError is an MmchaosError: the command line says it
 
     passthrough = a.passthrough
     if not 0 <= a.mutants < 1:

@@ -4,7 +4,7 @@
 a results volume, the campaign (rewritten for the cluster) in a ConfigMap, the campaign master (a Job running
 ``mmchaos campaign run`` with the Locust master inside, and a Service workers reach it by), N Locust workers (a
 Deployment of ``mmchaos worker``) and an example vLLM server on 2 GPUs (a Deployment and a Service). Only the master
-mounts the results volume: the workers send their rows to it over Locust's messages (locustfiles/shipping.py).
+mounts the results volume: the workers send their rows to it over Locust's messages (locustfiles/plugin/shipping.py).
 docs/kubernetes.md says how to use it; deploy/k8s/example.yaml is one rendering, kept current by tests/test_k8s.py.
 
 The campaign runs in attach mode against the vLLM Service: the crash this suite provokes kills the server,

@@ -27,7 +27,8 @@ from mmchaos.auth import auth_headers
 from mmchaos.outcomes import as_built, outcome_of
 from mmchaos.payloads.bodies import BuiltRequest, fill_template, slot_hashes
 
-from . import connections, plugin
+from . import connections
+from . import listeners as plugin
 
 # vLLM takes X-Request-Id as the request's id and names it in its log lines (drift warnings included), so a
 # log event can be joined to the exact request row
