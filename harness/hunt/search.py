@@ -118,6 +118,7 @@ class Hunt:
             self.state = json.loads((self.out / "state.json").read_text())
         self.findings = {f["fingerprint"]: Finding.from_row(f) for f in self.state["findings"]}
         self.server: Server | None = None
+        self.unanswered_at: float | None = None  # when the first request this server left unanswered was sent
         self.client: cases.Client | None = None
         self.hooks: cases.Hooks | None = None
         self.crash: crash_watch.Crash | None = None  # a crash seen during a case's steps
@@ -539,7 +540,7 @@ class Hunt:
         self.model = self.server.model_name()
         self.answers = oracles.Answers()
         self.cases_of_life: list[tuple[cases.Case, list[cases.Sent]]] = []  # the cases this server was sent
-        self.unanswered_at: float | None = None  # when the first request this server left unanswered was sent
+        self.unanswered_at = None  # a new server has left no request unanswered
         self.crash = None
         known = [f for f in self.findings.values() if f.oracle == "crash" and f.count >= KNOWN_CRASH]
         self.life = cases.Life(avoid_suspects=bool(known))
