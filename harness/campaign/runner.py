@@ -37,11 +37,12 @@ from ..injection.control import FaultControl
 from ..injection.injector import FaultInjector
 from ..injection.proxy import FaultProxy, ProxyError
 from ..servers import crash_watch, engines, model
-from ..servers.processes import stop_group, wait_port_free
+from ..servers.processes import wait_port_free
 from ..servers.server import Server, ServerError, Target
 from . import distributed, provenance
 from .locust_command import locust_program
 from .plan import CampaignPlan, Config, Run, fault_target
+from .trial_processes import TrialProcesses
 
 COMPLETED, INTERRUPTED, FAILED, RUNNING = "completed", "interrupted", "failed", "running"
 DONE = "done"  # the progress phase reported once per trial, with its TrialResult
@@ -352,72 +353,119 @@ class CampaignRunner:
         )
         self._write(folder / schema.MANIFEST, manifest)
         result = TrialResult(cfg.name, trial, RUNNING, point=dict(point or {}))
-        counter = RowCounter(folder)
-        crash_cfg = self.camp.crash
-        server = Server(target, folder / schema.SERVER_LOG, redactor=self.redactor)
-        locust = None
-        proxy = None  # the fault proxy between Locust and the server, when the trial has network faults
-        injector = None
-        control = None  # faults by hand (the web UI's form) and the panel's list of faults
-        local_workers = None  # [workload] processes: this machine's Locust workers, a process group of their own
-        watch = None
-        t_load = None
+        procs = TrialProcesses(
+            Server(target, folder / schema.SERVER_LOG, redactor=self.redactor), manifest, LOCUST_GRACE
+        )
         try:
-            self._report(config=cfg.name, trial=trial, phase="starting server")
-            try:
-                server.start()
-                if server.pgid is not None:  # an attached server is no process group of ours
-                    self._record_pgid(manifest, folder, "server_pgids", server.pgid)
-                server.wait_healthy(
-                    crash_cfg.startup_timeout,
-                    progress=lambda t, _: self._report(
-                        config=cfg.name, trial=trial, phase=f"starting server ({t:.0f} s)"
-                    ),
-                )
-                model = server.model_name()
-            except (ServerError, OSError, ValueError, KeyError) as e:
-                result.status, result.error = FAILED, str(e).splitlines()[0]
+            with procs:
+                model = self._start_server(procs, cfg, trial, folder, result)
+                if model is None or not self._start_faults(procs, cfg, trial, folder, result):
+                    return result
+                self._start_locust(procs, cfg, trial, folder, model, run_id, point, repeat)
+                counter = RowCounter(folder)
+                overran = self._load(procs, cfg, trial, folder, target, result, counter)
+                self._judge_end(procs, folder, result, counter, overran)
                 return result
-            watch = crash_watch.CrashWatch(server, folder, self.sigs, hang_after=crash_cfg.hang_after)
-            watch.healthy_at(server.healthy_at)
-            load_url = server.base_url
-            if self.camp.faults or self.web_port is not None:
-                if self.web_port is not None or any(f.kind in faults.NETWORK_KINDS for f in self.camp.faults):
-                    # in front of where the load would go: the server's url (an attached server's, a command's own)
-                    up = urlsplit(server.base_url)
-                    up_port = up.port or (443 if up.scheme == "https" else 80)
-                    try:
-                        proxy = FaultProxy(up.hostname or server.host, up_port, seed=self.camp.seed + trial).start()
-                    except ProxyError as e:
-                        result.status, result.error = FAILED, str(e)
-                        return result
-                    load_url = proxy.url
-                    manifest.fault_proxy = proxy.url
-                injector = FaultInjector(self.camp.faults, folder, proxy)
-                self._bind_processes(injector, server, manifest, folder, 0)
-                fits = fault_target(cfg, self.camp.target, self.camp.command, proxy is not None)
-                control = FaultControl(injector, fits).start()
-            argv = locust_argv(
-                self.camp,
-                cfg,
-                trial,
-                folder,
-                load_url,
-                model,
-                run_id,
-                point,
-                repeat,
-                watch_url=server.base_url,
-                fault_control=control.url if control else "",
-                web_port=self.web_port,
+        except KeyboardInterrupt:
+            result.status = INTERRUPTED
+            raise
+        finally:
+            code = procs.locust_code
+            if code is not None and code < 0 and result.status == COMPLETED and not result.crashes:
+                result.status = INTERRUPTED  # Locust was killed by a signal, not by the end of its run
+            if self.camp.workload.trace and procs.locust is not None and result.status == COMPLETED:
+                self._replay_status(folder, result, code, manifest)
+            self._finish(folder, manifest, result, code)
+
+    def _start_server(
+        self, procs: TrialProcesses, cfg: Config, trial: int, folder: Path, result: TrialResult
+    ) -> str | None:
+        """Start the trial's server and wait until it answers: the model it serves, or None (the result says why)."""
+        server = procs.server
+        self._report(config=cfg.name, trial=trial, phase="starting server")
+        try:
+            server.start()
+            if server.pgid is not None:  # an attached server is no process group of ours
+                self._record_pgid(procs.manifest, folder, "server_pgids", server.pgid)
+            server.wait_healthy(
+                self.camp.crash.startup_timeout,
+                progress=lambda t, _: self._report(config=cfg.name, trial=trial, phase=f"starting server ({t:.0f} s)"),
             )
-            dist = distributed.Distribution.of(self.camp.workload)
-            if dist:
-                argv += dist.master_args()
-            env = {**os.environ, **({API_KEY_ENV: server.api_key} if server.api_key else {})}  # the server's own key
-            with open(folder / schema.LOCUST_LOG, "ab") as llog:
-                locust = subprocess.Popen(
-                    argv,
+            model = server.model_name()
+        except (ServerError, OSError, ValueError, KeyError) as e:
+            result.status, result.error = FAILED, str(e).splitlines()[0]
+            return None
+        procs.watch = crash_watch.CrashWatch(server, folder, self.sigs, hang_after=self.camp.crash.hang_after)
+        procs.watch.healthy_at(server.healthy_at)
+        return model
+
+    def _start_faults(self, procs: TrialProcesses, cfg: Config, trial: int, folder: Path, result: TrialResult) -> bool:
+        """The fault proxy (in front of the server's url, for network faults and the web UI's form), the injector
+        and the control, when the trial has faults or a web UI; False when the proxy could not start."""
+        if not (self.camp.faults or self.web_port is not None):
+            return True
+        server = procs.server
+        if self.web_port is not None or any(f.kind in faults.NETWORK_KINDS for f in self.camp.faults):
+            up = urlsplit(server.base_url)  # an attached server's, a command's own
+            up_port = up.port or (443 if up.scheme == "https" else 80)
+            try:
+                procs.proxy = FaultProxy(up.hostname or server.host, up_port, seed=self.camp.seed + trial).start()
+            except ProxyError as e:
+                result.status, result.error = FAILED, str(e)
+                return False
+            procs.manifest.fault_proxy = procs.proxy.url
+        procs.injector = FaultInjector(self.camp.faults, folder, procs.proxy)
+        self._bind_processes(procs.injector, server, procs.manifest, folder, 0)
+        fits = fault_target(cfg, self.camp.target, self.camp.command, procs.proxy is not None)
+        procs.control = FaultControl(procs.injector, fits).start()
+        return True
+
+    def _start_locust(
+        self,
+        procs: TrialProcesses,
+        cfg: Config,
+        trial: int,
+        folder: Path,
+        model: str,
+        run_id: str,
+        point: dict | None,
+        repeat: int | None,
+    ) -> None:
+        """Locust (the master, with workers), and this machine's workers, each a process group of its own."""
+        server = procs.server
+        argv = locust_argv(
+            self.camp,
+            cfg,
+            trial,
+            folder,
+            procs.proxy.url if procs.proxy else server.base_url,
+            model,
+            run_id,
+            point,
+            repeat,
+            watch_url=server.base_url,
+            fault_control=procs.control.url if procs.control else "",
+            web_port=self.web_port,
+        )
+        dist = distributed.Distribution.of(self.camp.workload)
+        if dist:
+            argv += dist.master_args()
+        env = {**os.environ, **({API_KEY_ENV: server.api_key} if server.api_key else {})}  # the server's own key
+        with open(folder / schema.LOCUST_LOG, "ab") as llog:
+            procs.locust = subprocess.Popen(
+                argv,
+                stdout=llog,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                cwd=paths.PROJECT_ROOT,
+                env=env,
+            )
+            self._record_pgid(procs.manifest, folder, "locust_pgids", procs.locust.pid)
+            workers_argv = dist.local_workers_argv(self.camp.workload.locustfile) if dist else None
+            if workers_argv:
+                procs.local_workers = subprocess.Popen(
+                    workers_argv,
                     stdout=llog,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
@@ -425,117 +473,89 @@ class CampaignRunner:
                     cwd=paths.PROJECT_ROOT,
                     env=env,
                 )
-                self._record_pgid(manifest, folder, "locust_pgids", locust.pid)
-                workers_argv = dist.local_workers_argv(self.camp.workload.locustfile) if dist else None
-                if workers_argv:
-                    local_workers = subprocess.Popen(
-                        workers_argv,
-                        stdout=llog,
-                        stderr=subprocess.STDOUT,
-                        stdin=subprocess.DEVNULL,
-                        start_new_session=True,
-                        cwd=paths.PROJECT_ROOT,
-                        env=env,
-                    )
-                    self._record_pgid(manifest, folder, "locust_pgids", local_workers.pid)
-            t_load = time.time()
-            manifest.t_load_start = t_load
-            if control is not None:
-                control.t_start = t_load
-            overran = False
-            deadline = t_load + self.camp.workload.duration + LOCUST_OVERRUN + (dist.max_wait if dist else 0)
-            while locust.poll() is None:
-                if time.time() > deadline:
-                    overran = True
-                    dump_greenlets(locust)
+                self._record_pgid(procs.manifest, folder, "locust_pgids", procs.local_workers.pid)
+        procs.t_load = procs.manifest.t_load_start = time.time()
+        if procs.control is not None:
+            procs.control.t_start = procs.t_load
+
+    def _load(
+        self,
+        procs: TrialProcesses,
+        cfg: Config,
+        trial: int,
+        folder: Path,
+        target: Target,
+        result: TrialResult,
+        counter: RowCounter,
+    ) -> bool:
+        """Watch the server while Locust runs: faults by hand fired, crashes met by the crash policy (a restart
+        replaces ``procs.server``), progress said. True when Locust overran its run time (stopped then)."""
+        assert procs.locust is not None and procs.watch is not None and procs.t_load is not None
+        crash_cfg, watch, t_load = self.camp.crash, procs.watch, procs.t_load
+        dist = distributed.Distribution.of(self.camp.workload)
+        deadline = t_load + self.camp.workload.duration + LOCUST_OVERRUN + (dist.max_wait if dist else 0)
+        while procs.locust.poll() is None:
+            if time.time() > deadline:
+                dump_greenlets(procs.locust)
+                return True
+            if procs.control is not None:
+                for row in procs.control.tick(counter.requests):
+                    self._report(config=cfg.name, trial=trial, phase=f"fault: {row['fault']} ({row['outcome']})")
+            crash = watch.check()
+            if crash:
+                result.crashes.append(crash)
+                self._report(config=cfg.name, trial=trial, phase=f"crash: {crash.signature}")
+                if crash_cfg.policy == "stop" or len(result.crashes) > crash_cfg.max_restarts:
                     break
-                if control is not None:
-                    for row in control.tick(counter.requests):
-                        self._report(config=cfg.name, trial=trial, phase=f"fault: {row['fault']} ({row['outcome']})")
-                crash = watch.check()
-                if crash:
-                    result.crashes.append(crash)
-                    self._report(config=cfg.name, trial=trial, phase=f"crash: {crash.signature}")
-                    if crash_cfg.policy == "stop" or len(result.crashes) > crash_cfg.max_restarts:
-                        break
-                    new = self._restart(server, target, folder, watch, cfg, trial, result)
-                    if new is None:
-                        break
-                    server = new
-                    if server.pgid is not None:
-                        self._record_pgid(manifest, folder, "server_pgids", server.pgid)
-                    if injector is not None:
-                        self._bind_processes(injector, server, manifest, folder, watch.restart)
-                counter.update()
-                self._report(
-                    config=cfg.name,
-                    trial=trial,
-                    phase="load",
-                    elapsed=time.time() - t_load,
-                    requests=counter.requests,
-                    unexpected=counter.errors,
-                    crashes=len(result.crashes),
-                )
-                time.sleep(TICK)  # observation period
-            result.status = COMPLETED
-            ran = time.time() - t_load
+                new = self._restart(procs.server, target, folder, watch, cfg, trial, result)
+                if new is None:
+                    break
+                procs.server = new
+                if new.pgid is not None:
+                    self._record_pgid(procs.manifest, folder, "server_pgids", new.pgid)
+                if procs.injector is not None:
+                    self._bind_processes(procs.injector, new, procs.manifest, folder, watch.restart)
             counter.update()
-            if overran:  # a client-side stall: the trial says so and a re-run does it again
-                result.status = INTERRUPTED
-                result.error = (
-                    f"Locust did not end {LOCUST_OVERRUN:.0f} s after its run time: stopped (its "
-                    "greenlets' stacks are in locust.log)"
-                )
-            elif locust.poll() not in (None, 0) and not counter.requests and not result.crashes:
-                # Locust could not start (a bad option, a locustfile that does not load): its own reason
-                result.status, result.error = FAILED, f"Locust could not run: {locust_reason(folder)}"
-            elif self.camp.workload.trace:
-                pass  # judged by what it sent, once Locust has written it (below)
-            elif (
-                locust.poll() is not None
-                and not result.crashes
-                and not self.camp.workload.max_requests
-                and ran < self.camp.workload.duration
-            ):
-                # Locust ended before its run time (-t counts from after its start-up): stopped (SIGINT) or
-                # gave up; a re-run must not skip this trial as completed
-                result.status = INTERRUPTED
-                result.error = (
-                    f"Locust ended after {ran:.1f} s of {self.camp.workload.duration} s "
-                    f"(exit code {locust.returncode}; see locust.log)"
-                )
-            return result
-        except KeyboardInterrupt:
+            self._report(
+                config=cfg.name,
+                trial=trial,
+                phase="load",
+                elapsed=time.time() - t_load,
+                requests=counter.requests,
+                unexpected=counter.errors,
+                crashes=len(result.crashes),
+            )
+            time.sleep(TICK)  # observation period
+        return False
+
+    def _judge_end(
+        self, procs: TrialProcesses, folder: Path, result: TrialResult, counter: RowCounter, overran: bool
+    ) -> None:
+        """How the load ended: completed, or interrupted or failed with why (a replay is judged once Locust has
+        written what it sent: :meth:`_replay_status`)."""
+        assert procs.locust is not None and procs.t_load is not None
+        locust, w = procs.locust, self.camp.workload
+        result.status = COMPLETED
+        ran = time.time() - procs.t_load
+        counter.update()
+        if overran:  # a client-side stall: the trial says so and a re-run does it again
             result.status = INTERRUPTED
-            raise
-        finally:
-            if t_load is not None:
-                manifest.t_load_end = time.time()  # before the stops: a trial's clock is its load
-            if control is not None:
-                control.stop()
-            if injector is not None:
-                injector.finish(time.time())  # a stopped process continued, the proxy's faults off: then the stops
-            # Locust on SIGTERM stops its users and flushes its recorder; whatever of its group is left after the
-            # grace is killed (a forked worker too: it was ours)
-            locust_code = stop_group(locust, LOCUST_GRACE) if locust else None
-            if local_workers is not None:
-                # they quit when their master tells them to (its end, a stop, Ctrl-C) once the master has their rows;
-                # what is left then (a master that died) is stopped: on SIGTERM they keep their rows on this disk
-                try:
-                    local_workers.wait(timeout=LOCUST_GRACE)
-                except subprocess.TimeoutExpired:
-                    pass
-                stop_group(local_workers, LOCUST_GRACE)
-            if watch:
-                watch.finish()
-            server.stop()
-            if proxy is not None:
-                proxy.stop()
-            if locust_code is not None and locust_code < 0 and result.status == COMPLETED and not result.crashes:
-                result.status = INTERRUPTED  # Locust was killed by a signal, not by the end of its run
-            if self.camp.workload.trace and locust is not None and result.status == COMPLETED:
-                self._replay_status(folder, result, locust_code, manifest)
-            self._finish(folder, manifest, result, locust_code)
+            result.error = (
+                f"Locust did not end {LOCUST_OVERRUN:.0f} s after its run time: stopped (its "
+                "greenlets' stacks are in locust.log)"
+            )
+        elif locust.poll() not in (None, 0) and not counter.requests and not result.crashes:
+            # Locust could not start (a bad option, a locustfile that does not load): its own reason
+            result.status, result.error = FAILED, f"Locust could not run: {locust_reason(folder)}"
+        elif w.trace:
+            pass
+        elif locust.poll() is not None and not result.crashes and not w.max_requests and ran < w.duration:
+            # Locust ended before its run time (-t counts from after its start-up): stopped (SIGINT) or gave up; a
+            # re-run must not skip this trial as completed
+            result.status = INTERRUPTED
+            result.error = (
+                f"Locust ended after {ran:.1f} s of {w.duration} s (exit code {locust.returncode}; see locust.log)"
+            )
 
     def _replay_status(
         self, folder: Path, result: TrialResult, locust_code: int | None, manifest: TrialManifest
