@@ -452,20 +452,10 @@ class CampaignRunner:
             argv += dist.master_args()
         env = {**os.environ, **({API_KEY_ENV: server.api_key} if server.api_key else {})}  # the server's own key
         with open(folder / schema.LOCUST_LOG, "ab") as llog:
-            procs.locust = subprocess.Popen(
-                argv,
-                stdout=llog,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                cwd=paths.PROJECT_ROOT,
-                env=env,
-            )
-            self._record_pgid(procs.manifest, folder, "locust_pgids", procs.locust.pid)
-            workers_argv = dist.local_workers_argv(self.camp.workload.locustfile) if dist else None
-            if workers_argv:
-                procs.local_workers = subprocess.Popen(
-                    workers_argv,
+
+            def spawn(argv: list[str]) -> subprocess.Popen:  # a process group of its own, recorded at once
+                p = subprocess.Popen(
+                    argv,
                     stdout=llog,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
@@ -473,7 +463,13 @@ class CampaignRunner:
                     cwd=paths.PROJECT_ROOT,
                     env=env,
                 )
-                self._record_pgid(procs.manifest, folder, "locust_pgids", procs.local_workers.pid)
+                self._record_pgid(procs.manifest, folder, "locust_pgids", p.pid)
+                return p
+
+            procs.locust = spawn(argv)
+            workers_argv = dist.local_workers_argv(self.camp.workload.locustfile) if dist else None
+            if workers_argv:
+                procs.local_workers = spawn(workers_argv)
         procs.t_load = procs.manifest.t_load_start = time.time()
         if procs.control is not None:
             procs.control.t_start = procs.t_load
