@@ -77,8 +77,8 @@ class Sent:
     answer: object = None
     t: float = 0.0  # when it was sent: seconds since the server's life began (the hunt's clock)
     timed_out: bool = False  # no answer within the client's timeout (not a hang-up of ours)
-    # sent after another request of this server's life went unanswered: it may wait behind that one, whatever it
-    # carries (seen: a /score request left unanswered there, answered in 52 ms by a fresh server)
+    # sent after another request of this server's life went unanswered: it may be waiting behind that one, whatever
+    # it carries, so its own silence says nothing of it
     behind: bool = False
 
 
