@@ -107,7 +107,7 @@ import json, sys
 from locust.env import Environment
 from locust.rpc.protocol import Message
 from mmchaos import schema
-from mmchaos.locustfiles import shipping
+from mmchaos.locustfiles.plugin import shipping
 from mmchaos.tables import encode_part
 
 folder, port = sys.argv[1], int(sys.argv[2])
