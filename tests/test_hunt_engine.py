@@ -84,12 +84,21 @@ def test_on_030_default_the_hunt_finds_the_seed_crash_and_shrinks_it_to_a_reprod
         "affected: 0.30.0 --mm-processor-cache-type lru: crashed (found there); "
         "0.30.0 --mm-processor-cache-gb 0: survived; 0.32.0: survived" in (first["detail"])
     ), first["detail"]
+    # every request hang was tried alone on a fresh server by the hunt (the server that met it may have been busy
+    # with its life's earlier requests), and says whether it hung there
+    hangs = [f for f in _findings(out) if f["fingerprint"].startswith("hang|no answer|")]
+    assert all(f["confirmed"] is not None and "alone on a fresh server" in f["detail"] for f in hangs), hangs
     # every other reproducer it handed out replays on one fresh server: a 5xx's (its one request) is answered 5xx, an
-    # unknown log line's (its case) makes the server log that line again, a hang's (its one request) goes unanswered
-    # while /health answers 200 (last: the server goes on computing it)
+    # unknown log line's (its case) makes the server log that line again, a confirmed hang's (its one request) goes
+    # unanswered while /health answers 200 (last: the server goes on computing it)
     kinds = ("server_error", "unknown_signature", "hang")
     others = sorted(
-        (f for f in _findings(out) if f["reproducer"] and f["oracle"] in kinds), key=lambda f: f["oracle"] == "hang"
+        (
+            f
+            for f in _findings(out)
+            if f["reproducer"] and f["oracle"] in kinds and (f["oracle"] != "hang" or f["confirmed"])
+        ),
+        key=lambda f: f["oracle"] == "hang",
     )
     if others:
         with vllm_server(REPORT_VERSION, [], tmp_path / "repro-others.log") as s:

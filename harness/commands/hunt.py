@@ -82,7 +82,11 @@ def add_parser(sub) -> None:
         default=2,
         help="runs of each candidate on a fresh server when shrinking a crash (default 2)",
     )
-    h.add_argument("--no-minimize", action="store_true", help="keep each crash's case, do not shrink it")
+    h.add_argument(
+        "--no-minimize",
+        action="store_true",
+        help="keep each crash's case, do not shrink it (nor try findings on fresh servers)",
+    )
     h.add_argument(
         "--no-coverage",
         action="store_true",

@@ -198,6 +198,7 @@ class Hunt:
             self._minimize_crashes()
             self._fewest_flags()
             self._affected_versions()
+            self._confirm_hangs()
         from .report import write as write_report
 
         files = write_report(self)
@@ -489,7 +490,7 @@ class Hunt:
             if s.timed_out and not s.behind and crash is None:
                 add(
                     "hang",
-                    f"hang|no answer|{step.path}",
+                    f"{HANG_PREFIX}{step.path}",
                     f"no answer from {step.path} in {self.request_timeout:g} s while /health answered 200",
                     s.text,
                     step=k,
@@ -814,8 +815,8 @@ class Hunt:
             f.detail = f"{f.detail}\naffected: {self._found_on()}: crashed (found there); {'; '.join(lines)}".strip()
             self._save()
 
-    def _repro_on(self, repro: Path, spec: str, why: str) -> Affected:
-        """A crash's reproducer on fresh servers of ``spec`` (their logs under servers/``why``)."""
+    def _repro_on(self, repro: Path, spec: str, why: str, args: tuple[str, ...] = ()) -> Affected:
+        """A reproducer on fresh servers of ``spec`` (their logs under servers/``why``)."""
         return versions.run_on(
             repro,
             spec,
@@ -825,7 +826,27 @@ class Hunt:
             self.startup_timeout,
             runs=max(1, self.repeats),
             on_start=self._count_start,
+            args=args,
         )
+
+    def _confirm_hangs(self) -> None:
+        """Each request hang's reproducer (its one request) on a fresh server of the target: the server that left it
+        unanswered may have been busy with what its life was sent before, so only a fresh one says the request
+        hangs alone. A hang it does not reproduce stays a finding, said unconfirmed."""
+        if self.target.mode != "engine" or not self.target.engine:
+            return
+        spec = shlex.join([self.target.engine, *self.target.flags])
+        for f in self.findings.values():
+            if f.oracle != "hang" or not f.fingerprint.startswith(HANG_PREFIX) or not f.reproducer:
+                continue
+            if f.confirmed is not None:
+                continue
+            self.say(f"hunt: finding {f.first_case}: its reproducer on a fresh server")
+            got = self._repro_on(self.out / f.reproducer, spec, "hangs", ("--timeout", f"{self.request_timeout:g}"))
+            f.confirmed = got.result == versions.CRASHED  # exit 1: "reproduced"
+            said = "reproduced alone on a fresh server" if f.confirmed else "not reproduced alone on a fresh server"
+            f.detail = f"{f.detail}\nreproducer: {said} ({got.detail})".strip()
+            self._save()
 
     def _fewest_flags(self) -> None:
         """Each crash found under a flag set of the axis and shrunk to a confirmed reproducer: the reproducer run on
@@ -937,6 +958,7 @@ def _reproduced(p: subprocess.CompletedProcess) -> bool:
 
 
 KNOWN_CRASH = 2  # times a crash is met before the search stops sending suspects (each meeting costs a restart)
+HANG_PREFIX = "hang|no answer|"  # a request hang's fingerprint, its route after it
 SMALL_FIELD = 200  # characters of JSON: a request field kept to compare unanswered requests by
 UNANSWERED_KEPT = 8  # the latest unanswered requests compared
 ONE_STEP_TRIES = 6  # steps of a case tried alone for an unknown log line's reproducer

@@ -51,10 +51,11 @@ def run_on(
     startup_timeout: float,
     runs: int = 1,
     on_start: Callable[[], None] = lambda: None,
+    args: tuple[str, ...] = (),
 ) -> Affected:
     """``repro`` on fresh servers of ``spec`` until it crashes one, or survives without saying it raced, or
     ``runs`` servers ran it. ``label``: ``spec`` as the finding and its logs' names say it (keys masked).
-    ``on_start`` is called before each server start (the hunt counts them)."""
+    ``on_start`` is called before each server start (the hunt counts them); ``args`` go to the reproducer."""
     version, flags = parse(spec)
     result, detail = COULD_NOT_RUN, ""
     for k in range(1, runs + 1):
@@ -66,7 +67,7 @@ def run_on(
             server.start()
             server.wait_healthy(startup_timeout)
             p = subprocess.run(
-                [sys.executable, str(repro), "--url", server.base_url, "--settle", "5"],
+                [sys.executable, str(repro), "--url", server.base_url, "--settle", "5", *args],
                 capture_output=True,
                 text=True,
                 timeout=600,
