@@ -6,11 +6,10 @@ path; it imports nothing of mmchaos and never touches the network (each recipe i
 the offline variables).
 """
 
-import hashlib
 import os
 import shutil
 
-from tiny_model import SEED, die, dump_json, init_tensor
+from tiny_model import SEED, die, init_tensor, seal
 
 
 def step(n: int, total: int, what: str) -> None:
@@ -56,27 +55,7 @@ def write_folder(out, build):
     os.makedirs(tmp)
     try:
         summary = build(tmp)
-        files = sorted(os.listdir(tmp))
-        if any(not os.path.isfile(os.path.join(tmp, f)) for f in files):
-            raise RuntimeError(f"unexpected entries in {tmp}: {files}")
-        digest = hashlib.sha256()
-        for f in files:
-            with open(os.path.join(tmp, f), "rb") as fh:
-                digest.update(f.encode() + b"\0" + hashlib.sha256(fh.read()).digest())
-        dump_json(
-            os.path.join(tmp, "mmchaos-model.json"),
-            dict(summary, seed=SEED, files=files, content_sha256=digest.hexdigest()),
-        )
-        for f in os.listdir(tmp):
-            os.chmod(os.path.join(tmp, f), 0o644)
-        os.chmod(tmp, 0o755)
-        if os.path.isdir(out):
-            old = f"{out}.old-{os.getpid()}"
-            os.rename(out, old)
-            os.rename(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, out)
+        seal(tmp, out, summary)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

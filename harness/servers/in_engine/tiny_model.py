@@ -126,6 +126,33 @@ def dump_json(path, obj):
         f.write(json.dumps(obj, sort_keys=True, indent=2, ensure_ascii=False) + "\n")
 
 
+def seal(tmp, out, summary):
+    """The built folder ``tmp`` into place as ``out``, whole or not at all (every recipe's one folder swap): its files'
+    hash goes into mmchaos-model.json with ``summary``, the files are made readable to all, and an older ``out`` is
+    swapped out only once the new one is complete."""
+    files = sorted(os.listdir(tmp))
+    if any(not os.path.isfile(os.path.join(tmp, f)) for f in files):
+        raise RuntimeError(f"unexpected entries in {tmp}: {files}")
+    digest = hashlib.sha256()
+    for f in files:
+        with open(os.path.join(tmp, f), "rb") as fh:
+            digest.update(f.encode() + b"\0" + hashlib.sha256(fh.read()).digest())
+    dump_json(
+        os.path.join(tmp, "mmchaos-model.json"),
+        dict(summary, seed=SEED, files=files, content_sha256=digest.hexdigest()),
+    )
+    for f in os.listdir(tmp):
+        os.chmod(os.path.join(tmp, f), 0o644)
+    os.chmod(tmp, 0o755)
+    if os.path.isdir(out):
+        old = f"{out}.old-{os.getpid()}"
+        os.rename(out, old)
+        os.rename(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, out)
+
+
 # ----------------------------------------------------------------------------- tokenizer
 
 
@@ -478,40 +505,18 @@ def main(argv):
         step(4, "checking it loads and embeds an image")
         n_img = verify(tmp, ids)
         step(5, "writing")
-        files = sorted(os.listdir(tmp))
-        if any(not os.path.isfile(os.path.join(tmp, f)) for f in files):
-            raise RuntimeError(f"unexpected entries in {tmp}: {files}")
-        digest = hashlib.sha256()
-        for f in files:
-            with open(os.path.join(tmp, f), "rb") as fh:
-                digest.update(f.encode() + b"\0" + hashlib.sha256(fh.read()).digest())
-        dump_json(
-            os.path.join(tmp, "mmchaos-model.json"),
-            {
-                "recipe_version": RECIPE_VERSION,
-                "name": MODEL_NAME,
-                "architecture": "Qwen3VLForConditionalGeneration",
-                "embedding_dim": 64,
-                "params": n_params,
-                "tokenizer_size": n_tok,
-                "bpe_merges": n_merges,
-                "vocab_size": VOCAB_SIZE,
-                "image_tokens_40x56": n_img,
-                "seed": SEED,
-                "files": files,
-                "content_sha256": digest.hexdigest(),
-            },
-        )
-        for f in os.listdir(tmp):
-            os.chmod(os.path.join(tmp, f), 0o644)
-        os.chmod(tmp, 0o755)
-        if os.path.isdir(out):
-            old = f"{out}.old-{os.getpid()}"
-            os.rename(out, old)
-            os.rename(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, out)
+        summary = {
+            "recipe_version": RECIPE_VERSION,
+            "name": MODEL_NAME,
+            "architecture": "Qwen3VLForConditionalGeneration",
+            "embedding_dim": 64,
+            "params": n_params,
+            "tokenizer_size": n_tok,
+            "bpe_merges": n_merges,
+            "vocab_size": VOCAB_SIZE,
+            "image_tokens_40x56": n_img,
+        }
+        seal(tmp, out, summary)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
