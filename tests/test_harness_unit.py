@@ -264,3 +264,23 @@ def test_a_dying_servers_last_words_are_stamped_in_the_life_they_end(tmp_path):
     assert list(events["signature"]) == ["cache_drift", "detokenizer_assert"]
     # read after the crash was detected, but written before: a restart's life must not take them
     assert (events["t"] <= crash.t_detected).all(), (events["t"] - crash.t_detected).tolist()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the loss, as Python reports it
+def test_a_sigterm_whose_interrupt_a_callback_swallowed_is_still_a_stop():
+    """A KeyboardInterrupt raised inside a garbage collector's callback or a __del__ is printed and lost, and the
+    command would go on as if never asked to stop; the request is remembered, and check() raises it where raising
+    is safe."""
+    from mmchaos.harness.servers import sigterm
+
+    class Swallows:
+        def __del__(self):
+            sigterm._interrupt()  # the handler, run where Python ignores what it raises
+
+    sigterm.check()  # nothing asked yet: nothing raised
+    try:
+        Swallows()  # collected at once: its __del__ runs the handler, whose KeyboardInterrupt is lost
+        with pytest.raises(KeyboardInterrupt):
+            sigterm.check()
+    finally:
+        sigterm._asked = False

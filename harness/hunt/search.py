@@ -44,7 +44,7 @@ from mmchaos.redact import Redactor
 from mmchaos.signatures import Signatures
 
 from ..minimize import repro_script
-from ..servers import crash_watch
+from ..servers import crash_watch, sigterm
 from ..servers.server import Server, ServerError, Target
 from . import api_schema, bodies, cases, corpus, flag_draw, lives, oracles, versions
 from .coverage import EngineCoverage
@@ -427,6 +427,7 @@ class Hunt:
         lines_said = f", +{new_lines} vLLM lines" if new_lines else ""
         self.say(f"  case {n} ({why}): {len(case.steps)} request(s) [{statuses}]{lines_said}{mark}")
         self._save()
+        sigterm.check()  # a stop asked mid-case, its KeyboardInterrupt lost in a callback: the case is kept first
         if crash is not None:
             self._restart()
         return crash
