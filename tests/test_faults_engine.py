@@ -85,6 +85,7 @@ flags = {json.dumps(flags)}
     return result, rows, effects, log, pids
 
 
+@pytest.mark.second_lane  # ~200 s of servers of its own: evens the two engine lanes (tests/run_lanes.py)
 @pytest.mark.parametrize("version", [REPORT_VERSION, FIXED_VERSION])
 def test_tp_worker_stall_then_kill(tmp_path, version):
     stall, kill = "stop tp_worker:1 for 15 s after 6 requests", "kill tp_worker:1 after 300 requests"
