@@ -4,6 +4,8 @@ wrong-answer oracle, and its one-line errors."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from dataclasses import asdict
@@ -491,6 +493,7 @@ def test_a_hunt_stopped_by_sigterm_stops_its_server_and_keeps_its_state(tmp_path
     cmd = f"{sys.executable} {TESTS / 'standin_server.py'} --port {{port}} --openapi"
     argv = [sys.executable, "-m", "mmchaos.harness.cli", "hunt", "--command", cmd, "--out", str(out)]
     p = subprocess.Popen([*argv, "--max-cases", "10000", "--max-starts", "1"], stdout=subprocess.PIPE, text=True)
+    server: list = []
     try:
         cases = out / "cases.jsonl"
         wait_for(lambda: cases.exists() and len(cases.read_text().splitlines()) >= 2, 120, "two cases sent")
@@ -500,11 +503,14 @@ def test_a_hunt_stopped_by_sigterm_stops_its_server_and_keeps_its_state(tmp_path
         assert server, "the hunt's stand-in"
         p.terminate()
         assert p.wait(timeout=60) == 130
+        _, alive = psutil.wait_procs(server, timeout=30)
+        assert not alive, f"left behind: {[c.pid for c in alive]}"
     finally:
         if p.poll() is None:
             p.kill()
-    _, alive = psutil.wait_procs(server, timeout=30)
-    assert not alive, f"left behind: {[c.pid for c in alive]}"
+        for c in server:  # the hunt's server, in a session of its own (its group): a failed test stops that group
+            if c.is_running():
+                os.killpg(os.getpgid(c.pid), signal.SIGKILL)
     assert json.loads((out / "state.json").read_text())["cases"] >= 2
 
 
