@@ -361,9 +361,9 @@ class CampaignRunner:
                 model = self._start_server(procs, cfg, trial, folder, result)
                 if model is None or not self._start_faults(procs, cfg, trial, folder, result):
                     return result
-                self._start_locust(procs, cfg, trial, folder, model, run_id, point, repeat)
+                deadline = self._start_locust(procs, cfg, trial, folder, model, run_id, point, repeat)
                 counter = RowCounter(folder)
-                overran = self._load(procs, cfg, trial, folder, target, result, counter)
+                overran = self._load(procs, cfg, trial, folder, target, result, counter, deadline)
                 self._judge_end(procs, folder, result, counter, overran)
                 return result
         except KeyboardInterrupt:
@@ -430,8 +430,9 @@ class CampaignRunner:
         run_id: str,
         point: dict | None,
         repeat: int | None,
-    ) -> None:
-        """Locust (the master, with workers), and this machine's workers, each a process group of its own."""
+    ) -> float:
+        """Locust (the master, with workers), and this machine's workers, each a process group of its own; returns
+        when a Locust still running has overrun its run time (and its workers' wait)."""
         server = procs.server
         argv = locust_argv(
             self.camp,
@@ -470,9 +471,10 @@ class CampaignRunner:
             workers_argv = dist.local_workers_argv(self.camp.workload.locustfile) if dist else None
             if workers_argv:
                 procs.local_workers = spawn(workers_argv)
-        procs.t_load = procs.manifest.t_load_start = time.time()
+        t_load = procs.manifest.t_load_start = time.time()
         if procs.control is not None:
-            procs.control.t_start = procs.t_load
+            procs.control.t_start = t_load
+        return t_load + self.camp.workload.duration + LOCUST_OVERRUN + (dist.max_wait if dist else 0)
 
     def _load(
         self,
@@ -483,13 +485,13 @@ class CampaignRunner:
         target: Target,
         result: TrialResult,
         counter: RowCounter,
+        deadline: float,
     ) -> bool:
         """Watch the server while Locust runs: faults by hand fired, crashes met by the crash policy (a restart
         replaces ``procs.server``), progress said. True when Locust overran its run time (stopped then)."""
-        assert procs.locust is not None and procs.watch is not None and procs.t_load is not None
-        crash_cfg, watch, t_load = self.camp.crash, procs.watch, procs.t_load
-        dist = distributed.Distribution.of(self.camp.workload)
-        deadline = t_load + self.camp.workload.duration + LOCUST_OVERRUN + (dist.max_wait if dist else 0)
+        t_load = procs.manifest.t_load_start
+        assert procs.locust is not None and procs.watch is not None and t_load is not None
+        crash_cfg, watch = self.camp.crash, procs.watch
         while procs.locust.poll() is None:
             if time.time() > deadline:
                 dump_greenlets(procs.locust)
@@ -529,10 +531,11 @@ class CampaignRunner:
     ) -> None:
         """How the load ended: completed, or interrupted or failed with why (a replay is judged once Locust has
         written what it sent: :meth:`_replay_status`)."""
-        assert procs.locust is not None and procs.t_load is not None
+        t_load = procs.manifest.t_load_start
+        assert procs.locust is not None and t_load is not None
         locust, w = procs.locust, self.camp.workload
         result.status = COMPLETED
-        ran = time.time() - procs.t_load
+        ran = time.time() - t_load
         counter.update()
         if overran:  # a client-side stall: the trial says so and a re-run does it again
             result.status = INTERRUPTED

@@ -35,14 +35,13 @@ class TrialProcesses:
         self.locust: subprocess.Popen | None = None
         self.local_workers: subprocess.Popen | None = None  # [workload] processes: a process group of their own
         self.watch: CrashWatch | None = None
-        self.t_load: float | None = None  # when the load began
         self.locust_code: int | None = None  # Locust's exit code once stopped
 
     def __enter__(self) -> TrialProcesses:
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.t_load is not None:
+        if self.manifest.t_load_start is not None:  # the load began
             self.manifest.t_load_end = time.time()
         if self.control is not None:
             self.control.stop()
