@@ -381,8 +381,8 @@ def _images_of_request(events: pd.DataFrame, requests: pd.DataFrame) -> pd.Serie
     ids = events["request_id"].dropna()
     if ids.empty:
         return pd.Series(None, index=events.index, dtype=object)
-    named = requests["request_id"].isin(set(ids)).to_numpy()
-    media = pd.Series(media_hashes(requests)[named], index=requests["request_id"].to_numpy()[named]).dropna()
+    named = requests[requests["request_id"].isin(set(ids))]  # a few rows: their media only, not every row's
+    media = pd.Series(media_hashes(named), index=named["request_id"].to_numpy()).dropna()
     return events["request_id"].map(media[~media.index.duplicated()].astype(str)).astype(object)
 
 
