@@ -199,13 +199,13 @@ def _story(trial) -> str:
     the server life it was sent in)."""
     c = load_results(trial.parent.parent)
     events, _ = attribute(c)
-    trial_no = int(c.requests.loc[c.requests["request_id"].isin(_ids(trial)), "trial"].iat[0])
+    rows = read_table(trial, "requests").to_pandas().sort_values("t_start")
+    trial_no = int(c.requests.loc[c.requests["request_id"].isin(set(rows["request_id"])), "trial"].iat[0])
     ev = events[events["trial"] == trial_no]
-    t0 = c.requests.loc[c.requests["trial"] == trial_no, "t_start"].min()
+    t0 = rows["t_start"].min()
     crash_t = sorted(ev.loc[ev["event"] == "crash", "t"])
     drift = read_table(trial, "log_events").to_pandas()
     drift = drift[drift["signature"].astype(str).isin(["cache_drift", "expected_cached_item"])]
-    rows = read_table(trial, "requests").to_pandas().sort_values("t_start")
     media = pd.Series(media_hashes(rows), index=rows.index).fillna("")
     named = {h for hs in media[rows["request_id"].isin(set(drift["request_id"].dropna()))] for h in hs.split(",")}
     carried = rows[media.map(lambda hs: bool(named & set(hs.split(","))))]
@@ -228,7 +228,3 @@ def _story(trial) -> str:
         + "\n".join(drift["line"].astype(str).str[:220])
         + f"\nrequests with their images:\n{table.to_string(max_rows=80)}"
     )
-
-
-def _ids(trial) -> set:
-    return set(read_table(trial, "requests").to_pandas()["request_id"])
