@@ -72,6 +72,7 @@ def serve(
                 )
             say(f"mmchaos worker: the run ended (exit code {code}); waiting for the master's next one")
             time.sleep(RESTART_PAUSE_S)  # pacing restarts
+            sigterm.check()
     except KeyboardInterrupt:
         if proc is not None:
             say("mmchaos worker: stopping (its last rows go to the master first)")

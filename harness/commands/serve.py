@@ -43,6 +43,7 @@ def run(a) -> int:
         while server.exit_code() is None:
             control.tick()  # what a fault fired by hand started ends after its duration
             time.sleep(0.5)  # idle wait for the user's Ctrl-C or the server's exit
+            sigterm.check()
         console.print(f"server exited with code {server.exit_code()}: {escape(_death(log))}")
         return 1
     except KeyboardInterrupt:
