@@ -2,10 +2,7 @@
 
     locust -f locustfiles/probes.py --host http://127.0.0.1:8000 --headless -u 1 -t 30s
 
-Sequences (``--probe-sequences``, comma-separated; default all, in turn):
-  poison_reuse    a request that fails after rendering the image (400), then a valid one with that image
-  tokenize_reuse  /tokenize of the image (renders, never runs), then a valid request with it
-  abort_reuse     a valid request abandoned by the client, then a valid request with the same image
+Sequences (``--probe-sequences``, comma-separated; default all, in turn): mmchaos/probe_sequences.py's.
 A failed step is retried as ``--retry-policy`` says (a 503 cache miss on the reuse step, with the default openai
 policy), each attempt its own row.
 Rows: kind "probe", probe = the sequence, case = the step.
@@ -17,6 +14,7 @@ from dataclasses import replace
 
 from locust import constant, events, task
 
+from mmchaos import probe_sequences
 from mmchaos.locustfiles.plugin import listeners as plugin
 from mmchaos.locustfiles.plugin.chaos_user import ChaosUser
 from mmchaos.payloads import bodies as build
@@ -25,7 +23,6 @@ from mmchaos.payloads.shared_pool import shared_pool
 
 plugin.register()
 
-SEQUENCES = ("poison_reuse", "tokenize_reuse", "abort_reuse")
 POISON_CASE = "dimensions_unsupported"  # the report's measured post-render 400
 
 
@@ -34,8 +31,9 @@ def _options(parser):
     parser.add_argument(
         "--probe-sequences",
         type=str,
-        default=",".join(SEQUENCES),
-        help=f"comma-separated probe sequences: {', '.join(SEQUENCES)}",
+        default=",".join(probe_sequences.NAMES),
+        help="comma-separated probe sequences: "
+        + "; ".join(f"{s.name} ({s.about})" for s in probe_sequences.SEQUENCES.values()),
     )
 
 
@@ -48,11 +46,7 @@ class ProbeUser(ChaosUser):
 
     def on_start(self):
         o = self.environment.parsed_options
-        names = [s.strip() for s in o.probe_sequences.split(",") if s.strip()]
-        unknown = set(names) - set(SEQUENCES)
-        if unknown or not names:
-            raise ValueError(f"unknown probe sequence(s) {sorted(unknown)}; known: {', '.join(SEQUENCES)}")
-        self.sequences = names
+        self.sequences = probe_sequences.parse(o.probe_sequences)
         self.pool = shared_pool(n=8, seed=o.image_seed, preset="small")
         self.poison = catalogue.load_cases()[POISON_CASE]
         self.n = 0
@@ -71,12 +65,13 @@ class ProbeUser(ChaosUser):
         o = self.environment.parsed_options
         seq = self.sequences[self.n % len(self.sequences)]
         image, model, ins = self._fresh(), o.model, o.instruction or None
+        first = probe_sequences.SEQUENCES[seq].first_step
         if seq == "poison_reuse":
             req = malformed.build_malformed_request(self.poison, image, model, instruction=ins)
-            self.send(_as_probe(req, "poison", self.poison.expected_status), probe=seq)
+            self.send(_as_probe(req, first, self.poison.expected_status), probe=seq)
         elif seq == "tokenize_reuse":
-            self.send(_as_probe(build.tokenize_request(model, image, "probe", instruction=ins), "tokenize"), probe=seq)
+            self.send(_as_probe(build.tokenize_request(model, image, "probe", instruction=ins), first), probe=seq)
         else:
             req = build.image_request(model, image, "probe", instruction=ins)
-            self.send(_as_probe(req, "abort"), abort=True, probe=seq)
+            self.send(_as_probe(req, first), abort=True, probe=seq)
         self._reuse(seq, image, model, ins)

@@ -1,5 +1,5 @@
 """What caused a drift or a crash, in the server's own words, defined once: the report (analysis/attribution.py)
-and the web UI's panel (locustfiles/plugin/panel.py) both apply it.
+and the web UI's panel (locustfiles/plugin/live_state.py) both apply it.
 
 vLLM names the image it missed: its drift line carries the request (our X-Request-Id) and the item's ``mm_hash``.
 That image's earlier uses in the same server's life tell what happened: a request that carried it and failed

@@ -9,6 +9,7 @@ import time
 import pytest
 import requests
 from conftest import REPORT_VERSION, require_engine_and_model, vllm_server
+from helpers import wait_until
 
 from mmchaos.harness.minimize import repro
 from mmchaos.harness.servers import engines
@@ -17,14 +18,6 @@ from mmchaos.signatures import Signatures
 pytestmark = pytest.mark.engine
 SIGS = Signatures.load()
 MODEL_DIM = 64  # hidden size of the tiny model
-
-
-def _wait_exit(server, timeout: float) -> int | None:
-    """The server's exit code once it exits (its exit ends the wait), or None after ``timeout``."""
-    end = time.time() + timeout
-    while server.exit_code() is None and time.time() < end:
-        time.sleep(0.2)
-    return server.exit_code()
 
 
 def _log_signatures(server) -> set[str]:
@@ -120,5 +113,5 @@ def test_tensor_parallel_2_serves_and_reproduces(tmp_path):
         assert ok.status_code == 200 and len(ok.json()["data"][0]["embedding"]) == MODEL_DIM
         res = repro.poison_then_reuse(server.base_url, model, nonce=106)
         assert res.statuses()[0] == 400
-        assert _wait_exit(server, 60) is not None
+        wait_until(lambda: server.exit_code() is not None, "the server to exit after the reuse", interval=0.2)
         assert "detokenizer_assert" in _log_signatures(server)

@@ -19,7 +19,7 @@ from standin_server import OPENAPI as STANDIN_OPENAPI
 
 from mmchaos.harness.hunt import api_schema
 from mmchaos.harness.hunt import bodies as hunt_bodies
-from mmchaos.harness.hunt import cases as hunt_case
+from mmchaos.harness.hunt import cases as hunt_cases
 from mmchaos.harness.hunt import media as hunt_media
 from mmchaos.harness.hunt import oracles as hunt_oracles
 from mmchaos.harness.hunt import versions as hunt_versions
@@ -63,14 +63,14 @@ class _Server:
     a 400, anything else a 200."""
 
     def __init__(self):
-        self.sent: list[hunt_case.Step] = []
+        self.sent: list[hunt_cases.Step] = []
 
     def send(self, i, step):
         self.sent.append(step)
         if step.hang_up_ms is not None:
-            return hunt_case.Sent(i, None, "client hung up", 1.0)
+            return hunt_cases.Sent(i, None, "client hung up", 1.0)
         status = 400 if step.body and step.body.get("dimensions") is not None else 200
-        return hunt_case.Sent(i, status, "", 1.0)
+        return hunt_cases.Sent(i, status, "", 1.0)
 
     def send_together(self, indexed):
         return [self.send(i, step) for i, step in indexed]
@@ -81,10 +81,10 @@ def _machine_run(examples: int, seed: int = 0, operators=("/reset_mm_cache",)):
 
     from mmchaos.harness.hunt.search import run_cases
 
-    server, cases, life = _Server(), [], hunt_case.Life()
+    server, cases, life = _Server(), [], hunt_cases.Life()
     forms = [("/v1/embeddings", hunt_bodies.form(f, "m")) for f in api_schema.variants(OPENAPI_ROUTES.request)]
-    hooks = hunt_case.Hooks(server, life, lambda sent: None, lambda case, sent: cases.append((case, sent)))
-    machine = seed_of(seed)(hunt_case.machine(forms, list(operators), hooks))
+    hooks = hunt_cases.Hooks(server, life, lambda sent: None, lambda case, sent: cases.append((case, sent)))
+    machine = seed_of(seed)(hunt_cases.machine(forms, list(operators), hooks))
     run_cases(machine, examples)  # the hunt's own settings, not a copy
     return server, cases, life
 
@@ -96,10 +96,10 @@ def test_cases_are_programs_of_the_servers_routes_and_its_operator_actions():
     server, cases, _ = _machine_run(30)
     assert len(cases) >= 30 and server.sent  # examples Hypothesis ran: at least those asked for
     for case, sent in cases:
-        assert 1 <= len(case.steps) <= hunt_case.MAX_STEPS * hunt_case.EDGE_BURST  # a rule sends a burst at most
+        assert 1 <= len(case.steps) <= hunt_cases.MAX_STEPS * hunt_cases.EDGE_BURST  # a rule sends a burst at most
         assert all(s.path in ("/v1/embeddings", "/reset_mm_cache") for s in case.steps)
         assert [x.step for x in sent] == list(range(len(case.steps)))
-        assert hunt_case.Case.from_json(case.to_json()).to_json() == case.to_json()
+        assert hunt_cases.Case.from_json(case.to_json()).to_json() == case.to_json()
     # a client that hangs up always sends an image (it is what a hang-up can leave half-known to the server)
     hang_ups = [s for c, _ in cases for s in c.steps if s.hang_up_ms is not None]
     assert hang_ups and all(s.images for s in hang_ups)
@@ -119,10 +119,10 @@ def test_an_operator_acts_while_requests_are_in_flight_and_undoes_a_pause():
     assert beside and all(s.images for s in beside)
     for c, _ in cases:
         actions = [s.path for s in c.steps if s.body is None]
-        for held, undo in hunt_case.PAIRS.items():
+        for held, undo in hunt_cases.PAIRS.items():
             assert actions.count(held) == actions.count(undo), actions
         for s in c.steps:  # a request sent with a /pause or /sleep in flight does not wait for its undo
-            if s.together is not None and any(a.path in hunt_case.PAIRS and a.together == s.together for a in c.steps):
+            if s.together is not None and any(a.path in hunt_cases.PAIRS and a.together == s.together for a in c.steps):
                 assert s.body is None or s.hang_up_ms is not None
 
 
@@ -315,7 +315,7 @@ def test_a_crash_is_shrunk_from_a_life_naming_a_whole_request_first_and_a_hang_u
     from mmchaos.harness.hunt import lives as hunt_lives
 
     body = {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "x"}]}]}
-    hang_up = hunt_case.Step(0, "/pooling", body, hang_up_ms=1.0, images=["h1"])
+    hang_up = hunt_cases.Step(0, "/pooling", body, hang_up_ms=1.0, images=["h1"])
     long_life = [
         {"steps": [asdict(hang_up)] * 5, "answers": [{"step": i, "status": None, "text": ""} for i in range(5)]}
     ]

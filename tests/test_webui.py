@@ -21,8 +21,8 @@ from locust_run import ROOT, rows
 from mmchaos import schema
 from mmchaos.harness.servers.processes import free_port
 from mmchaos.locustfiles.plugin import panel_tables
-from mmchaos.locustfiles.plugin.panel import Panel
-from mmchaos.locustfiles.plugin.panel_outcomes import CATEGORIES, Attempt, Outcomes, category, classify_request
+from mmchaos.locustfiles.plugin.live_state import LiveState
+from mmchaos.locustfiles.plugin.outcomes import CATEGORIES, Attempt, Outcomes, category, classify_request
 from mmchaos.locustfiles.plugin.watchers import parse_metrics
 from mmchaos.locustfiles.plugin.web_form import apply_mangled_form_fields
 from mmchaos.signatures import Signatures
@@ -353,8 +353,8 @@ def test_crash_and_drift_from_health_and_server_log(tmp_path):
 
 
 # -- the panel's logic, fed directly ---------------------------------------------------------------------------
-def _panel(server_log: str | None = None) -> Panel:
-    p = Panel(Signatures.load(), "test")
+def _panel(server_log: str | None = None) -> LiveState:
+    p = LiveState(Signatures.load(), "test")
     p.reset("r1")
     p.watching = True
     p.server_log = server_log
@@ -365,7 +365,7 @@ def _resp(status: int, text: str):
     return SimpleNamespace(status_code=status, text=text, error=None)
 
 
-def _request(p: Panel, response, context, t: float) -> None:
+def _request(p: LiveState, response, context, t: float) -> None:
     p.on_attempt(classify_request(p.sigs, response, context, None, t))
 
 

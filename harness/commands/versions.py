@@ -6,7 +6,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from mmchaos import paths
+from mmchaos import paths, probe_sequences
 
 from .. import arg_types
 from ..servers import engines
@@ -23,7 +23,7 @@ def add_parser(sub) -> None:
     v.add_argument("--from", dest="lo", help="oldest release (default: the oldest installable here)")
     v.add_argument("--to", dest="hi", help="newest release (default: the newest on the package index)")
     v.add_argument("--versions", nargs="+", metavar="VERSION", help="these releases instead of a range")
-    v.add_argument("--probes", help="comma-separated: poison_reuse, abort_reuse, tokenize_reuse (default: all)")
+    v.add_argument("--probes", help=f"comma-separated: {', '.join(probe_sequences.NAMES)} (default: all)")
     v.add_argument(
         "--flag-set",
         "--config",

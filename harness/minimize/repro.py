@@ -1,11 +1,6 @@
-"""The deterministic probes, as plain HTTP: a step that leaves P0's cache holding a never-seen image without
-P1 having it, then a valid request with the same image (retried on a 503 cache miss). On an affected server the
-reuse finds P0's cache entry with no P1 twin.
-
-- poison_reuse (the report's trigger): a request whose image renders and then fails validation (400);
-- tokenize_reuse: /tokenize of the image (renders, never runs);
-- abort_reuse: a valid request the client hangs up on mid-flight.
-The names are those of locustfiles/probes.py, which sends the same sequences under Locust."""
+"""The deterministic probes (mmchaos/probe_sequences.py), as plain HTTP: a step that leaves P0's cache holding a
+never-seen image without P1 having it, then a valid request with the same image (retried on a 503 cache miss). On
+an affected server the reuse finds P0's cache entry with no P1 twin."""
 
 from __future__ import annotations
 
@@ -21,6 +16,7 @@ import numpy as np
 import requests
 from PIL import Image
 
+from mmchaos import probe_sequences
 from mmchaos.auth import auth_headers
 from mmchaos.hang_up import HUNG_UP, hang_up
 
@@ -35,6 +31,8 @@ from mmchaos.hang_up import HUNG_UP, hang_up
 ABORT_LADDER_MS = (1, 2, 4, 8, 16)
 # dimensions on a model without Matryoshka support fails after rendering (measured on 0.30.0 and 0.32.0)
 POISON_FIELDS: dict[str, Any] = {"dimensions": 5}
+
+_FIRST = {name: s.first_step for name, s in probe_sequences.SEQUENCES.items()}  # each probe's first step
 
 
 def probe_image(nonce: int = 0, size: int = 256, variant: int = 0) -> str:
@@ -106,7 +104,7 @@ def poison_then_reuse(
     """poison (expect 400) → reuse with the same image → on 503 (retryable) retry up to ``retries`` times."""
     image = probe_image(nonce)
     res = ReproResult()
-    res.steps.append(_post(base_url, "poison", image_request(model, image, **POISON_FIELDS), timeout))
+    res.steps.append(_post(base_url, _FIRST["poison_reuse"], image_request(model, image, **POISON_FIELDS), timeout))
     return _reuse(res, base_url, image_request(model, image), retries, timeout)
 
 
@@ -119,7 +117,7 @@ def tokenize_then_reuse(
     # the embedding request renders without a generation prompt; /tokenize adds one unless told not to
     tok = {"model": model, "messages": body["messages"], "add_generation_prompt": False}
     res = ReproResult()
-    res.steps.append(_post(base_url, "tokenize", tok, timeout, path="/tokenize"))
+    res.steps.append(_post(base_url, _FIRST["tokenize_reuse"], tok, timeout, path="/tokenize"))
     return _reuse(res, base_url, body, retries, timeout)
 
 
@@ -149,14 +147,17 @@ def _hang_up(base_url: str, body: dict, after_ms: float) -> Step:
     headers = {"Content-Type": "application/json", **auth_headers()}
     got = hang_up(base_url, "/v1/embeddings", json.dumps(body).encode(), headers, after_ms / 1000)
     error = None if got.status == 200 else got.text if got.status is None else got.text[:200]
-    return Step(f"abort@{after_ms:g}ms", got.status, error, got.ms)
+    return Step(f"{_FIRST['abort_reuse']}@{after_ms:g}ms", got.status, error, got.ms)
 
 
 ABORTED = HUNG_UP  # the error of an abort step that hung up before any answer, as it was asked to
 
+_SENDERS: dict[str, Callable[..., ReproResult]] = {
+    "poison_reuse": poison_then_reuse,
+    "tokenize_reuse": tokenize_then_reuse,
+    "abort_reuse": abort_then_reuse,
+}
 # name -> (sequence, the first step's status when the trigger applied: None = hung up before any answer)
 SEQUENCES: dict[str, tuple[Callable[..., ReproResult], int | None]] = {
-    "poison_reuse": (poison_then_reuse, 400),
-    "tokenize_reuse": (tokenize_then_reuse, 200),
-    "abort_reuse": (abort_then_reuse, None),
+    name: (_SENDERS[name], s.trigger_status) for name, s in probe_sequences.SEQUENCES.items()
 }

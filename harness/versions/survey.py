@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mmchaos import probe_sequences
 from mmchaos.files import write_json_atomic
 from mmchaos.redact import Redactor, secrets_of
 from mmchaos.signatures import Match, Signatures
@@ -157,10 +158,10 @@ class Survey:
         self.results = Path(results)
         self.model = model  # a model other than the default: part of what a kept row was measured on
         self.configs = configs if configs is not None else dict(DEFAULT_CONFIGS)
-        self.probes = probes or list(repro.SEQUENCES)
-        unknown = [p for p in self.probes if p not in repro.SEQUENCES]
-        if unknown:
-            raise engines.EngineError(f"unknown probe(s) {', '.join(unknown)}; known: {', '.join(repro.SEQUENCES)}")
+        try:
+            self.probes = probe_sequences.parse(",".join(probes or ()))
+        except ValueError as e:
+            raise engines.EngineError(str(e)) from e
         self.launch = launch or engine_launch()
         self.prepare = prepare or install_engine
         self.say = say

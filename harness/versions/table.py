@@ -10,6 +10,7 @@ from pathlib import Path
 
 from rich.table import Table
 
+from mmchaos import probe_sequences
 from mmchaos.files import write_files_atomic
 
 from ..campaign.provenance import git_revision, machine
@@ -128,8 +129,7 @@ def markdown(rows: list[Row], command: str) -> str:
         f"embedding model), mmchaos {git_revision() or 'unknown revision'}, with `{command}`.",
         "",
         "Each cell: one probe on a fresh server: a valid image request first, then the probe's sequence "
-        "(poison_reuse: a post-render 400 then the same image; abort_reuse: a request the client hangs up on, then "
-        "the same image; tokenize_reuse: /tokenize of the image, then the same image; a 503 is retried twice). "
+        f"({probe_sequences.explained()}; a 503 is retried twice). "
         "*crashed* names the log signatures in time order, root first.",
         "",
         *(f"- {line}" for line in verdict_lines(rows)),

@@ -1,5 +1,5 @@
 """The mmchaos plugin for Locust: custom arguments, the recorder, the watchers, the request budget, the live state
-(live.py) with its web UI panel, and the gates that set the run's exit code. A locustfile calls :func:`register`
+(live_feed.py) with its web UI panel, and the gates that set the run's exit code. A locustfile calls :func:`register`
 once, at import (Locust parses its command line after importing the locustfile); a second call, from another
 locustfile of the same process, does nothing. At Locust's init the plugin makes the process's run state
 (run_state.py) and keeps it on the Environment: ``environment.mmchaos``.

@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 from .fault_form import rows_for_panel
-from .panel import RECENT_S, Panel, clock
-from .panel_outcomes import CATEGORIES
+from .live_state import RECENT_S, LiveState, clock
+from .outcomes import CATEGORIES
 
 TAB_VERDICT, TAB_EVENTS, TAB_OUTCOMES, TAB_SERVER, TAB_FAULTS = (
     "mmchaos-verdict",
@@ -85,7 +85,7 @@ _COLUMN = {
 TIMELINE_LINK = "./mmchaos/timeline"
 
 
-def tables(panel: Panel, st: dict) -> list[dict]:
+def tables(panel: LiveState, st: dict) -> list[dict]:
     """The rows of the four tabs (``extended_stats`` of /stats/requests), from ``panel.state(...)``."""
     t0 = panel.t_start or 0.0
     ev = [

@@ -27,7 +27,7 @@ from mmchaos.payloads import fresh
 from mmchaos.redact import Redactor
 
 from .consistency import Oracle
-from .live import Live
+from .live_feed import Live
 
 if TYPE_CHECKING:
     import gevent

@@ -13,7 +13,7 @@ It uses the extension points of Locust's own (React) web UI:
   reads the state JSON and sets every text with ``textContent``), both linked from the UI's "Download Data"
   tab (``extended_csv_files``) and from the verdict tab.
 
-The state itself is kept by live.py, with or without the web UI, in the process's run state
+The state itself is kept by live_feed.py, with or without the web UI, in the process's run state
 (``environment.mmchaos``, run_state.py).
 """
 

@@ -1,4 +1,4 @@
-"""The live state of a run (panel.py), kept by the process that owns the test, with or without the web UI:
+"""The live state of a run (live_state.py), kept by the process that owns the test, with or without the web UI:
 
 - outcomes by kind and the verdict's counts: Locust's request event (and the plugin's cut hook), classified as the
   recorder classifies its rows. Standalone, the owner sees those events itself; in master/worker mode each
@@ -26,8 +26,8 @@ from mmchaos.logtail import LogTail
 from mmchaos.signatures import Signatures
 
 from . import open_loop
-from .panel import LOG_POLL_S, Panel
-from .panel_outcomes import Outcomes, classify_request, cut_attempt
+from .live_state import LOG_POLL_S, LiveState
+from .outcomes import Outcomes, classify_request, cut_attempt
 
 log = logging.getLogger("mmchaos")
 REPORT_KEY = "mmchaos_panel"  # our entry in the workers' stats reports
@@ -48,7 +48,7 @@ class Live:
     """This process's live state: one per Locust Environment, in its run state (run_state.py)."""
 
     def __init__(self) -> None:
-        self.panel: Panel | None = None  # the owner's
+        self.panel: LiveState | None = None  # the owner's
         self.sigs = Signatures.default()
         self.log_greenlet: gevent.Greenlet | None = None
         self.pending: dict[str, Outcomes] = {}  # worker: counts not yet reported, by run id
@@ -76,7 +76,7 @@ class Live:
         else:
             source = "request events in this Locust process"
         sigs = self.sigs
-        panel = self.panel = Panel(sigs, source, redactor)
+        panel = self.panel = LiveState(sigs, source, redactor)
         panel.p95_ms = lambda: valid_p95_ms(environment.stats)
         if isinstance(runner, MasterRunner):
 
@@ -169,7 +169,7 @@ class Live:
         self._listeners.clear()
 
 
-def _tail_loop(panel: Panel, tail: LogTail) -> None:
+def _tail_loop(panel: LiveState, tail: LogTail) -> None:
     while True:
         try:
             panel.read_log(tail)

@@ -3,7 +3,7 @@ recovery, classified log lines), outcomes by kind, server health over time, mm-c
 verdict and the gates. The web UI's mmchaos tabs and timeline page show it; the gates set the run's exit code from
 it, with or without the web UI.
 
-No Locust import here: the panel's logic is tested in the test process, which must not monkey-patch.
+No Locust import here: the live state's logic is tested in the test process, which must not monkey-patch.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from mmchaos.signatures import Signatures
 from mmchaos.verdict_rule import CHECKS, Counts, judge
 
 from . import gates
-from .panel_outcomes import CATEGORIES, Attempt, Outcomes, clean
+from .outcomes import CATEGORIES, Attempt, Outcomes, clean
 
 MM_CACHE_METRIC = re.compile(r"^vllm:\w*mm\w*cache_(hits|queries)(?:_total)?$")
 RECENT_S = 10.0  # window of the "last 10 s" hit rate
@@ -40,7 +40,7 @@ def clock(t: float | None) -> str:
     return time.strftime("%H:%M:%S", time.localtime(t)) + f".{int((t % 1) * 1000):03d}"
 
 
-class Panel:
+class LiveState:
     def __init__(self, sigs: Signatures, counts_source: str, redact=lambda text: text):
         self.sigs = sigs
         self.counts_source = counts_source
