@@ -301,12 +301,12 @@ def test_the_hunt_does_not_import_the_lists_it_must_not_need():
 
 
 def test_what_the_minimizer_gets_keeps_no_key_of_the_target():
-    from mmchaos.harness.hunt import search as hunt
+    from mmchaos.harness.hunt import reproducers
     from mmchaos.harness.servers.server import Target
 
     key = "sekret-key-123456"
     target = Target(mode="engine", engine="0.30.0", flags=["--api-key", key], env={"VLLM_API_KEY": key})
-    shown = hunt.masked(target)
+    shown = reproducers.masked(target)
     assert key not in " ".join(shown.flags) and key not in " ".join(shown.env.values())
     assert shown.flags[0] == "--api-key" and shown.engine == "0.30.0"
 
@@ -525,6 +525,50 @@ def test_media_are_images_and_now_and_then_a_video_each_in_its_own_part(data):
         )
     else:
         assert part["type"] == "image_url" and part["image_url"]["url"].startswith("data:image/")
+
+
+def test_a_medium_by_its_id_alone_means_that_medium_to_the_oracles_and_moves_with_it():
+    """A part naming a medium by its id alone (``uuid_only``) is compared as the medium it names: its answer must be
+    the data form's, and one answer for it and for its data is no collapse of distinct inputs. Swapping a medium
+    for another swaps its id too, so an id never names two media."""
+    a, b = hunt_media.make("PNG", 16, 16, 1, "none"), hunt_media.make("PNG", 16, 16, 2, "none")
+    seen = {a.hash: a, b.hash: b}
+
+    def body(part):
+        return {"model": "m", "messages": [{"role": "user", "content": [part, {"type": "text", "text": "x"}]}]}
+
+    by_id = body(a.as_part("uuid_only"))
+    assert by_id["messages"][0]["content"][0] == {"type": "image_url", "image_url": None, "uuid": a.uuid}
+    assert hunt_media.meant(by_id, seen) == body(a.part)
+    assert hunt_media.meant(body(a.as_part("uuid_only")), {}) == by_id  # a medium we never drew: left as sent
+    answers = hunt_oracles.Answers()
+    one = {"data": [{"index": 0, "embedding": [1.0, 0.0, 0.0]}]}
+    assert answers.check("/v1/embeddings", hunt_media.meant(body(a.part), seen), one) == []
+    assert answers.check("/v1/embeddings", hunt_media.meant(by_id, seen), one) == []  # no collapse: the same input
+    other = {"data": [{"index": 0, "embedding": [0.0, 1.0, 0.0]}]}
+    assert answers.check("/v1/embeddings", hunt_media.meant(by_id, seen), other)  # the cache gave another item
+
+    text = json.dumps(body(a.as_part("uuid")))
+    swapped = json.loads(hunt_media.swap(text, a.url, b.url))
+    assert swapped == body(b.as_part("uuid"))
+    assert {hunt_media.make("PNG", 16, 16, 1, "none").as_part(f)["type"] for f in ("input_image",)} == {"input_image"}
+    assert "type" not in a.as_part("untyped") and a.as_part("untyped")["image_url"] == {"url": a.url}
+
+
+def test_a_suspect_named_by_its_id_alone_is_swapped_once_suspects_are_avoided():
+    a = hunt_media.make("PNG", 16, 16, 1, "none")
+    life = hunt_cases.Life(avoid_suspects=True)
+    life.saw([a], answered=False)
+    step = hunt_cases.Step(
+        0,
+        "/v1/embeddings",
+        {"model": "m", "messages": [{"role": "user", "content": [a.as_part("uuid_only")]}]},
+        images=[a.hash],
+    )
+    (out,) = hunt_cases.without_suspects([step], life)
+    assert a.uuid not in json.dumps(out.body) and out.images != [a.hash]
+    new = life.seen[out.images[0]]
+    assert out.body["messages"][0]["content"][0]["uuid"] == new.uuid
 
 
 def test_a_video_is_drawn_about_one_time_in_eight():

@@ -1,6 +1,7 @@
 """`mmchaos hunt`, its own room: a search for failures nobody listed, driven by the server's own API.
 
-- search.py: the loop (servers, cases, budgets, shrinking, the state a re-run resumes);
+- search.py: the loop (servers, cases, budgets, the state a re-run resumes);
+- reproducers.py: once the search ends, each finding made reproducible (crashes shrunk, hangs confirmed alone);
 - cases.py: a case, a Hypothesis state machine whose rules are requests and operator actions;
 - api_schema.py, bodies.py, media.py: what a case sends, from the server's /openapi.json, and its images and clips;
 - negative.py: bodies just off a route's schema (one thing made wrong);

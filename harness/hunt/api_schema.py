@@ -1,6 +1,6 @@
-"""A server's own API, read from its ``/openapi.json``: which pooling routes it serves, what each takes (the request
-body's JSON Schema, references resolved) and what it answers (the 200 response's schema). The hunt generates its
-requests from these, so it follows each vLLM version's API without a list we keep."""
+"""A server's own API, read from its ``/openapi.json``: which of the routes the hunt sends it serves, what each
+takes (the request body's JSON Schema, references resolved) and what it answers (the 200 response's schema). The
+hunt generates its requests from these, so it follows each vLLM version's API without a list we keep."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ from typing import Any
 
 from mmchaos import faults
 
-# Routes that answer from the pooling runner (embeddings, scores, classes): what the hunt may send. Operator
-# actions (``VLLM_SERVER_DEV_MODE=1``) are the other routes it uses, between requests.
-POOLING_ROUTES = (
+# What the hunt may send: the routes that answer from the pooling runner (embeddings, scores, classes), and those
+# that render a prompt (its media too) and never run it. Operator actions (``VLLM_SERVER_DEV_MODE=1``) are the other
+# routes it uses, between requests.
+ROUTES = (
     "/v1/embeddings",
     "/pooling",
     "/classify",
@@ -22,6 +23,8 @@ POOLING_ROUTES = (
     "/v1/rerank",
     "/v2/rerank",
     "/v2/embed",
+    "/tokenize",
+    "/detokenize",
 )
 # what an operator does to a running server (VLLM_SERVER_DEV_MODE=1), each action followed by its undo
 OPERATOR_ROUTES = tuple(r for pair in faults.OPERATOR_ROUTES.values() for r in pair if r)
@@ -55,12 +58,12 @@ def resolve(node: Any, components: Mapping[str, Any], seen: tuple[str, ...] = ()
 
 
 def routes(openapi: Mapping[str, Any]) -> dict[str, Route]:
-    """The pooling routes ``openapi`` lists that take a JSON body, by path."""
+    """The routes of ROUTES ``openapi`` lists that take a JSON body, by path."""
     if not isinstance(openapi, Mapping) or not isinstance(openapi.get("paths"), Mapping):
         raise ApiSchemaError("the server's /openapi.json has no paths")
     components = (openapi.get("components") or {}).get("schemas") or {}
     out = {}
-    for path in POOLING_ROUTES:
+    for path in ROUTES:
         post = (openapi["paths"].get(path) or {}).get("post")
         if not post:
             continue

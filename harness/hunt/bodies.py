@@ -22,7 +22,7 @@ from typing import Any
 from hypothesis import strategies as st
 from hypothesis_jsonschema import from_schema
 
-from .media import Media
+from .media import FORMS, Media
 
 # the fields a media-aware strategy draws, by name (the same names mean the same thing on every pooling route)
 MEDIA_FIELDS = frozenset(
@@ -69,7 +69,7 @@ def content(
 ) -> st.SearchStrategy[list]:
     """A message's content: image parts and text parts in any order, most with an image (with ``with_image``: an
     image, then perhaps a text)."""
-    image = images.map(lambda m: m.part)
+    image = st.tuples(images, st.sampled_from(FORMS)).map(lambda x: x[0].as_part(x[1]))
     text = (texts if texts is not None else _text()).map(lambda t: {"type": "text", "text": t})
     if with_image:
         return st.tuples(image, st.lists(text, max_size=1)).map(lambda x: [x[0], *x[1]])
@@ -83,6 +83,48 @@ def messages(parts: st.SearchStrategy[list]) -> st.SearchStrategy[list]:
         min_size=1,
         max_size=2,
     )
+
+
+def roles(
+    schema: Mapping[str, Any], parts: st.SearchStrategy[list], texts: st.SearchStrategy[str]
+) -> st.SearchStrategy[list] | None:
+    """A conversation of the message kinds a conversation's ``schema`` lists (developer, assistant, tool ...): each
+    kind's role and its other fields as the schema draws them (``name``, ``tool_call_id``, ``refusal`` ...), its
+    content ours (a text, or parts from ``parts``) where it takes one. None when the schema lists no kind with a
+    role. hypothesis-jsonschema cannot draw vLLM's content unions, so a kind is drawn field by field."""
+    content = st.one_of(texts, parts)
+    kinds = [
+        st.fixed_dictionaries(
+            {**fixed, **({"content": content} if takes == "required" else {})},
+            optional={**optional, **({"content": content} if takes == "optional" else {})},
+        )
+        for fixed, optional, takes in _kinds(schema)
+    ]
+    return st.lists(st.one_of(kinds), min_size=1, max_size=3) if kinds else None
+
+
+_KINDS: dict[int, tuple[Mapping[str, Any], list]] = {}  # by id(schema); the schema kept so its id is never reused
+
+
+def _kinds(schema: Mapping[str, Any]) -> list[tuple[dict, dict, str]]:
+    """Per message kind of a conversation's schema: its fields' strategies, required and optional, but its content,
+    and whether it takes content ("required", "optional" or ""). Built once per schema (building is the slow part)."""
+    if id(schema) not in _KINDS:
+        kinds = []
+        for alt in _members(schema.get("items") or {}):
+            props, required = _props(alt), set(alt.get("required") or ())
+            if "role" not in props or (role := _field(props["role"])) is None:
+                continue
+            fixed: dict[str, Any] = {"role": role}
+            optional: dict[str, Any] = {}
+            for name, p in props.items():
+                if name not in ("role", "content") and (s := _field(p)) is not None:
+                    (fixed if name in required else optional)[name] = s
+            takes = "" if "content" not in props else "required" if "content" in required else "optional"
+            if required - {"content"} <= fixed.keys():
+                kinds.append((fixed, optional, takes))
+        _KINDS[id(schema)] = (schema, kinds)
+    return _KINDS[id(schema)][1]
 
 
 # -- the shapes a prompt field's schema admits ------------------------------------------------------------------
@@ -170,6 +212,9 @@ def shapes(
     parts = content(images, with_image=media_only, texts=text)
     convo, item = messages(parts), st.fixed_dictionaries({"content": parts})
     found = _shapes_of(schema)
+    listed = next((m for m in _members(schema) if _array_of(m, _is_message)), None)
+    if not media_only and listed is not None and (kinds := roles(listed, parts, text)) is not None:
+        convo = st.one_of(convo, kinds)  # ours first: Hypothesis starts from the first
     urls = st.lists(images.map(lambda x: x.url), min_size=1, max_size=2)
     made = {
         "conversation": convo,

@@ -28,7 +28,7 @@ from dataclasses import replace
 from mmchaos.payloads.pool import content_hash
 
 from .cases import HANG_UP_MS, MAX_STEPS, Case, Step
-from .media import DATA_URL
+from .media import DATA_URL, swap
 
 MUTATE_SHARE = 0.3  # of the cases sent: mutants of corpus cases (the rest drawn afresh by Hypothesis)
 GUIDE = 3  # the most gain weighs a route this many times more than none (below: weighted)
@@ -191,7 +191,7 @@ def _swap_media(a: Case, b: Case, rng: random.Random):
     old = rng.choice(DATA_URL.findall(text))
     if old == url:
         return None
-    text = text.replace(old, url)
+    text = swap(text, old, url)
     known = _url_hashes(a, b)
     images = [known[u] for u in dict.fromkeys(DATA_URL.findall(text)) if u in known]
     a.steps[k] = replace(a.steps[k], body=json.loads(text), images=images)

@@ -12,7 +12,9 @@ import io
 import re
 import struct
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 from hypothesis import strategies as st
@@ -33,6 +35,12 @@ HUGE_SIDE = 60000  # a PNG header claiming 60000 x 60000 pixels: over Pillow's d
 VIDEO_ONE_IN = 8  # one medium in this many is a video clip (a few frames of 64x64: 4 patches of the tiny model each)
 VIDEO_SIDE = 64
 RENEWED_SIDE = 32  # renew: a new image in place of one whose size is not known
+# How a content part carries a medium, as vLLM's chat parser reads them: its data URL under the part's type (most
+# draws), under the Responses API's type, with no type at all, with the client's own id for it (``uuid``: vLLM's
+# cache then keys the item by that id, not by its pixels), or by that id alone with no data (the server must hold
+# the item already: a hit in the API server's cache is trusted to be in the engine's too)
+FORMS = ("data", "data", "data", "data", "uuid", "uuid", "uuid_only", "input_image", "untyped")
+UUID_PREFIX = "mm-"  # a medium's id is derived from its content, so one id never names two media
 DATA_URL = re.compile(r"data:[a-z]+/[-\w.+]+;base64,[A-Za-z0-9+/=]+")  # a medium as a body carries it
 
 
@@ -55,8 +63,45 @@ class Media:
     @property
     def part(self) -> dict:
         """The chat content part that carries it."""
+        return self.as_part("data")
+
+    @property
+    def uuid(self) -> str:
+        return UUID_PREFIX + self.hash
+
+    def as_part(self, form: str) -> dict:
+        """The chat content part that carries it in ``form`` (one of FORMS; the Responses type is for images)."""
         key = "video_url" if self.kind == "video" else "image_url"
+        if form == "uuid":
+            return {"type": key, key: {"url": self.url}, "uuid": self.uuid}
+        if form == "uuid_only":
+            return {"type": key, key: None, "uuid": self.uuid}
+        if form == "input_image" and self.kind == "image":
+            return {"type": "input_image", "image_url": self.url, "detail": "auto"}
+        if form == "untyped":
+            return {key: {"url": self.url}}
         return {"type": key, key: {"url": self.url}}
+
+
+def swap(text: str, old_url: str, new_url: str) -> str:
+    """``text`` (a body's JSON) carrying the medium of ``new_url`` wherever it carried that of ``old_url``: its data
+    and its id (a Media's hash is its URL's)."""
+    old_id, new_id = (UUID_PREFIX + content_hash(u.encode()) for u in (old_url, new_url))
+    return text.replace(old_url, new_url).replace(old_id, new_id)
+
+
+def meant(body: Any, seen: Mapping[str, Media]) -> Any:
+    """``body`` as the server should read it: a part naming a medium of ``seen`` (by hash) by its id alone given
+    that medium's data. The wrong-answer oracles compare what requests mean: a reference answers as its medium."""
+    if isinstance(body, dict):
+        ref = body.get("uuid")
+        m = seen.get(ref.removeprefix(UUID_PREFIX)) if isinstance(ref, str) and ref.startswith(UUID_PREFIX) else None
+        if m is not None and any(k in body and body[k] is None for k in ("image_url", "video_url")):
+            return m.part
+        return {k: meant(v, seen) for k, v in body.items()}
+    if isinstance(body, list):
+        return [meant(v, seen) for v in body]
+    return body
 
 
 def encode(fmt: str, width: int, height: int, seed: int) -> bytes:
