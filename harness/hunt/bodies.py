@@ -92,7 +92,10 @@ def roles(
     kind's role and its other fields as the schema draws them (``name``, ``tool_call_id``, ``refusal`` ...), its
     content ours (a text, or parts from ``parts``) where it takes one. None when the schema lists no kind with a
     role. hypothesis-jsonschema cannot draw vLLM's content unions, so a kind is drawn field by field."""
-    content = st.one_of(texts, parts)
+    listed_parts = _part_kinds(schema)
+    content = st.one_of(
+        texts, parts, *([st.lists(st.one_of(listed_parts), min_size=1, max_size=2)] if listed_parts else [])
+    )
     kinds = [
         st.fixed_dictionaries(
             {**fixed, **({"content": content} if takes == "required" else {})},
@@ -104,6 +107,42 @@ def roles(
 
 
 _KINDS: dict[int, tuple[Mapping[str, Any], list]] = {}  # by id(schema); the schema kept so its id is never reused
+
+
+OURS = frozenset({"text", "image_url", "video_url", None})  # the part types content() makes
+
+
+def _part_kinds(schema: Mapping[str, Any]) -> list[st.SearchStrategy[dict]]:
+    """The content parts a conversation's ``schema`` lists that content() does not make (audio, files, refusals,
+    embeddings, thinking ...), each drawn field by field where it can be. Built once per schema."""
+    if id(schema) not in _PARTS:
+        found: dict[Any, st.SearchStrategy[dict]] = {}
+        for alt in _members(schema.get("items") or {}):
+            for c in _members(_props(alt).get("content") or {}):
+                for part in _members(c.get("items") or {}) if c.get("type") == "array" else []:
+                    kind = (_props(part).get("type") or {}).get("const")
+                    if kind not in OURS and kind not in found and (s := _object(part)) is not None:
+                        found[kind] = s
+        _PARTS[id(schema)] = (schema, list(found.values()))
+    return _PARTS[id(schema)][1]
+
+
+def _object(schema: Mapping[str, Any], depth: int = 2) -> st.SearchStrategy[Any] | None:
+    """``schema``'s strategy; an object the schema library cannot draw whole is drawn field by field (``depth``
+    levels down), its undrawable optional fields left out; None when a required one cannot be drawn."""
+    if (whole := _field(schema)) is not None or depth == 0 or not _props(schema):
+        return whole
+    required = set(schema.get("required") or ())
+    fields = {n: _object(p, depth - 1) for n, p in _props(schema).items()}
+    if any(fields[n] is None for n in required if n in fields):
+        return None
+    return st.fixed_dictionaries(
+        {n: s for n, s in fields.items() if n in required and s is not None},
+        optional={n: s for n, s in fields.items() if n not in required and s is not None},
+    )
+
+
+_PARTS: dict[int, tuple[Mapping[str, Any], list]] = {}  # by id(schema); the schema kept so its id is never reused
 
 
 def _kinds(schema: Mapping[str, Any]) -> list[tuple[dict, dict, str]]:
