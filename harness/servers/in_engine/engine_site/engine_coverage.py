@@ -9,6 +9,7 @@ coverage.py is missing, ``unavailable`` says so and nothing is measured (the hun
 """
 
 import atexit
+import contextlib
 import os
 import threading
 import time
@@ -19,9 +20,16 @@ POLL_S = 0.05  # how often each process looks at the flush file (a stat: cheap)
 def start(folder):
     try:
         import coverage
+        import coverage.inorout
     except ImportError as e:
         _write(os.path.join(folder, "unavailable"), f"coverage.py cannot be imported in this engine: {e}")
         return
+    # coverage.py looks for the source package again whenever sys.path changes (multiprocessing's spawn changes it),
+    # from its tracer, in whichever thread meets a new file, and on the way out deletes from sys.modules every module
+    # that appeared meanwhile: a module another thread was importing then is gone, and that import dies of KeyError.
+    # Finding a top-level package imports nothing: keep sys.modules as it is.
+    if hasattr(coverage.inorout, "sys_modules_saved"):
+        coverage.inorout.sys_modules_saved = contextlib.nullcontext
     state = {"cov": None}
 
     def begin():
