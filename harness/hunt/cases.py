@@ -47,7 +47,7 @@ MAX_STEPS = 8  # rules a case runs at most
 SESSIONS = 3  # keep-alive connections a case's requests go out on
 HANG_UP_MS = (1.0, 2.0, 5.0, 10.0, 30.0, 100.0)  # short first: while the image is still being processed
 TOGETHER = 3  # requests sent at once, at most
-RULE_MAX = 2  # times a case runs one rule (Hypothesis drew cases of seven hang-ups in a row, each teaching less)
+RULE_MAX = 2  # times a case runs one rule: Hypothesis repeats a drawn rule, and each repeat teaches less
 ROUTE_MAX = 3  # steps of one route in a case, while the case has other routes left
 SAME_MAX = 2  # times a case sends the very same request (a poison and its reuse are two requests)
 WALKED_FROM = 3  # from this step on, a case does not begin with the shape another case began with (if it can)
@@ -380,10 +380,10 @@ def _count(drawn: dict[str, int], source: str, m: Media) -> Media:
 
 def _weighted(hooks: Hooks, where: list, earlier: list[Step]) -> st.SearchStrategy:
     """A route of ``where`` as the corpus weighs it now, but none the case sent ROUTE_MAX times already while
-    another is left (Hypothesis copies a drawn step over the next ones: a case of eight hang-ups on one route was
-    common, and the route that taught most at the start kept 9 in 10 of the steps). Drawn as the same choice
-    whatever the weights (Hypothesis replays choices and insists they draw alike: a list whose length changed with
-    the weights made it raise FlakyStrategyDefinition), then mapped onto the weighted list."""
+    another is left (Hypothesis copies a drawn step over the next ones, and the route that taught most early
+    would keep drawing them). Drawn as the same choice whatever the weights (Hypothesis replays choices and
+    insists they draw alike: a list whose length changed with the weights made it raise FlakyStrategyDefinition),
+    then mapped onto the weighted list."""
 
     def pick(k: int):
         used = Counter(s.path for s in earlier)
@@ -411,7 +411,7 @@ def without_suspects(steps: list[Step], life: Life) -> list[Step]:
     for s in steps:
         if s.body is not None and bad.intersection(s.images):
             text, images = json.dumps(s.body), list(s.images)
-            for h in bad.intersection(images):  # its data URL, or its id alone (a uuid_only part)
+            for h in [h for h in dict.fromkeys(images) if h in bad]:  # in order: a seed draws alike; by URL or id
                 old = life.seen.get(h)
                 if old is None:
                     continue

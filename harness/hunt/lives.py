@@ -24,7 +24,7 @@ def lives(folder: Path) -> list[tuple[str, list[tuple[cases.Case, list[cases.Sen
     """The server lives a crash ended (each time it was met: the cases the dying server was sent): first those whose
     last case has a request the dying server did not answer as asked (not a hang-up: a request it was sent whole),
     then the rest; fewest requests first. A death met by hang-ups alone is a race that a fresh server may not run
-    again (seen: eight fresh servers survived such a life); a short life is cheap to shrink and holds little else."""
+    again; a short life is cheap to shrink and holds little else."""
     found = [(p.stem, json.loads(p.read_text())) for p in (folder / "lives").glob("*.json")]
     if (folder / "life.json").exists():  # written by older hunts
         found.append(("life", json.loads((folder / "life.json").read_text())))
