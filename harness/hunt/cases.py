@@ -39,9 +39,10 @@ from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
 from mmchaos import faults
 from mmchaos.hang_up import hang_up
+from mmchaos.payloads.pool import content_hash
 
 from . import bodies, negative
-from .media import Media, media, renew, swap
+from .media import DATA_URL, Media, media, renew, swap
 
 MAX_STEPS = 8  # rules a case runs at most
 SESSIONS = 3  # keep-alive connections a case's requests go out on
@@ -411,13 +412,15 @@ def without_suspects(steps: list[Step], life: Life) -> list[Step]:
     for s in steps:
         if s.body is not None and bad.intersection(s.images):
             text, images = json.dumps(s.body), list(s.images)
-            for h in [h for h in dict.fromkeys(images) if h in bad]:  # in order: a seed draws alike; by URL or id
+            urls = {content_hash(u.encode()): u for u in DATA_URL.findall(text)}  # a Media's hash is its URL's
+            for h in [h for h in dict.fromkeys(images) if h in bad]:  # in order: a seed draws alike
                 old = life.seen.get(h)
-                if old is None:
+                url = urls.get(h) or (old.url if old else None)  # its data, or (a by-id part) the life's record
+                if url is None:
                     continue
                 new = renew(old, len(life.seen))
                 life.seen[new.hash] = new
-                text, images[images.index(h)] = swap(text, old.url, new.url), new.hash
+                text, images[images.index(h)] = swap(text, url, new.url), new.hash
             s = replace(s, body=json.loads(text), images=images)
         if s.hang_up_ms is not None:
             bad.update(s.images)
