@@ -65,6 +65,7 @@ class Handler(BaseHTTPRequestHandler):
     lock = threading.Lock()
     poisoned: ClassVar[set[str]] = set()
     seen: ClassVar[dict[str, int]] = {}  # image URL -> times answered (--wrong-on-repeat)
+    by_id: ClassVar[dict[str, str]] = {}  # a medium's uuid -> its data URL, as vLLM's processor cache keys it
     held = threading.Event()  # set: a /pause or /sleep holds the embedding requests
 
     def log_message(self, *args):  # keep the log for our own lines
@@ -208,6 +209,10 @@ class Handler(BaseHTTPRequestHandler):
                 return self._send(503, {"error": {"message": "Multi-modal processor cache miss.", "code": 503}})
         if body.get("encoding_format", "float") not in ("float", "base64"):
             return self._send(400, {"error": {"message": "bad encoding_format", "code": 400}})
+        body = self._named_by_id(body)
+        if body is None:  # as vLLM 0.30.0 answers an id it holds no item for (measured)
+            msg = "Cache miss for image at index 0 but data is not provided."
+            return self._send(400, {"error": {"message": msg, "type": "BadRequestError", "code": 400}})
         try:
             keys = input_keys(self.path, body)
         except (ValueError, TypeError, KeyError, AttributeError):
@@ -223,6 +228,24 @@ class Handler(BaseHTTPRequestHandler):
                 vectors = [[1.0 if i == n % DIM else 0.0 for i in range(DIM)] for _ in items]
         data = [{"index": i, "object": "embedding", "embedding": v} for i, v in enumerate(vectors)]
         self._send(200, {"object": "list", "data": data, "model": "standin"})
+
+    def _named_by_id(self, body):
+        """``body`` with each part naming a medium by its uuid alone given the data sent earlier with that uuid (as
+        vLLM's processor cache serves it); None when an id was never sent with data."""
+        if isinstance(body, list):
+            out = [self._named_by_id(v) for v in body]
+            return None if any(v is None and x is not None for v, x in zip(out, body)) else out
+        if not isinstance(body, dict):
+            return body
+        uuid, key = body.get("uuid"), next((k for k in ("image_url", "video_url") if k in body), None)
+        if isinstance(uuid, str) and key:
+            if body[key] is None:
+                url = type(self).by_id.get(uuid)
+                return None if url is None else {**body, key: {"url": url}}
+            value = body[key]
+            type(self).by_id[uuid] = str(value.get("url", "") if isinstance(value, dict) else value)
+        out = {k: self._named_by_id(v) for k, v in body.items()}
+        return None if any(v is None and body[k] is not None for k, v in out.items()) else out
 
     def _told_to_die(self) -> bool:
         """--die-on-file: the file is there; taken (removed) by the one request that dies of it."""
