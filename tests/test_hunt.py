@@ -555,6 +555,15 @@ def test_a_medium_by_its_id_alone_means_that_medium_to_the_oracles_and_moves_wit
     assert "type" not in a.as_part("untyped") and a.as_part("untyped")["image_url"] == {"url": a.url}
 
 
+def test_every_use_of_a_medium_is_keyed_alike_whatever_form_was_drawn():
+    """A failure leaves the cache an entry under the medium's key; a later use must meet that key to find it."""
+    media = [hunt_media.make("PNG", 16, 16, seed, "none") for seed in range(30)]
+    assert any(m.by_id for m in media) and not all(m.by_id for m in media)
+    for m in media:
+        keys = {"uuid" in m.as_part(m.keyed_form(f)) for f in hunt_media.FORMS}
+        assert keys == {m.by_id}, m.describe()
+
+
 def test_a_suspect_named_by_its_id_alone_is_swapped_once_suspects_are_avoided():
     a = hunt_media.make("PNG", 16, 16, 1, "none")
     life = hunt_cases.Life(avoid_suspects=True)

@@ -69,7 +69,7 @@ def content(
 ) -> st.SearchStrategy[list]:
     """A message's content: image parts and text parts in any order, most with an image (with ``with_image``: an
     image, then perhaps a text)."""
-    image = st.tuples(images, st.sampled_from(FORMS)).map(lambda x: x[0].as_part(x[1]))
+    image = st.tuples(images, st.sampled_from(FORMS)).map(lambda x: x[0].as_part(x[0].keyed_form(x[1])))
     text = (texts if texts is not None else _text()).map(lambda t: {"type": "text", "text": t})
     if with_image:
         return st.tuples(image, st.lists(text, max_size=1)).map(lambda x: [x[0], *x[1]])

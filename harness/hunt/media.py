@@ -69,6 +69,20 @@ class Media:
     def uuid(self) -> str:
         return UUID_PREFIX + self.hash
 
+    @property
+    def by_id(self) -> bool:
+        """Whether the hunt's client names this medium by its id (a third of media, by hash): every use of a medium
+        then meets the same cache entry (its id's, or its content's), so a failure on one use and a later use of it
+        still meet, whatever forms they were drawn in."""
+        return int(self.hash[:8], 16) % 3 == 0
+
+    def keyed_form(self, form: str) -> str:
+        """``form`` (drawn from FORMS) as this medium's keying takes it: by its id (``uuid``, ``uuid_only``) or by
+        its content (the rest)."""
+        if self.by_id:
+            return form if form in ("uuid", "uuid_only") else "uuid"
+        return "data" if form in ("uuid", "uuid_only") else form
+
     def as_part(self, form: str) -> dict:
         """The chat content part that carries it in ``form`` (one of FORMS; the Responses type is for images)."""
         key = "video_url" if self.kind == "video" else "image_url"
