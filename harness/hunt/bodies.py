@@ -14,6 +14,7 @@ two optional parameters), or *any* (each optional field present or not, as Hypot
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -106,25 +107,35 @@ def roles(
     return st.lists(st.one_of(kinds), min_size=1, max_size=3) if kinds else None
 
 
-_KINDS: dict[int, tuple[Mapping[str, Any], list]] = {}  # by id(schema); the schema kept so its id is never reused
+def _per_schema(build: Callable[[Mapping[str, Any]], Any]) -> Callable[[Mapping[str, Any]], Any]:
+    """``build`` run once per schema object (building strategies is the slow part); each schema is kept beside its
+    result, so its id is never reused for another."""
+    done: dict[int, tuple[Mapping[str, Any], Any]] = {}
+
+    @functools.wraps(build)
+    def once(schema: Mapping[str, Any]) -> Any:
+        if id(schema) not in done:
+            done[id(schema)] = (schema, build(schema))
+        return done[id(schema)][1]
+
+    return once
 
 
 OURS = frozenset({"text", "image_url", "video_url", None})  # the part types content() makes
 
 
+@_per_schema
 def _part_kinds(schema: Mapping[str, Any]) -> list[st.SearchStrategy[dict]]:
     """The content parts a conversation's ``schema`` lists that content() does not make (audio, files, refusals,
-    embeddings, thinking ...), each drawn field by field where it can be. Built once per schema."""
-    if id(schema) not in _PARTS:
-        found: dict[Any, st.SearchStrategy[dict]] = {}
-        for alt in _members(schema.get("items") or {}):
-            for c in _members(_props(alt).get("content") or {}):
-                for part in _members(c.get("items") or {}) if c.get("type") == "array" else []:
-                    kind = (_props(part).get("type") or {}).get("const")
-                    if kind not in OURS and kind not in found and (s := _object(part)) is not None:
-                        found[kind] = s
-        _PARTS[id(schema)] = (schema, list(found.values()))
-    return _PARTS[id(schema)][1]
+    embeddings, thinking ...), each drawn field by field where it can be."""
+    found: dict[Any, st.SearchStrategy[dict]] = {}
+    for alt in _members(schema.get("items") or {}):
+        for c in _members(_props(alt).get("content") or {}):
+            for part in _members(c.get("items") or {}) if c.get("type") == "array" else []:
+                kind = (_props(part).get("type") or {}).get("const")
+                if kind not in OURS and kind not in found and (s := _object(part)) is not None:
+                    found[kind] = s
+    return list(found.values())
 
 
 def _object(schema: Mapping[str, Any], depth: int = 2) -> st.SearchStrategy[Any] | None:
@@ -142,28 +153,24 @@ def _object(schema: Mapping[str, Any], depth: int = 2) -> st.SearchStrategy[Any]
     )
 
 
-_PARTS: dict[int, tuple[Mapping[str, Any], list]] = {}  # by id(schema); the schema kept so its id is never reused
-
-
+@_per_schema
 def _kinds(schema: Mapping[str, Any]) -> list[tuple[dict, dict, str]]:
     """Per message kind of a conversation's schema: its fields' strategies, required and optional, but its content,
-    and whether it takes content ("required", "optional" or ""). Built once per schema (building is the slow part)."""
-    if id(schema) not in _KINDS:
-        kinds = []
-        for alt in _members(schema.get("items") or {}):
-            props, required = _props(alt), set(alt.get("required") or ())
-            if "role" not in props or (role := _field(props["role"])) is None:
-                continue
-            fixed: dict[str, Any] = {"role": role}
-            optional: dict[str, Any] = {}
-            for name, p in props.items():
-                if name not in ("role", "content") and (s := _field(p)) is not None:
-                    (fixed if name in required else optional)[name] = s
-            takes = "" if "content" not in props else "required" if "content" in required else "optional"
-            if required - {"content"} <= fixed.keys():
-                kinds.append((fixed, optional, takes))
-        _KINDS[id(schema)] = (schema, kinds)
-    return _KINDS[id(schema)][1]
+    and whether it takes content ("required", "optional" or "")."""
+    kinds = []
+    for alt in _members(schema.get("items") or {}):
+        props, required = _props(alt), set(alt.get("required") or ())
+        if "role" not in props or (role := _field(props["role"])) is None:
+            continue
+        fixed: dict[str, Any] = {"role": role}
+        optional: dict[str, Any] = {}
+        for name, p in props.items():
+            if name not in ("role", "content") and (s := _field(p)) is not None:
+                (fixed if name in required else optional)[name] = s
+        takes = "" if "content" not in props else "required" if "content" in required else "optional"
+        if required - {"content"} <= fixed.keys():
+            kinds.append((fixed, optional, takes))
+    return kinds
 
 
 # -- the shapes a prompt field's schema admits ------------------------------------------------------------------
