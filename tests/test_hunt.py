@@ -555,6 +555,27 @@ def test_a_medium_by_its_id_alone_means_that_medium_to_the_oracles_and_moves_wit
     assert "type" not in a.as_part("untyped") and a.as_part("untyped")["image_url"] == {"url": a.url}
 
 
+def test_a_conversation_draws_the_message_kinds_its_schema_lists():
+    """The kinds are built with the form, not in a draw: built there, the schema library's trial draws are refused
+    and no kind would ever be drawn."""
+    from hypothesis import find
+
+    messages = {
+        "type": "array",
+        "items": {
+            "anyOf": [
+                {"type": "object", "properties": {"role": {"const": "user"}, "content": {"type": "string"}},
+                 "required": ["role", "content"]},
+                {"type": "object", "properties": {"role": {"const": "tool"}, "tool_call_id": {"type": "string"},
+                 "content": {"type": "string"}}, "required": ["role", "tool_call_id", "content"]},
+            ]
+        },
+    }  # fmt: skip
+    form = hunt_bodies.form({"properties": {"messages": messages}, "required": ["messages"]}, "m")
+    got = find(form.text_bodies(), lambda b: any(m.get("role") == "tool" for m in b["messages"]))
+    assert all("tool_call_id" in m for m in got["messages"] if m.get("role") == "tool"), got
+
+
 def test_every_use_of_a_medium_is_keyed_alike_whatever_form_was_drawn():
     """A failure leaves the cache an entry under the medium's key; a later use must meet that key to find it."""
     media = [hunt_media.make("PNG", 16, 16, seed, "none") for seed in range(30)]

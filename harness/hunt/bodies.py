@@ -107,6 +107,11 @@ def roles(
     return st.lists(st.one_of(kinds), min_size=1, max_size=3) if kinds else None
 
 
+def _conversation(schema: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The member of a prompt field's schema that is a conversation (a list of messages), if any."""
+    return next((m for m in _members(schema) if _array_of(m, _is_message)), None)
+
+
 def _per_schema(build: Callable[[Mapping[str, Any]], Any]) -> Callable[[Mapping[str, Any]], Any]:
     """``build`` run once per schema object (building strategies is the slow part); each schema is kept beside its
     result, so its id is never reused for another."""
@@ -258,7 +263,7 @@ def shapes(
     parts = content(images, with_image=media_only, texts=text)
     convo, item = messages(parts), st.fixed_dictionaries({"content": parts})
     found = _shapes_of(schema)
-    listed = next((m for m in _members(schema) if _array_of(m, _is_message)), None)
+    listed = _conversation(schema)
     if not media_only and listed is not None and (kinds := roles(listed, parts, text)) is not None:
         convo = st.one_of(convo, kinds)  # ours first: Hypothesis starts from the first
     urls = st.lists(images.map(lambda x: x.url), min_size=1, max_size=2)
@@ -373,4 +378,10 @@ def form(schema: Mapping[str, Any], model: str, skipped: Callable[[str], None] =
             fields[name] = strategy
         else:
             skipped(name)
+    for prompt in prompts.values():
+        # built now, outside any draw: _field tries each strategy with .example(), which Hypothesis refuses inside
+        # a draw, so a first build during a case would find no kind drawable, and keep that
+        if (listed := _conversation(prompt)) is not None:
+            _kinds(listed)
+            _part_kinds(listed)
     return Form(model, frozenset(schema.get("required") or ()), fields, prompts)
