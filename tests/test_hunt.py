@@ -639,6 +639,26 @@ def test_a_5xx_finding_gets_a_reproducer_confirmed_on_the_server_that_answered_i
 
 
 @pytest.mark.integration
+def test_the_hunt_sweeps_the_servers_surface_each_point_once(tmp_path):
+    """The stand-in's schema names 6 values (dimensions 0, 1, -1, null; encoding_format float, base64): each is sent,
+    alone on a text body, within a few cases (the sweep sends it once; a mutant of its case may again)."""
+    from mmchaos.harness.hunt import surface
+
+    cmd = f"{sys.executable} {TESTS / 'standin_server.py'} --port {{port}} --openapi"
+    out = tmp_path / "h"
+    r = _hunt("--command", cmd, "--out", str(out), "--max-cases", "12", "--max-starts", "1", "--settle", "0")
+    state = json.loads((out / "state.json").read_text())
+    assert state["surface"] == {"points": 6, "swept": 6}, r.stdout[-3000:] + r.stderr[-2000:]
+    sent = [json.dumps(s["body"], sort_keys=True) for line in (out / "cases.jsonl").read_text().splitlines()
+            for s in json.loads(line)["steps"] if s["body"] is not None]  # fmt: skip
+    api = api_schema.routes(STANDIN_OPENAPI)
+    routes = [(p, f) for p, route in api.items() for f in api_schema.variants(route.request)]
+    for point in surface.points(routes, "standin"):
+        assert point.body["messages"] == [{"role": "user", "content": "a photo"}]
+        assert json.dumps(point.body, sort_keys=True) in sent, point.label
+
+
+@pytest.mark.integration
 def test_a_request_left_unanswered_is_a_hang_whose_reproducer_is_it_and_what_such_requests_share_is_spared(
     tmp_path,
 ):
@@ -734,3 +754,110 @@ def test_an_unknown_log_line_gets_a_one_request_reproducer_when_one_request_logs
                 timeout=60,
             )
         assert rr.returncode == code, (flags, rr.stdout[-1500:], sent)
+
+
+def test_the_surface_names_each_value_of_each_field_each_enum_pair_and_each_kind_once():
+    from mmchaos.harness.hunt import surface
+
+    messages = {
+        "type": "array",
+        "items": {
+            "anyOf": [
+                {
+                    "type": "object",
+                    "properties": {
+                        "role": {"const": "user"},
+                        "content": {
+                            "anyOf": [
+                                {"type": "string"},
+                                {
+                                    "type": "array",
+                                    "items": {
+                                        "anyOf": [
+                                            {
+                                                "type": "object",
+                                                "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+                                                "required": ["type", "text"],
+                                            },
+                                            {
+                                                "type": "object",
+                                                "properties": {
+                                                    "type": {"const": "input_audio"},
+                                                    "input_audio": {
+                                                        "type": "object",
+                                                        "properties": {
+                                                            "data": {"type": "string"},
+                                                            "format": {"enum": ["wav", "mp3"]},
+                                                        },
+                                                        "required": ["data", "format"],
+                                                    },
+                                                },
+                                                "required": ["type", "input_audio"],
+                                            },
+                                        ]
+                                    },
+                                },
+                            ]
+                        },
+                    },
+                    "required": ["role", "content"],
+                },
+                {
+                    "type": "object",
+                    "properties": {
+                        "role": {"const": "tool"},
+                        "tool_call_id": {"type": "string"},
+                        "content": {"type": "string"},
+                    },
+                    "required": ["role", "tool_call_id", "content"],
+                },
+            ]
+        },
+    }
+    form = {"properties": {
+        "messages": messages,
+        "model": {"type": "string"},
+        "encoding_format": {"enum": ["float", "base64", "bytes"]},
+        "endianness": {"anyOf": [{"enum": ["big", "little"]}, {"type": "null"}]},
+        "dimensions": {"anyOf": [{"type": "integer", "minimum": 1}, {"type": "null"}]},
+        "normalize": {"type": "boolean"},
+        "priority": {"type": "integer"},
+    }, "required": ["messages"]}  # fmt: skip
+    points = surface.points([("/v1/embeddings", form)], "m")
+    labels = [p.label for p in points]
+    assert len(labels) == len(set(labels))
+    singles = [p for p in points if not p.pair]
+    assert points[: len(singles)] == singles  # every single value before any pair
+    assert {p.label for p in singles} == {
+        'encoding_format="float"',
+        'encoding_format="base64"',
+        'encoding_format="bytes"',
+        'endianness="big"',
+        'endianness="little"',
+        "endianness=null",
+        "dimensions=1",
+        "dimensions=null",  # 0 and -1 are under its minimum
+        "normalize=true",
+        "normalize=false",
+        "message kind user",
+        "message kind tool",
+        "part kind text",
+        "part kind input_audio",
+    }  # fmt: skip (priority is the scheduler's: never sent)
+    assert len([p for p in points if p.pair]) == 3 * 3  # encoding_format x endianness (null included)
+    by = {p.label: p.body for p in points}
+    assert by['encoding_format="base64" endianness="big"'] == {
+        "model": "m", "messages": [{"role": "user", "content": "a photo"}], "encoding_format": "base64",
+        "endianness": "big",
+    }  # fmt: skip
+    assert by["message kind tool"]["messages"][0] == {"role": "tool", "tool_call_id": "x", "content": "a photo"}
+    audio = by["part kind input_audio"]["messages"][0]["content"][0]
+    assert audio == {"type": "input_audio", "input_audio": {"data": "x", "format": "wav"}}
+
+
+def test_the_sweep_sends_each_point_once_across_cases_and_a_rerun_resumes():
+    from mmchaos.harness.hunt import surface
+
+    s = surface.Surface([surface.Point("/p", str(i), {"i": i}) for i in range(5)], swept=1)
+    assert [p.label for p in s.take(3)] == ["1", "2", "3"] and s.left == 1
+    assert [p.label for p in s.take(3)] == ["4"] and s.left == 0 and s.take(3) == []

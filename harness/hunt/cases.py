@@ -10,6 +10,7 @@ next rule is drawn knowing what the server answered (Hypothesis's stateful testi
 - ``reuse``: a body carrying an image of an earlier request that did not get its answer (an error status, a
   hang-up, no answer): the images a failure may have left half-known to the server, newest first;
 - ``together``: two or three requests at once, on sessions of their own, sharing images;
+- ``sweep``: the next points of the API's surface (:mod:`.surface`), text-only, one after the other;
 - ``edge``, ``off_schema``: a burst of text-only bodies at the schema's edges, valid or with one thing made wrong
   (:mod:`.negative`): cheap requests through the validation, tokenizing and refusal code image requests pass by;
 - ``operate``: an operator action the server exposes (``/reset_mm_cache``; ``/sleep`` then ``/wake_up``,
@@ -43,6 +44,7 @@ from mmchaos.payloads.pool import content_hash
 
 from . import bodies, negative
 from .media import DATA_URL, Media, media, renew, swap
+from .surface import Surface
 
 MAX_STEPS = 8  # rules a case runs at most
 SESSIONS = 3  # keep-alive connections a case's requests go out on
@@ -53,11 +55,17 @@ ROUTE_MAX = 3  # steps of one route in a case, while the case has other routes l
 SAME_MAX = 2  # times a case sends the very same request (a poison and its reuse are two requests)
 WALKED_FROM = 3  # from this step on, a case does not begin with the shape another case began with (if it can)
 EDGE_BURST = 8  # text-only requests an edge or off-schema rule sends one after the other, at most
+SWEEP_BURST = 24  # points of the surface a sweep sends one after the other (each a text-only request)
 # an operator action sent with requests lands this long after them: at 0 before they are rendered, later while the
 # engine holds them (a /pause then aborts them: measured on 0.32.0, docs/findings.md)
 ACTION_DELAY_MS = (0.0, 10.0, 30.0, 60.0)
 PAIRS = faults.UNDO  # an operator action and the one that undoes it
 CONNECT_S = 5.0
+# a request is left unanswered (a hang) once it waited this many times the slowest answer of the server's life, at
+# least HANG_FLOOR_S, at most the --request-timeout: each wait costs the search its length (two of 60 s took two
+# thirds of a 3-minute hunt on 0.30.0), and an answer that comes is far quicker than that on any model
+HANG_FACTOR = 10
+HANG_FLOOR_S = 15.0
 
 
 @dataclass
@@ -131,6 +139,12 @@ class Client:
     def __init__(self, base_url: str, headers: dict[str, str], timeout: float, life: Life):
         self.base_url, self.headers, self.timeout, self.life = base_url.rstrip("/"), headers, timeout, life
         self._sessions: dict[int, requests.Session] = {}
+        self.slowest_s = 0.0  # the slowest answer of this server's life (a Client lives as long as its server)
+
+    def wait_s(self) -> float:
+        """How long a request may wait for its answer before it is left unanswered (a hang): HANG_FACTOR times the
+        slowest answer so far, within [HANG_FLOOR_S, the client's timeout]."""
+        return min(self.timeout, max(HANG_FLOOR_S, HANG_FACTOR * self.slowest_s))
 
     def close(self) -> None:
         for s in self._sessions.values():
@@ -146,11 +160,14 @@ class Client:
             status, text = self._hang_up(step.path, data.encode(), hdrs, step.hang_up_ms / 1000)
             return Sent(i, status, text, _ms(t0), None, t)
         http = self._sessions.setdefault(step.session, requests.Session())
+        wait = self.wait_s()
         try:
-            r = http.post(self.base_url + step.path, data=data.encode(), headers=hdrs, timeout=self.timeout)
+            r = http.post(self.base_url + step.path, data=data.encode(), headers=hdrs, timeout=wait)
         except requests.RequestException as e:
             timed_out = isinstance(e, requests.Timeout) and not isinstance(e, requests.ConnectTimeout)
-            return Sent(i, None, f"no answer: {type(e).__name__}", _ms(t0), None, t, timed_out)
+            why = f"no answer in {wait:g} s" if timed_out else f"no answer: {type(e).__name__}"
+            return Sent(i, None, why, _ms(t0), None, t, timed_out)
+        self.slowest_s = max(self.slowest_s, time.monotonic() - t0)
         answer = None
         if r.status_code == 200:
             try:
@@ -205,6 +222,7 @@ class Hooks:
     drawn: dict[str, int] = field(default_factory=dict)  # media drawn, by where from: fresh, seen, suspect
     # the routes to draw from, weighted by what each taught lately (corpus.Corpus.weighted); uniform by default
     weigh: Callable[[list], list] = lambda where: where
+    surface: Surface = field(default_factory=Surface)  # the API's surface, swept by the cases in turn
 
 
 def machine(forms: list[tuple[str, bodies.Form]], operators: list[str], hooks: Hooks) -> type[RuleBasedStateMachine]:
@@ -321,6 +339,13 @@ def machine(forms: list[tuple[str, bodies.Form]], operators: list[str], hooks: H
                     steps.append(step)
             if steps:
                 self._send(steps)
+
+        @precondition(lambda self: hooks.surface.left > 0 and _left("sweep")(self))
+        @rule(session=st.integers(0, SESSIONS - 1))
+        def sweep(self, session):
+            self.rules_run["sweep"] += 1
+            for point in hooks.surface.take(SWEEP_BURST):
+                self._send([self._step(session, point.path, json.loads(json.dumps(point.body)))])
 
         @precondition(_left("edge"))
         @rule(data=st.data(), n=st.integers(1, EDGE_BURST), session=st.integers(0, SESSIONS - 1), at_once=st.booleans())

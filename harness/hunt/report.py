@@ -27,6 +27,12 @@ def _searched(doc: Doc, hunt) -> None:
         f"(share asked {hunt.mutate_share:g}); corpus: {len(s.get('corpus', []))} case(s). Media drawn: {media} "
         "(suspects: images of requests that did not get their answer)."
     )
+    if swept := s.get("surface"):
+        doc.p(
+            f"The API's surface: {swept['swept']} of its {swept['points']} points swept (each value the schema names "
+            "for each field, each pair of two enumerated fields' values, each message and part kind; one text-only "
+            "request each)."
+        )
     if avoided := s.get("suspects_avoided_from"):
         doc.note(
             f"From case {avoided['case']} on, no suspect was sent: {avoided['crash']} had been met twice, and each "

@@ -38,7 +38,7 @@ from mmchaos.signatures import Signatures
 
 from ..servers import crash_watch, sigterm
 from ..servers.server import Server, ServerError, Target
-from . import api_schema, bodies, cases, corpus, lives, oracles
+from . import api_schema, bodies, cases, corpus, lives, oracles, surface
 from .coverage import EngineCoverage
 from .findings import Finding
 from .media import meant
@@ -124,6 +124,7 @@ class Hunt(Reproducers):
         self.t0 = time.time()
         self.seconds_before = float(self.state["seconds"])
         self.corpus = corpus.Corpus(self.state)
+        self.surface = surface.Surface(swept=int((self.state.get("surface") or {}).get("swept", 0)))  # a re-run resumes
         self.state.setdefault("mutants", 0)
         self.state.setdefault("unanswered", [])  # small fields of the requests left unanswered (_unanswered)
         self.state.setdefault("first_steps", [])
@@ -168,6 +169,11 @@ class Hunt(Reproducers):
             if skipped:
                 self.say(f"hunt: fields the schema library cannot draw from, left out: {', '.join(sorted(skipped))}")
             self.state["skipped_fields"] = sorted(skipped)
+            self.surface.points = surface.points(
+                [(path, f) for path, route in sorted(api.items()) for f in api_schema.variants(route.request)],
+                self.model,
+            )
+            self.say(f"hunt: the API's surface: {len(self.surface.points)} point(s), {self.surface.swept} swept before")
             self._replay_findings(api)
             try:
                 self._search(forms, operators, api)
@@ -219,6 +225,7 @@ class Hunt(Reproducers):
             self._vary,
             self.state.setdefault("media_drawn", {}),
             self._weighed,
+            self.surface,
         )
         self.hooks = hooks
         while True:
@@ -495,7 +502,7 @@ class Hunt(Reproducers):
                 add(
                     "hang",
                     f"{HANG_PREFIX}{step.path}",
-                    f"no answer from {step.path} in {self.request_timeout:g} s while /health answered 200",
+                    f"no answer from {step.path} in {s.ms / 1000:.0f} s while /health answered 200",
                     s.text,
                     step=k,
                     route=step.path,
@@ -662,6 +669,7 @@ class Hunt(Reproducers):
         self.state["seconds"] = self.seconds_before + time.time() - self.t0
         self.state["findings"] = [f.row() for f in self.findings.values()]
         self.state["blind"] = self.blind
+        self.state["surface"] = {"points": len(self.surface.points), "swept": self.surface.swept}
         if self.cov is not None:
             self.state["coverage"] = {
                 "areas": self.cov.by_area(),
