@@ -191,7 +191,11 @@ OPTIONS = [
     ),
     Option("arrival_lanes", str, "", "Locust's workers in lane order (set by the master)", ui=False),
     Option(
-        "max_requests", int, 0, "stop after this many requests per Locust process (0: only the run time)", minimum=0
+        "max_requests",
+        int,
+        0,
+        "stop after this many requests per Locust process, once answered (0: run time only)",
+        minimum=0,
     ),
     Option("results_dir", str, "", "where rows go (empty: results/adhoc/<time>)"),
     Option("run_id", str, "", "id stamped on every row (empty: generated)", ui=False),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,11 +62,20 @@ def _classes(module):
 
 
 def run(
-    locustfile: str, host: str, out: Path, *args: str, users: int = 4, max_requests: int, bound_s: float = 120
+    locustfile: str,
+    host: str,
+    out: Path,
+    *args: str,
+    users: int = 4,
+    max_requests: int,
+    bound_s: float = 120,
+    quit_when: Callable[[Environment], bool] | None = None,
 ) -> Run:
     """One headless run of ``mmchaos.locustfiles.<locustfile>`` (e.g. "embeddings"), ended by its request budget.
 
-    The run time handed to Locust is ``bound_s``: a run that reaches it has not met its budget, and fails."""
+    The run time handed to Locust is ``bound_s``: a run that reaches it has not met its budget, and fails.
+    ``quit_when``: the runner is quit once this holds, as Locust's run time quits it (whatever is in flight is
+    cut); a run where it never holds within ``bound_s`` has hung."""
     module = importlib.import_module(f"mmchaos.locustfiles.{locustfile}")  # registers the plugin's arguments
     options = get_parser(default_config_files=[]).parse_args(
         [
@@ -113,10 +123,17 @@ def run(
         if env.shape_class is not None:
             runner.start_shape()
             shape = runner.shape_greenlet  # ends with the shape, or is killed when the budget quits the runner
-            hung = not gevent.wait([shape], timeout=bound_s + 30)
+            ended = lambda timeout: bool(gevent.wait([shape], timeout=timeout))  # noqa: E731
         else:
             runner.start(users, users)
-            hung = not runner.greenlet.join(timeout=bound_s)
+            ended = lambda timeout: runner.greenlet.join(timeout=timeout)  # noqa: E731 (a Group: says if it ended)
+        if quit_when is None:
+            hung = not ended(bound_s + 30)
+        else:
+            deadline = time.monotonic() + bound_s
+            while not (quit_when(env) or time.monotonic() > deadline):
+                gevent.sleep(0.01)  # a poll of the run's own state, bounded
+            hung = not quit_when(env)
         runner.quit()
         # Locust's shutdown(): quitting, the exit code, the runner's last stop, quit
         env.events.quitting.fire(environment=env, reverse=True)

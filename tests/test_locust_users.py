@@ -198,14 +198,33 @@ def test_without_retries_a_cache_miss_fails_the_run(inprocess_locust, standin_he
     )
 
 
-def test_requests_cut_by_the_end_of_the_run_are_rows_but_no_failures(inprocess_locust, standin_here, tmp_path):
-    """Three users' first requests take 1.5 s; the first to be answered sends the budget's last, the next to be
-    answered ends the run: that last request is still in flight."""
-    with standin_here("--delay-ms", "1500") as s:
+def test_the_budget_ends_the_run_once_the_requests_in_flight_are_answered(inprocess_locust, standin_here, tmp_path):
+    """Three users' first requests take 0.3 s; the first to be answered sends the budget's last, the next to be
+    answered finds the budget spent: the run ends when that last request has its answer, not before (quitting then
+    cut it)."""
+    with standin_here("--delay-ms", "300") as s:
         run = inprocess_locust.run("embeddings", s.base_url, tmp_path, *only(text=1), users=3, max_requests=4)
     df = run.rows()
+    assert len(df) == run.requests == 4
+    assert (df["outcome"] == schema.OK).all(), df["outcome"].value_counts()
+
+
+def test_requests_cut_by_the_end_of_the_run_are_rows_but_no_failures(inprocess_locust, standin_here, tmp_path):
+    """Every request takes 1.5 s; once three have been answered, the runner quits (as at its run time) while the
+    three users' next requests are out."""
+    with standin_here("--delay-ms", "1500") as s:
+        run = inprocess_locust.run(
+            "embeddings",
+            s.base_url,
+            tmp_path,
+            *only(text=1),
+            users=3,
+            max_requests=100,
+            quit_when=lambda env: env.mmchaos.sent >= 6 and env.mmchaos.in_flight == 3,
+        )
+    df = run.rows()
     cut = df[df["outcome"] == schema.CUT]
-    assert len(cut) >= 1
+    assert len(cut) == 3 and (df["outcome"] == schema.OK).sum() == 3
     assert (cut["cause"] == schema.HARNESS).all() and cut["status"].isna().all()
     assert len(df) - len(cut) == run.requests  # not Locust requests
     assert run.exit_code == 0  # a healthy server: nothing failed

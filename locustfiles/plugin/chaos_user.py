@@ -238,6 +238,8 @@ class ChaosUser(FastHttpUser):
                 # Locust is stopping this user mid-request (the run ended): the request still gets its row
                 plugin.cut(self.environment, ctx, t0, (time.time() - t0) * 1000)
                 raise
+            finally:
+                plugin.attempt_done(self.environment)
             if retry is None:
                 break
             gevent.sleep(retry_policy.delay(retries, self.jitter.random(), retry))  # the client's backoff

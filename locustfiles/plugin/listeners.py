@@ -37,6 +37,7 @@ from .tracing import Tracer
 from .watchers import Watchers
 
 log = logging.getLogger("mmchaos")
+END_MARGIN_S = 5.0  # past the request timeout: the answer's row being written
 
 
 def register(hooks=events) -> None:
@@ -82,17 +83,38 @@ def table_writer(environment, table: str) -> PartWriter:
 
 
 def take_budget(environment) -> None:
-    """Count one request against --max-requests; stop this user once the budget is spent."""
+    """Count one request attempt against --max-requests (and as in flight until ``attempt_done``); stop this user
+    once the budget is spent, and end the run when the last attempt sent has come back."""
     budget = opts(environment).max_requests
     state = environment.mmchaos
     if budget and state.sent >= budget:
         runner = environment.runner
-        if runner is not None and not isinstance(runner, WorkerRunner):
-            # in a greenlet of its own: stopping the users kills this one, which would leave a quit half done (a
-            # run without a shape, e.g. the probes, then went on to its run time)
-            gevent.spawn(runner.quit if opts(environment).headless else runner.stop)
+        if not state.ending and runner is not None and not isinstance(runner, WorkerRunner):
+            state.ending = True
+            gevent.spawn(_end_when_answered, environment)
         raise StopUser()
     state.sent += 1
+    state.in_flight += 1
+
+
+def attempt_done(environment) -> None:
+    state = environment.mmchaos
+    state.in_flight -= 1
+    if state.ending and state.in_flight <= 0:
+        state.settled.set()
+
+
+def _end_when_answered(environment) -> None:
+    """Quit (headless) or stop (web UI) once no attempt is in flight: quitting when the budget ran out cut the
+    requests still out, and their rows said so. Users waiting to send have sent nothing and are stopped. Bounded by
+    one request's timeout. In a greenlet of its own: stopping the users from one of them would kill it with the quit
+    half done."""
+    o, state = opts(environment), environment.mmchaos
+    if state.in_flight <= 0:
+        state.settled.set()
+    state.settled.wait(timeout=o.request_timeout + END_MARGIN_S)
+    runner = environment.runner
+    (runner.quit if o.headless else runner.stop)()
 
 
 def _add_arguments(parser):

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import gevent.event
 from gevent.lock import BoundedSemaphore
 from gevent.threadpool import ThreadPool
 from locust.event import EventHook
@@ -81,6 +82,9 @@ class RunState:
     user_ids: Iterator[int] = field(default_factory=itertools.count)
     # the current run's
     sent: int = 0  # requests started by this process (the --max-requests budget)
+    in_flight: int = 0  # request attempts sent and not yet answered (or hung up, or cut)
+    ending: bool = False  # the budget is spent: the run ends once the requests in flight have come back
+    settled: gevent.event.Event = field(default_factory=gevent.event.Event)  # set when ending and none in flight
     recorder: Recorder | None = None
     tracer: Tracer | None = None
     watchers: Watchers | None = None
@@ -102,6 +106,8 @@ class RunState:
     def new_run(self) -> None:
         """At test_start: what the last run counted is not this run's."""
         self.sent = 0
+        self.ending = False
+        self.settled = gevent.event.Event()
         self.oracle = None  # a run's first answers are its own (the web UI may point the next one elsewhere)
 
 
