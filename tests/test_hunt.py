@@ -656,6 +656,9 @@ def test_the_hunt_sweeps_the_servers_surface_each_point_once(tmp_path):
     for point in surface.points(routes, "standin"):
         assert point.body["messages"] == [{"role": "user", "content": "a photo"}]
         assert json.dumps(point.body, sort_keys=True) in sent, point.label
+    # the corpus keeps no point: a mutant sends what the search drew, not the sweep again
+    kept = [json.loads(f.read_text()) for f in (out / "corpus").glob("*.json")]
+    assert kept and not any(step["swept"] for steps in kept for step in steps)
 
 
 @pytest.mark.integration
@@ -861,3 +864,20 @@ def test_the_sweep_sends_each_point_once_across_cases_and_a_rerun_resumes():
     s = surface.Surface([surface.Point("/p", str(i), {"i": i}) for i in range(5)], swept=1)
     assert [p.label for p in s.take(3)] == ["1", "2", "3"] and s.left == 1
     assert [p.label for p in s.take(3)] == ["4"] and s.left == 0 and s.take(3) == []
+
+
+def test_free_form_kwargs_are_drawn_as_named_values_not_left_out():
+    """vLLM hands mm_processor_kwargs to the processor and media_io_kwargs (keyed by modality) to the loaders:
+    hypothesis-jsonschema cannot draw either with the Hypothesis we pin, so they are drawn as a few named values."""
+    from hypothesis import find
+
+    free = {"anyOf": [{"type": "object", "additionalProperties": True}, {"type": "null"}]}
+    objects = {"type": "object", "additionalProperties": True}
+    by_modality = {"anyOf": [{"type": "object", "additionalProperties": objects}, {"type": "null"}]}
+    skipped: list[str] = []
+    schema = {"properties": {"input": {"type": "string"}, "mm_processor_kwargs": free, "media_io_kwargs": by_modality}}
+    form = hunt_bodies.form({**schema, "required": ["input"]}, "m", skipped.append)
+    assert skipped == [] and {"mm_processor_kwargs", "media_io_kwargs"} <= set(form.fields)
+    got = find(form.fields["media_io_kwargs"], lambda d: bool(d) and any(v for v in d.values()))
+    assert all(isinstance(v, dict) for v in got.values()) and all(k.isidentifier() for k in got)
+    assert find(form.fields["mm_processor_kwargs"], lambda d: d is None) is None

@@ -11,6 +11,7 @@ next rule is drawn knowing what the server answered (Hypothesis's stateful testi
   hang-up, no answer): the images a failure may have left half-known to the server, newest first;
 - ``together``: two or three requests at once, on sessions of their own, sharing images;
 - ``sweep``: the next points of the API's surface (:mod:`.surface`), text-only, one after the other;
+- ``flood``: 9 to 32 text-only bodies at once, each on a connection of its own (the engine queues and chunks);
 - ``edge``, ``off_schema``: a burst of text-only bodies at the schema's edges, valid or with one thing made wrong
   (:mod:`.negative`): cheap requests through the validation, tokenizing and refusal code image requests pass by;
 - ``operate``: an operator action the server exposes (``/reset_mm_cache``; ``/sleep`` then ``/wake_up``,
@@ -55,6 +56,8 @@ ROUTE_MAX = 3  # steps of one route in a case, while the case has other routes l
 SAME_MAX = 2  # times a case sends the very same request (a poison and its reuse are two requests)
 WALKED_FROM = 3  # from this step on, a case does not begin with the shape another case began with (if it can)
 EDGE_BURST = 8  # text-only requests an edge or off-schema rule sends one after the other, at most
+FLOOD = (TOGETHER * 3, 32)  # text-only requests a flood sends at once, each on a connection of its own: more than the
+# engine takes in one step's token budget once some are long, so it queues, chunks and batches them
 SWEEP_BURST = 24  # points of the surface a sweep sends one after the other (each a text-only request)
 # an operator action sent with requests lands this long after them: at 0 before they are rendered, later while the
 # engine holds them (a /pause then aborts them: measured on 0.32.0, docs/findings.md)
@@ -77,6 +80,7 @@ class Step:
     images: list[str] = field(default_factory=list)  # the hashes of the media it carries
     together: int | None = None  # steps with the same number were sent at once
     delay_ms: float | None = None  # of a step sent at once with others: sent this long after them (its schedule)
+    swept: bool = False  # a point of the API's surface (the sweep rule's)
 
 
 @dataclass
@@ -332,7 +336,7 @@ def machine(forms: list[tuple[str, bodies.Form]], operators: list[str], hooks: H
                 body = data.draw(form.text_bodies(), label="body")
                 if off:
                     body = data.draw(negative.off_schema(body, form.required), label="change")
-                step = self._step((session + k) % SESSIONS if group else session, path, body, together=group)
+                step = self._step(SESSIONS + k if group else session, path, body, together=group)
                 if group is None:
                     self._send([step])
                 else:
@@ -345,7 +349,7 @@ def machine(forms: list[tuple[str, bodies.Form]], operators: list[str], hooks: H
         def sweep(self, session):
             self.rules_run["sweep"] += 1
             for point in hooks.surface.take(SWEEP_BURST):
-                self._send([self._step(session, point.path, json.loads(json.dumps(point.body)))])
+                self._send([self._step(session, point.path, json.loads(json.dumps(point.body)), swept=True)])
 
         @precondition(_left("edge"))
         @rule(data=st.data(), n=st.integers(1, EDGE_BURST), session=st.integers(0, SESSIONS - 1), at_once=st.booleans())
@@ -358,6 +362,12 @@ def machine(forms: list[tuple[str, bodies.Form]], operators: list[str], hooks: H
         def off_schema(self, data, n, session, at_once):
             self.rules_run["off_schema"] += 1
             self._edge_burst(data, n, session, off=True, at_once=at_once)
+
+        @precondition(_left("flood"))
+        @rule(data=st.data(), n=st.integers(*FLOOD))
+        def flood(self, data, n):
+            self.rules_run["flood"] += 1
+            self._edge_burst(data, n, 0, off=False, at_once=True)
 
         @precondition(lambda self: bool(singles) and _left("operate")(self))
         @rule(data=st.data(), alongside=st.integers(0, TOGETHER - 1), delay=st.sampled_from(ACTION_DELAY_MS))

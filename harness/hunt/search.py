@@ -378,15 +378,21 @@ class Hunt(Reproducers):
         found = self._judge(case, sent, crash, lines, api)
         repeat = not self.corpus.sent(case)
         new_lines = self.cov.new_lines(n, self.pids) if self.cov is not None else None
-        statuses_list = [s.status for s in sent]
-        joins = self.corpus.consider(
-            n, case, statuses_list, new_lines, any(x.fingerprint not in self.findings for x in found)
+        # the corpus keeps a case without its points of the surface: each is sent once, and a mutant that sent them
+        # again (24 requests a sweep) learnt nothing from them
+        kept = [(step, s.status) for step, s in zip(case.steps, sent) if not step.swept]
+        joins = bool(kept) and self.corpus.consider(
+            n,
+            cases.Case([step for step, _ in kept]),
+            [status for _, status in kept],
+            new_lines,
+            any(x.fingerprint not in self.findings for x in found),
         )
         if crash is not None:
             self.corpus.retire(n)
         if joins:
             (self.out / "corpus").mkdir(exist_ok=True)
-            (self.out / "corpus" / f"{n}.json").write_text(case.to_json())
+            (self.out / "corpus" / f"{n}.json").write_text(cases.Case([step for step, _ in kept]).to_json())
         with open(self.out / "cases.jsonl", "a") as f:
             f.write(
                 json.dumps(
