@@ -881,3 +881,21 @@ def test_free_form_kwargs_are_drawn_as_named_values_not_left_out():
     got = find(form.fields["media_io_kwargs"], lambda d: bool(d) and any(v for v in d.values()))
     assert all(isinstance(v, dict) for v in got.values()) and all(k.isidentifier() for k in got)
     assert find(form.fields["mm_processor_kwargs"], lambda d: d is None) is None
+
+
+def test_two_api_servers_interleaved_in_one_log_leave_each_refusal_known():
+    """--api-server-count 2: ApiServer_0's refusal heading, then a line of ApiServer_1 and an access line, then
+    ApiServer_0's traceback of it (seen on 0.31.0): still a refusal, no unknown error."""
+    a, b = "(ApiServer_0 pid=1) ERROR 12-06 19:25:51 [validation.py:151]", "(ApiServer_1 pid=2) INFO 12-06 [x.py:1]"
+    log = [
+        f"{a} RequestValidationError caught. Request id: None",
+        f"{b} Started.",
+        'INFO:     127.0.0.1:46704 - "POST /v2/embed HTTP/1.1" 400 Bad Request',
+        f"{a} Traceback (most recent call last):",
+        f'{a}   File "/x/site-packages/starlette/_exception_handler.py", line 42, in wrapped_app',
+        f"{a}     await app(scope, receive, sender)",
+        f"{a} fastapi.exceptions.RequestValidationError: 1 validation error:",
+    ]
+    assert hunt_oracles.log_errors(log, Signatures.load()) == []
+    [e] = hunt_oracles.log_errors([*log[:3], *log[4:]], Signatures.load())  # a traceback with no heading: unknown
+    assert e.exception == "RequestValidationError" and e.process == "ApiServer"

@@ -26,7 +26,9 @@ ERROR_LINE = re.compile(
     r"\b(ERROR|CRITICAL)\b|Traceback \(most recent call last\)|^\s*\w*(Error|Exception):|"
     r"AssertionError"
 )
-PROCESS = re.compile(r"\((\w+?)(?:_DP\d+)?(?:_TP\d+)? pid=\d+\)")  # vLLM prefixes each line with its process
+# vLLM prefixes each line with its process (a name, its DP/TP rank or index, its pid): named without the rank, one
+# bug met in ApiServer_0 and ApiServer_1 is one finding; read by pid, each process's lines are one stream
+PROCESS = re.compile(r"\((\w+?)(?:_DP\d+)?(?:_TP\d+)?(?:_\d+)? pid=(\d+)\)")
 FRAME = re.compile(r'File "[^"]*/(vllm/[^"]+)", line \d+, in (\w+)')
 EXCEPTION = re.compile(
     r"^(?:\(\w+ pid=\d+\)\s*)?(?:\S+\s+)*?([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt))"
@@ -69,7 +71,20 @@ class LogError:
 
 def log_errors(lines: Iterable[str], sigs: Signatures) -> list[LogError]:
     """The errors of ``lines`` no signature names. A traceback's lines are grouped (it ends at its exception
-    line); an error line a signature names, with its traceback, is a known one and left out."""
+    line); an error line a signature names, with its traceback, is a known one and left out. Each process's lines
+    are read on their own: two API servers (``--api-server-count 2``) and the access log interleave in one log, and
+    a line of another process between a refusal's heading and its traceback made the traceback an unknown error."""
+    streams: dict[str, list[str]] = {}
+    where: dict[str, int] = {}  # a line's first place in the log: the errors are told in the log's order
+    for k, line in enumerate(lines):
+        m = PROCESS.search(line)
+        streams.setdefault(m.group(2) if m else "", []).append(line)
+        where.setdefault(line, k)
+    errors = [e for stream in streams.values() for e in _stream_errors(stream, sigs)]
+    return sorted(errors, key=lambda e: where.get(e.lines[0], 0))
+
+
+def _stream_errors(lines: list[str], sigs: Signatures) -> list[LogError]:
     out: list[LogError] = []
     block: list[str] = []
     header: str | None = None  # an error line without an exception: the heading of the traceback that may follow
