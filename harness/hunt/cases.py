@@ -80,7 +80,7 @@ class Step:
     images: list[str] = field(default_factory=list)  # the hashes of the media it carries
     together: int | None = None  # steps with the same number were sent at once
     delay_ms: float | None = None  # of a step sent at once with others: sent this long after them (its schedule)
-    swept: bool = False  # a point of the API's surface (the sweep rule's)
+    swept: dict | None = None  # a point of the API's surface (the sweep rule's): what it sets on the simplest body
 
 
 @dataclass
@@ -349,7 +349,7 @@ def machine(forms: list[tuple[str, bodies.Form]], operators: list[str], hooks: H
         def sweep(self, session):
             self.rules_run["sweep"] += 1
             for point in hooks.surface.take(SWEEP_BURST):
-                self._send([self._step(session, point.path, json.loads(json.dumps(point.body)), swept=True)])
+                self._send([self._step(session, point.path, json.loads(json.dumps(point.body)), swept=point.sets)])
 
         @precondition(_left("edge"))
         @rule(data=st.data(), n=st.integers(1, EDGE_BURST), session=st.integers(0, SESSIONS - 1), at_once=st.booleans())

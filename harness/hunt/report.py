@@ -49,6 +49,12 @@ def _searched(doc: Doc, hunt) -> None:
             f"From case {spared['case']} on, no request carried {said}: the {spared['of']} requests the server had "
             "left unanswered all did (each costs the client's whole timeout while the server goes on computing it)."
         )
+    if points := s.get("spared_points"):
+        said = ", ".join(f"{k}={json.dumps(v)}" for k, v in points["fields"].items())
+        doc.note(
+            f"From case {points['case']} on, no request carried {said}: a point of the API's surface that set only "
+            "that on the simplest body went unanswered."
+        )
     cov = s.get("coverage")
     if hunt.blind or not cov:
         doc.note(

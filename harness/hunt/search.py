@@ -337,8 +337,18 @@ class Hunt(Reproducers):
         if shared and self.state.get("spared", {}).get("fields") != shared:
             self.state["spared"] = {"case": n, "fields": shared, "of": len(kept)}
 
+    def _spare_point(self, sets: dict, n: int) -> None:
+        """A point of the surface that set one field on the simplest body went unanswered: that field is the cause,
+        and is left out of every request from then on, without waiting for a second request to cost its wait."""
+        points = self.state.setdefault("spared_points", {"case": n, "fields": {}})
+        if any(points["fields"].get(k) != v for k, v in sets.items()):
+            points["fields"].update(sets)
+
     def _spare(self, steps: list[cases.Step]) -> list[cases.Step]:
-        fields = self.state.get("spared", {}).get("fields", {})
+        fields = {
+            **self.state.get("spared", {}).get("fields", {}),
+            **self.state.get("spared_points", {}).get("fields", {}),
+        }
         if not fields:
             return steps
         return [
@@ -374,6 +384,8 @@ class Hunt(Reproducers):
             self.unanswered_at = s.t if self.unanswered_at is None else self.unanswered_at
             if step.body is not None:
                 self._unanswered(step.body, n)
+            if step.swept and len(step.swept) == 1 and not s.behind:
+                self._spare_point(step.swept, n)
         lines = self.tail.new_lines()
         found = self._judge(case, sent, crash, lines, api)
         repeat = not self.corpus.sent(case)

@@ -27,7 +27,11 @@ class Point:
     path: str
     label: str  # what the body tries: "encoding_format=base64", "message kind tool", "part kind input_audio"
     body: dict
-    pair: bool = False  # two fields' values together
+    sets: dict  # what it sets on the route's simplest body: one field, two, or a conversation of one kind
+
+    @property
+    def pair(self) -> bool:  # two fields' values together
+        return len(self.sets) == 2
 
 
 def _json(v: Any) -> str:
@@ -168,18 +172,18 @@ def points(routes: list[tuple[str, Mapping[str, Any]]], model: str) -> list[Poin
         }
         for n, vs in fields.items():
             for v in vs:
-                out.setdefault((path, f"{n}={_json(v)}"), Point(path, f"{n}={_json(v)}", {**body, n: v}))
+                out.setdefault((path, f"{n}={_json(v)}"), Point(path, f"{n}={_json(v)}", {**body, n: v}, {n: v}))
         paired = [n for n, vs in fields.items() if _enumerated(bodies._props(schema)[n]) and len(vs) <= PAIR_VALUES]
         for a, b in itertools.combinations(paired, 2):
             for va, vb in itertools.product(fields[a], fields[b]):
                 label = f"{a}={_json(va)} {b}={_json(vb)}"
-                out.setdefault((path, label), Point(path, label, {**body, a: va, b: vb}, pair=True))
+                out.setdefault((path, label), Point(path, label, {**body, a: va, b: vb}, {a: va, b: vb}))
         if conversation is not None:
             listed = bodies._conversation(bodies._props(schema)[conversation])
             assert listed is not None
             for label, messages in _kinds(listed):
                 value = [messages] if _nested(body[conversation]) else messages
-                out.setdefault((path, label), Point(path, label, {**body, conversation: value}))
+                out.setdefault((path, label), Point(path, label, {**body, conversation: value}, {conversation: value}))
     return _in_turn([p for p in out.values() if not p.pair]) + _in_turn([p for p in out.values() if p.pair])
 
 
