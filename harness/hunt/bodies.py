@@ -286,38 +286,16 @@ def shapes(
 
 
 def _field(schema: Mapping[str, Any]) -> st.SearchStrategy[Any] | None:
-    """The field's strategy, or None when neither the library nor :func:`_free_object` can draw from its schema
-    (tried once: hypothesis-jsonschema 0.23 cannot draw free-form objects with the Hypothesis we pin, e.g.
-    ``mm_processor_kwargs``)."""
+    """The field's strategy, or None when the library cannot draw from its schema (tried once: hypothesis-jsonschema
+    0.23 cannot draw free-form objects with the Hypothesis we pin, e.g. ``mm_processor_kwargs``)."""
     try:
         strategy = from_schema(dict(schema))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             strategy.example()
     except Exception:
-        return _free_object(schema)
+        return None
     return strategy
-
-
-# a kwarg's name: a modality (media_io_kwargs is keyed by one) or an identifier
-KWARG_NAMES = st.sampled_from(["image", "video", "audio"]) | st.from_regex(r"[a-z_][a-z0-9_]{0,11}", fullmatch=True)
-SCALARS = st.none() | st.booleans() | st.integers(-(2**31), 2**31) | st.floats(allow_nan=False) | st.text(max_size=12)
-
-
-def _free_object(schema: Mapping[str, Any], depth: int = 2) -> st.SearchStrategy[Any] | None:
-    """A free-form object (``additionalProperties`` true, or a schema of its values: the kwargs vLLM hands on to the
-    processor, the media loaders and the chat template) as a few keys of any name and values of any JSON type, or
-    of the values' schema; null where the schema allows it. None for any other schema."""
-    members = [m for m in _members(schema) if m.get("type") == "object" and not _props(m)]
-    if not members or depth == 0:
-        return None
-    extra = members[0].get("additionalProperties", True)
-    values = SCALARS if not isinstance(extra, Mapping) else _free_object(extra, depth - 1)
-    if values is None:
-        return None
-    objects = st.dictionaries(KWARG_NAMES, values, max_size=3)
-    nullable = any(isinstance(a, Mapping) and a.get("type") == "null" for a in schema.get("anyOf") or [])
-    return objects | st.none() if nullable else objects
 
 
 @dataclass

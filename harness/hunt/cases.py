@@ -59,6 +59,7 @@ EDGE_BURST = 8  # text-only requests an edge or off-schema rule sends one after 
 FLOOD = (TOGETHER * 3, 32)  # text-only requests a flood sends at once, each on a connection of its own: more than the
 # engine takes in one step's token budget once some are long, so it queues, chunks and batches them
 SWEEP_BURST = 24  # points of the surface a sweep sends one after the other (each a text-only request)
+BURST_MAX = max(EDGE_BURST, FLOOD[1], SWEEP_BURST)  # the most requests one rule sends
 # an operator action sent with requests lands this long after them: at 0 before they are rendered, later while the
 # engine holds them (a /pause then aborts them: measured on 0.32.0, docs/findings.md)
 ACTION_DELAY_MS = (0.0, 10.0, 30.0, 60.0)

@@ -168,20 +168,26 @@ class Reproducers:
             status = sent[k].status
             return status is not None and status < 500
 
-        order = sorted((k for k, s in enumerate(case.steps[: len(sent)]) if s.body is not None), key=answered_well)
+        # a request the server left unanswered is not tried: sent again it waits as long, and the hang is its finding
+        steps = enumerate(case.steps[: len(sent)])
+        order = sorted((k for k, s in steps if s.body is not None and not sent[k].timed_out), key=answered_well)
         for k in order[:ONE_STEP_TRIES]:
             trace, _ = lives.trace_of(lives.alone(case, sent, k))
             script = folder / "one-step.py"
             script.write_text(repro_script.render(trace, info))
-            p = subprocess.run(
-                [sys.executable, str(script), "--url", self.server.base_url, *args, "--json"],
-                capture_output=True,
-                text=True,
-                timeout=self.request_timeout + 60,
-                env={**os.environ, **({"VLLM_API_KEY": self.server.api_key} if self.server.api_key else {})},
-            )
-            self.state["requests"] += 1
-            script.unlink()
+            try:
+                p = subprocess.run(
+                    [sys.executable, str(script), "--url", self.server.base_url, *args, "--json"],
+                    capture_output=True,
+                    text=True,
+                    timeout=self.request_timeout + 60,
+                    env={**os.environ, **({"VLLM_API_KEY": self.server.api_key} if self.server.api_key else {})},
+                )
+            except subprocess.TimeoutExpired:
+                continue  # not this step alone; raised, it ended the case's judging and lost its other findings
+            finally:
+                self.state["requests"] += 1
+                script.unlink()
             if _reproduced(p):
                 f.detail = f"{f.detail}\nshrunk to step {k + 1} of its case, alone".strip()
                 return trace
