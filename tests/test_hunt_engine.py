@@ -14,7 +14,9 @@ from conftest import FIXED_VERSION, REPORT_VERSION, require_engine_and_model, vl
 
 pytestmark = pytest.mark.engine
 SEED_CRASH = "crash|cache_drift → detokenizer_assert"
-PADDED = {"input": "a photo", "padding": "max_length"}  # 0.30.0 computes it for minutes (docs/findings.md)
+# 0.30.0 computes it for minutes (docs/findings.md); a text the hunt never sends (its sweep sends "a photo" padded:
+# answered at last, its blocks were in the prefix cache and the same request was then answered at once)
+PADDED = {"input": "a photograph of the padded kind", "padding": "max_length"}
 UNANSWERED_S = 20
 
 
