@@ -26,6 +26,7 @@ replay steps into a server whose state the first run changed.
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import threading
@@ -350,7 +351,7 @@ def machine(forms: list[tuple[str, bodies.Form]], operators: list[str], hooks: H
         def sweep(self, session):
             self.rules_run["sweep"] += 1
             for point in hooks.surface.take(SWEEP_BURST):
-                self._send([self._step(session, point.path, json.loads(json.dumps(point.body)), swept=point.sets)])
+                self._send([self._step(session, point.path, copy.deepcopy(point.body), swept=point.sets)])
 
         @precondition(_left("edge"))
         @rule(data=st.data(), n=st.integers(1, EDGE_BURST), session=st.integers(0, SESSIONS - 1), at_once=st.booleans())

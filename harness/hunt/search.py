@@ -159,20 +159,14 @@ class Hunt(Reproducers):
                 f"{', '.join(operators) or 'none (VLLM_SERVER_DEV_MODE=1 exposes them)'}"
             )
             skipped: set[str] = set()
-            forms = [
-                (path, bodies.form(f, self.model, functools.partial(_skip, skipped, path)))
-                for path, route in sorted(api.items())
-                for f in api_schema.variants(route.request)
-            ]
+            schemas = [(path, f) for path, route in sorted(api.items()) for f in api_schema.variants(route.request)]
+            forms = [(path, bodies.form(f, self.model, functools.partial(_skip, skipped, path))) for path, f in schemas]
             if not forms:
                 raise HuntError("the target's pooling routes list no JSON object body the hunt can build")
             if skipped:
                 self.say(f"hunt: fields the schema library cannot draw from, left out: {', '.join(sorted(skipped))}")
             self.state["skipped_fields"] = sorted(skipped)
-            self.surface.points = surface.points(
-                [(path, f) for path, route in sorted(api.items()) for f in api_schema.variants(route.request)],
-                self.model,
-            )
+            self.surface.points = surface.points(schemas, self.model)
             self.say(f"hunt: the API's surface: {len(self.surface.points)} point(s), {self.surface.swept} swept before")
             self._replay_findings(api)
             try:
@@ -393,9 +387,10 @@ class Hunt(Reproducers):
         # the corpus keeps a case without its points of the surface: each is sent once, and a mutant that sent them
         # again (24 requests a sweep) learnt nothing from them
         kept = [(step, s.status) for step, s in zip(case.steps, sent) if not step.swept]
+        searched = cases.Case([step for step, _ in kept])
         joins = bool(kept) and self.corpus.consider(
             n,
-            cases.Case([step for step, _ in kept]),
+            searched,
             [status for _, status in kept],
             new_lines,
             any(x.fingerprint not in self.findings for x in found),
@@ -404,7 +399,7 @@ class Hunt(Reproducers):
             self.corpus.retire(n)
         if joins:
             (self.out / "corpus").mkdir(exist_ok=True)
-            (self.out / "corpus" / f"{n}.json").write_text(cases.Case([step for step, _ in kept]).to_json())
+            (self.out / "corpus" / f"{n}.json").write_text(searched.to_json())
         with open(self.out / "cases.jsonl", "a") as f:
             f.write(
                 json.dumps(

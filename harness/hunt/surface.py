@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -154,7 +154,7 @@ def _kinds(conversation: Mapping[str, Any]) -> Iterator[tuple[str, list]]:
                     )
 
 
-def points(routes: list[tuple[str, Mapping[str, Any]]], model: str) -> list[Point]:
+def points(routes: Sequence[tuple[str, Mapping[str, Any]]], model: str) -> list[Point]:
     """The surface of ``routes`` (a route's path and one body form's schema each, as the hunt builds its forms):
     per route, each field value and each pair of two enumerated fields' values once (on the first form that has
     the fields), and each message and part kind once. In the order they are swept: every route's single values and
