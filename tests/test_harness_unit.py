@@ -130,6 +130,39 @@ def test_server_that_exits_during_startup_fails_fast_with_its_last_line(tmp_path
 
 
 @pytest.mark.integration
+def test_a_start_that_lost_its_port_is_tried_once_more_on_another(tmp_path):
+    """Two servers starting at once can take each other's ports: the first start dies of it, the second serves; the
+    caller hears of both process groups, and the message of a start that dies again names the error, not the last
+    warning printed on the way out."""
+    first = tmp_path / "first-start"
+    lost = "OSError: [Errno 98] Address already in use"
+    fail_first = (
+        f"import pathlib, subprocess, sys; m = pathlib.Path({str(first)!r}); "
+        f"sys.exit(subprocess.call([sys.executable, {str(TESTS / 'standin_server.py')!r}, '--port', sys.argv[1]])) "
+        f"if m.exists() else (m.touch(), print({lost!r}), print('warning: leaked semaphores'), sys.exit(1))"
+    )
+    cmd = f'{sys.executable} -c "{fail_first}" {{port}}'
+    s = Server(Target(mode="command", command=cmd), tmp_path / "s.log")
+    launched: list[int] = []
+    s.on_start = launched.append
+    s.start()
+    try:
+        s.wait_healthy(30, interval=0.05)
+        assert s.model_name() == "standin"
+    finally:
+        s.stop()
+    assert len(set(launched)) == 2 and "starting again" in (tmp_path / "s.log").read_text()
+
+    always = f"import sys; print({lost!r}); print('warning: leaked semaphores'); sys.exit(1)"
+    s = Server(Target(mode="command", command=f'{sys.executable} -c "{always}"'), tmp_path / "s2.log").start()
+    try:
+        with pytest.raises(ServerError, match=r"exited with code 1 during start-up: OSError: \[Errno 98\]"):
+            s.wait_healthy(30, interval=0.05)
+    finally:
+        s.stop()
+
+
+@pytest.mark.integration
 def test_server_never_healthy_times_out_and_is_cleaned_up(tmp_path):
     cmd = f"{sys.executable} {TESTS / 'standin_server.py'} --port {{port}} --unhealthy"
     s = Server(Target(mode="command", command=cmd), tmp_path / "s.log").start()

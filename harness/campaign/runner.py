@@ -383,10 +383,10 @@ class CampaignRunner:
         """Start the trial's server and wait until it answers: the model it serves, or None (the result says why)."""
         server = procs.server
         self._report(config=cfg.name, trial=trial, phase="starting server")
+        # every group it launches (a failed start is tried again) is recorded; an attached server launches none
+        server.on_start = lambda pgid: self._record_pgid(procs.manifest, folder, "server_pgids", pgid)
         try:
             server.start()
-            if server.pgid is not None:  # an attached server is no process group of ours
-                self._record_pgid(procs.manifest, folder, "server_pgids", server.pgid)
             server.wait_healthy(
                 self.camp.crash.startup_timeout,
                 progress=lambda t, _: self._report(config=cfg.name, trial=trial, phase=f"starting server ({t:.0f} s)"),

@@ -43,9 +43,12 @@ def run(a) -> int:
             )
             return 2
         if res.steps[-1].status != 200 and target.mode != "attach":
-            # give a dying server the chance to die: its exit, not a timer, ends the wait
+            # give a dying server the chance to die, and its log the lines that say why: its exit or a fatal line, not
+            # a timer, ends the wait (in one CI run /health said 503 before the assertion reached the log)
             deadline = time.time() + a.settle
-            while server.exit_code() is None and server.health()[0] and time.time() < deadline:
+            while server.exit_code() is None and time.time() < deadline:
+                if not server.health()[0] and _fatal(sigs, log):
+                    break
                 time.sleep(0.2)
         alive, status, _ = server.health()
         matches = sigs.scan(log.read_text(errors="replace")) if target.mode != "attach" else []
@@ -61,3 +64,8 @@ def run(a) -> int:
         return 1
     finally:
         server.stop()
+
+
+def _fatal(sigs: Signatures, log: Path) -> bool:
+    """Whether the server's log holds a line of a fatal signature yet."""
+    return any(m.signature.fatal for m in sigs.scan(log.read_text(errors="replace")))

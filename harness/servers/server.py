@@ -69,6 +69,9 @@ def api_server_count(flags: list[str]) -> int:
     return 1
 
 
+# a line that says why a start failed: an exception's own line, or vLLM's error records
+PORT_TAKEN = re.compile(r"EADDRINUSE|[Aa]ddress already in use")  # Python's errno 98, torch's TCPStore
+TELLING = re.compile(rf"\b\w*(Error|Exception)\b:|\bERROR\b|{PORT_TAKEN.pattern}")
 PLACEHOLDER = re.compile(r"\{(host|port|model)\}")  # the only ones: JSON flags keep every other brace
 
 
@@ -141,6 +144,11 @@ class Server:
         self.log_path = Path(log_path)
         self.host = host
         self.port = port
+        # a start-up that fails on a port we chose is tried once more on another (see wait_healthy)
+        ours = target.mode == "engine" or (target.mode == "command" and not target.url)
+        self._retry_startup = port is None and ours
+        # told each process group we launch, as it is launched (a campaign records them to stop leftovers)
+        self.on_start: Callable[[int], None] | None = None
         self.proc: subprocess.Popen | None = None
         self.pgid: int | None = None
         self._tmpdir: str | None = None
@@ -266,6 +274,8 @@ class Server:
         self._copier.start()
         self.pgid = self.proc.pid
         self.started_at = time.time()
+        if self.on_start:
+            self.on_start(self.pgid)
         return self
 
     def _copy_log(self, pipe, log) -> None:
@@ -292,14 +302,22 @@ class Server:
     def wait_healthy(
         self, timeout: float = 300.0, progress: Callable[[float, str], None] | None = None, interval: float = 0.5
     ) -> float:
-        """Poll /health until 200; returns seconds taken. Fails fast if the process exits meanwhile."""
+        """Poll /health until 200; returns seconds taken. Fails fast if the process exits meanwhile; a start-up
+        that dies of a port taken, on a port we chose, is tried once more on another: two vLLM servers starting at
+        once on one host can take each other's ports (each picks free ports for its own sockets as well)."""
         t0 = time.time()
         while True:
             code = self.exit_code()
+            cause = self.telling_log_line() if code is not None else ""
+            if code is not None and self._retry_startup and any(map(PORT_TAKEN.search, self._log_tail())):
+                self._retry_startup = False
+                self.stop()
+                self.proc, self.port, self.base_url = None, None, ""
+                self._log_file_note(f"# mmchaos: exited with code {code} during start-up ({cause}); starting again\n")
+                self.start()
+                continue
             if code is not None:
-                raise ServerError(
-                    f"server exited with code {code} during start-up: {self.last_log_line()} (log: {self.log_path})"
-                )
+                raise ServerError(f"server exited with code {code} during start-up: {cause} (log: {self.log_path})")
             ok, _, _ = self.health(timeout=min(2.0, interval * 4))
             waited = time.time() - t0
             if ok:
@@ -314,14 +332,28 @@ class Server:
                 progress(waited, self.last_log_line())
             time.sleep(interval)  # pacing a poll loop, not synchronisation
 
-    def last_log_line(self) -> str:
+    def _log_file_note(self, text: str) -> None:
+        with open(self.log_path, "ab") as f:
+            f.write(text.encode())
+
+    def _log_tail(self, size: int = 16384) -> list[str]:
+        """The non-empty lines of the log's last ``size`` bytes (a start-up's, when it died starting)."""
         try:
             with open(self.log_path, "rb") as f:
-                f.seek(max(0, os.path.getsize(self.log_path) - 4096))
-                lines = [ln for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
-            return lines[-1].strip()[:300] if lines else "(empty log)"
+                f.seek(max(0, os.path.getsize(self.log_path) - size))
+                return [ln.strip() for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
         except OSError:
-            return "(no log)"
+            return ["(no log)"]
+
+    def telling_log_line(self) -> str:
+        """The log's last line that names an error (vLLM's last lines after a failed start are warnings of its
+        exit, such as the resource tracker's), else its last line."""
+        lines = self._log_tail()
+        errors = [ln for ln in lines if TELLING.search(ln)]
+        return (errors or lines or ["(empty log)"])[-1][:300]
+
+    def last_log_line(self) -> str:
+        return (self._log_tail(4096) or ["(empty log)"])[-1][:300]
 
     def model_name(self, timeout: float = 5.0) -> str:
         r = requests.get(self.base_url + "/v1/models", timeout=timeout, headers=auth_headers(self.api_key))
