@@ -24,6 +24,7 @@ from mmchaos.payloads.shared_pool import shared_pool
 plugin.register()
 
 POISON_CASE = "dimensions_unsupported"  # the report's measured post-render 400
+ROUTE_POISON_CASE = "v2_embed_output_dimension"  # the same on Cohere's /v2/embed
 
 
 @events.init_command_line_parser.add_listener
@@ -48,7 +49,8 @@ class ProbeUser(ChaosUser):
         o = self.environment.parsed_options
         self.sequences = probe_sequences.parse(o.probe_sequences)
         self.pool = shared_pool(n=8, seed=o.image_seed, preset="small")
-        self.poison = catalogue.load_cases()[POISON_CASE]
+        cases = catalogue.load_cases()
+        self.poison, self.route_poison = cases[POISON_CASE], cases[ROUTE_POISON_CASE]
         self.n = 0
 
     def _fresh(self):
@@ -66,9 +68,10 @@ class ProbeUser(ChaosUser):
         seq = self.sequences[self.n % len(self.sequences)]
         image, model, ins = self._fresh(), o.model, o.instruction or None
         first = probe_sequences.SEQUENCES[seq].first_step
-        if seq == "poison_reuse":
-            req = malformed.build_malformed_request(self.poison, image, model, instruction=ins)
-            self.send(_as_probe(req, first, self.poison.expected_status), probe=seq)
+        if seq in ("poison_reuse", "route_poison_reuse"):
+            case = self.poison if seq == "poison_reuse" else self.route_poison
+            req = malformed.build_malformed_request(case, image, model, instruction=ins)
+            self.send(_as_probe(req, first, case.expected_status), probe=seq)
         elif seq == "tokenize_reuse":
             self.send(_as_probe(build.tokenize_request(model, image, "probe", instruction=ins), first), probe=seq)
         else:

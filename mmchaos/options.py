@@ -101,6 +101,11 @@ WEIGHTS = {
     "batch": (5, "several inputs in one request"),
     "tokenize": (3, "/tokenize of an image conversation (renders, never runs)"),
     "video": (3, "one small synthetic video (mp4 or webm) + text, chat form"),
+    "embed_v2": (3, "one image + text on Cohere's /v2/embed, where the server lists it"),
+    "pooling": (2, "one image + text on /pooling, where the server lists it"),
+    "score": (3, "a text query scored against two image documents on /score or /v1/score, where listed"),
+    "rerank": (3, "a text query and two image documents on /rerank, /v1/rerank or /v2/rerank, where listed"),
+    "document": (2, "a document's pages (2 to 40 page images, one input each) in one request"),
     "malformed_pre": (5, "malformed request rejected before rendering (does not poison)"),
     "malformed_post": (10, "malformed request rejected after rendering a pooled image (poisons P0)"),
     "abort": (7, "valid image request abandoned by the client after --abort-after-ms"),
@@ -109,6 +114,13 @@ WEIGHTS = {
 OPTIONS = [
     *(Option(f"weight_{k}", int, w, f"weight of {h}", minimum=0) for k, (w, h) in WEIGHTS.items()),
     Option("model", str, "", "model name for requests (empty: the first of /v1/models)"),
+    Option(
+        "routes",
+        str,
+        "",
+        "paths the route kinds (embed_v2, pooling, score, rerank) may use, comma-separated (empty: those the "
+        "server's /openapi.json lists)",
+    ),
     Option("instruction", str, DEFAULT_INSTRUCTION, "Qwen3-VL-Embedding instruction (system message); empty for none"),
     Option("pool_size", int, 48, "distinct images in the pool", minimum=1),
     Option("zipf", float, 1.1, "Zipf exponent of image popularity (0 = uniform; higher = hotter hot set)", minimum=0),
@@ -126,6 +138,15 @@ OPTIONS = [
     Option("image_dir", str, "", "use your own images from this folder instead of generated ones"),
     Option("image_seed", int, 0, "seed of the generated image pool", minimum=0),
     Option("multi_images", int, 3, "images per multi_image request", minimum=2),
+    Option("doc_pool_size", int, 12, "distinct documents in the document pool", minimum=1),
+    Option("doc_pages", int, 8, "median pages of a document (log-normal, 2 to 40)", minimum=1),
+    Option(
+        "page_side",
+        int,
+        1024,
+        "long side of a document page in px (A4 portrait; at most --max-side when that is set)",
+        minimum=64,
+    ),
     Option("batch_size", int, 4, "inputs per batch request", minimum=1),
     Option(
         "base64_fraction", float, 0.1, "share of embedding requests asking encoding_format=base64", minimum=0, maximum=1

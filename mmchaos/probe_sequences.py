@@ -22,6 +22,7 @@ SEQUENCES: dict[str, ProbeSequence] = {
         ProbeSequence("poison_reuse", "poison", 400, "a post-render 400, then the same image"),
         ProbeSequence("tokenize_reuse", "tokenize", 200, "/tokenize of the image, then the same image"),
         ProbeSequence("abort_reuse", "abort", None, "a request the client hangs up on, then the same image"),
+        ProbeSequence("route_poison_reuse", "route_poison", 400, "a post-render 400 on /v2/embed, then the same image"),
     )
 }
 NAMES = tuple(SEQUENCES)

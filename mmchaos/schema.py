@@ -47,17 +47,23 @@ KINDS = (
     "batch",
     "tokenize",
     "video",  # one or several videos (+ text), chat form: video_url parts
+    "embed_v2",  # the other pooling routes (payloads/routes.py): Cohere's /v2/embed,
+    "pooling",  # /pooling,
+    "score",  # /score and /v1/score,
+    "rerank",  # /rerank, /v1/rerank and /v2/rerank
+    "document",  # a document's pages, one input each, in one request (payloads/documents.py)
     "malformed_pre",
     "malformed_post",
     "abort",
     "probe",
 )
-VALID_KINDS = ("valid_image", "text", "multi_image", "batch", "tokenize", "video")  # requests that should succeed
+ROUTE_KINDS = ("embed_v2", "pooling", "score", "rerank")  # payloads/routes.py
+VALID_KINDS = ("valid_image", "text", "multi_image", "batch", "tokenize", "video", *ROUTE_KINDS, "document")
 MALFORMED_KINDS = ("malformed_pre", "malformed_post")
 # Requests that can leave the API server's cache (P0) ahead of the engine's (P1): post-render failures, client
 # aborts; in the probes, the steps of those names (and /tokenize, which poisoned before vLLM #38545).
 POISON_KINDS = ("malformed_post", "abort")
-POISON_PROBE_STEPS = ("poison", "abort", "tokenize")
+POISON_PROBE_STEPS = ("poison", "abort", "tokenize", "route_poison")
 
 REQUESTS = pa.schema(
     [

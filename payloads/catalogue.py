@@ -17,12 +17,13 @@ from mmchaos.records import Says, first_error, says, words
 from .bodies import EMBEDDINGS_PATH, TOKENIZE_PATH
 from .mutations import MUTATIONS
 from .patches import NEEDS_MAX_MODEL_LEN, PLACEHOLDERS, walk_strings
+from .routes import PATHS as ROUTE_PATHS
 
 BUILTIN_CASES = Path(__file__).with_name("malformed_cases.toml")
 STAGES = ("pre_render", "post_render")
 EVIDENCE = ("measured", "expected")
 CONFIDENCE = ("high", "medium", "low")
-ENDPOINTS = (EMBEDDINGS_PATH, TOKENIZE_PATH)
+ENDPOINTS = (EMBEDDINGS_PATH, TOKENIZE_PATH, *ROUTE_PATHS)
 
 _REQUIRED = ("name", "stage", "expected_status", "carries_image", "description")
 _OPTIONAL = ("evidence", "confidence", "source", "endpoint", "mutation", "params", "patch", "unset")
@@ -131,14 +132,24 @@ class Catalogue(Mapping[str, MalformedCase]):
         return [c for c in self._cases.values() if max_model_len is not None or not c.needs_max_model_len]
 
     def by_kind(
-        self, max_model_len: int | None, names: Sequence[str] = (), weighted: Sequence[str] = ()
+        self,
+        max_model_len: int | None,
+        names: Sequence[str] = (),
+        weighted: Sequence[str] = (),
+        served: Sequence[str] | None = None,
     ) -> dict[str, list[MalformedCase]]:
-        """The cases each malformed kind of the mix draws from (``names``: only those), checked: an unknown name,
-        or a kind in ``weighted`` left with no case, is a ValueError."""
+        """The cases each malformed kind of the mix draws from (``names``: only those; ``served``: the other pooling
+        routes the server lists, None for all), checked: an unknown name, or a kind in ``weighted`` left with no
+        case, is a ValueError."""
         unknown = [n for n in names if n not in self._cases]
         if unknown:
             raise ValueError(f"unknown malformed case(s) {unknown}; known: {', '.join(self._cases)}")
-        usable = [c for c in self.usable(max_model_len) if not names or c.name in names]
+        usable = [
+            c
+            for c in self.usable(max_model_len)
+            if (not names or c.name in names)
+            and (served is None or c.endpoint not in ROUTE_PATHS or c.endpoint in served)
+        ]
         out = {
             "malformed_pre": [c for c in usable if not c.poisons],
             "malformed_post": [c for c in usable if c.poisons and c.carries_image],

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -92,6 +92,24 @@ def generate_pool(
     if lo < 16:
         raise ValueError(f"min_side must be >= 16, got {lo}")
     specs = [image_spec(seed, i, min_side=lo, max_side=hi, formats=formats) for i in range(n)]
+    images, hits = build_images(specs, cache_dir, use_cache, workers)
+    fmt_txt = ",".join(f"{f}={w:.2f}" for f, w in normalise_formats(formats))
+    return ImagePool(
+        images=images,
+        source=f"generated seed={seed} n={n} sides={lo}-{hi} formats={fmt_txt}",
+        generated=len(images) - hits,
+        from_cache=hits,
+    )
+
+
+def build_images(
+    specs: Sequence[ImageSpec],
+    cache_dir: str | Path | None = None,
+    use_cache: bool = True,
+    workers: int | None = None,
+) -> tuple[tuple[PoolImage, ...], int]:
+    """The images of ``specs``, in order (painted on ``workers`` threads, or read from the disk cache), and how
+    many came from the cache."""
     folder = cache_folder(cache_dir) if use_cache else None
 
     def build(spec: ImageSpec) -> tuple[PoolImage, bool]:
@@ -99,16 +117,9 @@ def generate_pool(
         return _pool_image(spec, data), hit
 
     workers = workers or min(4, os.cpu_count() or 1)
-    if workers > 1 and n > 1:
+    if workers > 1 and len(specs) > 1:
         with ThreadPoolExecutor(workers, thread_name_prefix="mmchaos-pool") as ex:
             results = list(ex.map(build, specs))  # map keeps the order: the pool is the same whatever the timing
     else:
         results = [build(s) for s in specs]
-    hits = sum(1 for _, hit in results if hit)
-    fmt_txt = ",".join(f"{f}={w:.2f}" for f, w in normalise_formats(formats))
-    return ImagePool(
-        images=tuple(im for im, _ in results),
-        source=f"generated seed={seed} n={n} sides={lo}-{hi} formats={fmt_txt}",
-        generated=len(results) - hits,
-        from_cache=hits,
-    )
+    return tuple(im for im, _ in results), sum(1 for _, hit in results if hit)

@@ -28,6 +28,8 @@ ASPECTS: tuple[tuple[int, int, float], ...] = (
 )
 
 EXTENSIONS = {"jpeg": "jpg", "png": "png", "webp": "webp"}
+PAGES_MAX = 64  # pages a generated document may have (ids: document * PAGES_MAX + page)
+PAGE_ASPECT = 2**0.5  # ISO 216 (A4): height / width
 
 
 @dataclass(frozen=True)
@@ -38,13 +40,15 @@ class ImageSpec:
     width: int
     height: int
     quality: int | None
-    style: str  # photo | graphic
+    style: str  # photo | graphic | page
     alpha: bool
     progressive: bool
     content_seed: int
 
     @property
     def id(self) -> str:
+        if self.style == "page":  # page_spec's index: document * PAGES_MAX + page
+            return f"d{self.seed}-{self.index // PAGES_MAX:04d}-p{self.index % PAGES_MAX:02d}"
         return f"g{self.seed}-{self.index:05d}"
 
     def cache_key(self) -> str:
@@ -108,4 +112,25 @@ def image_spec(
         alpha=bool(fmt == "png" and alpha_u < 0.2),
         progressive=bool(fmt == "jpeg" and prog_u < 0.15),
         content_seed=content_seed,
+    )
+
+
+def page_spec(seed: int, document: int, page: int, long_side: int) -> ImageSpec:
+    """The spec of page ``page`` of generated document ``document``: portrait A4 of ``long_side`` px, a scan (JPEG,
+    grain) for one document in two, a rendered PDF page (PNG) for the other; depends on its arguments only."""
+    if not 0 <= page < PAGES_MAX:
+        raise ValueError(f"a generated document has at most {PAGES_MAX} pages, got page {page}")
+    scanned = np.random.default_rng([0x7061, seed, document]).random() < 0.5  # the whole document is one or other
+    rng = np.random.default_rng([0x7061, seed, document, page])
+    return ImageSpec(
+        seed=seed,
+        index=document * PAGES_MAX + page,
+        format="jpeg" if scanned else "png",
+        width=max(16, round(long_side / PAGE_ASPECT)),
+        height=long_side,
+        quality=int(rng.integers(75, 92)) if scanned else None,
+        style="page",
+        alpha=False,
+        progressive=False,
+        content_seed=int(rng.integers(0, 2**63 - 1)),
     )

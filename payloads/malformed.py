@@ -12,6 +12,8 @@ from .catalogue import MalformedCase
 from .mutations import MUTATIONS, MutationContext
 from .patches import merge_patch, substitute, unset_path
 from .pool import PoolImage
+from .routes import PATHS as ROUTE_PATHS
+from .routes import route_request
 
 DEFAULT_TEXT = "A picture a user uploaded."
 
@@ -32,6 +34,8 @@ def build_malformed_request(
         raise ValueError(f"malformed case {case.name!r} needs max_model_len (the server's --max-model-len)")
     if case.endpoint == TOKENIZE_PATH:
         base = tokenize_request(model, image, text, instruction=instruction)
+    elif case.endpoint in ROUTE_PATHS:
+        base = route_request(case.endpoint, model, (image,), text, instruction=instruction)
     else:
         base = image_request(model, image, text, instruction=instruction)
     body = copy.deepcopy(base.body)

@@ -1,6 +1,7 @@
 """Painting synthetic images that look like real uploads: photos (sky, horizon, hills, textured ground, objects,
-film grain, sometimes a caption) and graphics (screenshots, charts, diagrams with flat colours and text, sometimes an
-embedded photo). numpy at a small size plus Pillow drawing: everything vectorised or in C."""
+film grain, sometimes a caption), graphics (screenshots, charts, diagrams with flat colours and text, sometimes an
+embedded photo) and document pages (text, figures, tables). numpy at a small size plus Pillow drawing: everything
+vectorised or in C."""
 
 from __future__ import annotations
 
@@ -227,6 +228,43 @@ def _paint_graphic(rng: np.random.Generator, width: int, height: int, grain: int
     return im
 
 
+def _paint_page(rng: np.random.Generator, width: int, height: int, grain: int) -> Image.Image:
+    """A document page as a scanner or a PDF renderer gives it: white paper, margins, a heading, paragraphs of
+    text lines, sometimes a figure or a table, a page number."""
+    im = Image.new("RGB", (width, height), tuple(int(v) for v in rng.integers(236, 256, 3)))
+    d = ImageDraw.Draw(im)
+    margin, unit = width // 10, max(4, width // 70)  # a line of body text: ~70 per page width
+    ink = (20, 20, 25)
+    y = margin
+    d.text((margin, y), _words(rng, int(rng.integers(2, 6))).title(), fill=ink, font=_font(unit * 2))
+    y += unit * 4
+    while y < height - margin - unit * 2:
+        u = rng.random()
+        if u < 0.12 and y < height - margin - unit * 14:  # a figure: a chart or a diagram, as graphics are painted
+            fh = int(unit * rng.uniform(8, 16))
+            fig = _paint_graphic(rng, width - 2 * margin, fh, 0)
+            im.paste(fig, (margin, y))
+            y += fh + unit * 2
+        elif u < 0.2 and y < height - margin - unit * 10:  # a table
+            rows, cols = int(rng.integers(3, 8)), int(rng.integers(2, 6))
+            cw = (width - 2 * margin) / cols
+            for r in range(rows):
+                for c in range(cols):
+                    box = _box(margin + c * cw, y + r * unit * 1.6, margin + (c + 1) * cw, y + (r + 1) * unit * 1.6)
+                    d.rectangle(box, outline=ink)
+                    d.text((box[0] + unit * 0.3, box[1] + unit * 0.2), _words(rng, 1), fill=ink, font=_font(unit))
+            y += int(rows * unit * 1.6) + unit * 2
+        else:  # a paragraph
+            for _ in range(int(rng.integers(3, 9))):
+                if y >= height - margin - unit * 2:
+                    break
+                d.text((margin, y), _words(rng, int(rng.integers(8, 14))), fill=ink, font=_font(unit))
+                y += int(unit * 1.5)
+            y += unit
+    d.text((width // 2, height - margin // 2), str(int(rng.integers(1, 300))), fill=ink, font=_font(unit))
+    return _add_grain(im, grain) if grain else im
+
+
 def render(spec: ImageSpec) -> Image.Image:
     """Paint ``spec`` (a Pillow image of the spec's size; RGBA when ``spec.alpha``)."""
     rng = np.random.default_rng(spec.content_seed)
@@ -245,6 +283,8 @@ def render(spec: ImageSpec) -> Image.Image:
                 fill=(255, 255, 255),
                 font=_font(size),
             )
+    elif spec.style == "page":
+        im = _paint_page(rng, spec.width, spec.height, grain)
     else:
         im = _paint_graphic(rng, spec.width, spec.height, grain)
     if spec.alpha:  # a cut-out: transparent rounded corners, the way exported UI assets look

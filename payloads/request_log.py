@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from mmchaos import schema
 from mmchaos.records import Says, first_error, says, words
 
+from . import routes
 from .bodies import EMBEDDINGS_PATH, TOKENIZE_PATH, body_template, fill_template, slot_hashes
 from .pool import MIME, DataURL, ImageRef, ImageURL, content_hash
 from .traces import Trace, TraceError
@@ -195,6 +196,8 @@ def _kind(line: LogLine, body: dict, n_images: int) -> tuple[str, int | None]:
         return ("malformed_post" if n_images else "malformed_pre"), expected or status
     if endpoint == TOKENIZE_PATH:
         return "tokenize", expected
+    if endpoint in routes.KIND_OF_PATH:
+        return routes.KIND_OF_PATH[endpoint], expected
     messages = body.get("messages")
     if isinstance(messages, list) and messages and isinstance(messages[0], list):
         return "batch", expected

@@ -110,8 +110,10 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, {"object": "list", "data": [{"id": "standin", "object": "model"}]})
         elif self.path == "/metrics":
             self._send(200, generate_latest(REGISTRY).decode(), "text/plain; version=0.0.4")
-        elif self.path == "/openapi.json" and self.opts.openapi:
-            self._send(200, OPENAPI)
+        elif self.path == "/openapi.json" and (self.opts.openapi or self.opts.routes):
+            doc = OPENAPI if self.opts.openapi else {"openapi": "3.1.0", "paths": {}}
+            extra = {r: {"post": {}} for r in self.opts.routes.split(",") if r}
+            self._send(200, {**doc, "paths": {**doc["paths"], **extra}})
         else:
             self._send(404, {"error": "not found"})
 
@@ -150,6 +152,8 @@ class Handler(BaseHTTPRequestHandler):
             time.sleep(STALL_S)  # as 0.30.0 computes `padding: max_length` on a short input: minutes, /health 200
         if self.path == "/tokenize":
             return self._send(200, {"count": 8, "max_model_len": 4096, "tokens": list(range(8))})
+        if route in self.opts.routes.split(","):
+            return self._send(200, {"object": "list", "data": [{"index": 0, "score": 0.5}]})  # any answer: plumbing
         if self.path != "/v1/embeddings":
             return self._send(404, {"error": "not found"})
         while ENGINE.workers and any(_stopped(pid) for pid in ENGINE.workers):
@@ -393,6 +397,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="answer an image it answered before with another embedding (a wrong answer)",
     )
     p.add_argument("--openapi", action="store_true", help="serve /openapi.json (for the hunt)")
+    p.add_argument("--routes", default="", help="other POST routes to list in /openapi.json and answer 200 (a,b,...)")
     p.add_argument("--dimensions-status", type=int, default=400, help="the status of an answer to 'dimensions'")
     p.add_argument("--vector-salt", default="", help="answer other vectors than a stand-in without it")
     p.add_argument("--body-log", default="", help="append 'request-id sha256(body)' of each POST to this file")

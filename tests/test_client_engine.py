@@ -8,6 +8,7 @@ import pytest
 from locust_run import locust, locust_request_count, locust_rows, only, rows
 
 from mmchaos import schema
+from mmchaos.payloads import routes
 
 pytestmark = pytest.mark.engine
 
@@ -54,3 +55,34 @@ def test_the_readme_headless_command_against_a_surviving_server_exits_0(fixed_se
     df = locust_rows(rows(tmp_path))
     valid = df[df["kind"].isin(schema.VALID_KINDS) & df["final"]]
     assert len(valid) > 30 and (valid["outcome"] == schema.OK).all()  # every valid request succeeded in the end
+
+
+def test_every_pooling_route_the_server_lists_is_sent_and_answered(fixed_server, tmp_path):
+    """The route kinds on real vLLM: each of the seven routes 0.32.0 lists gets requests and answers them; the
+    routes' own post-render failures get their statuses, and the images they leave are retried as the SDK does.
+    Documents (2 to 40 pages, one input each) are answered too."""
+    r = locust(
+        "locustfiles/embeddings.py",
+        fixed_server.base_url,
+        tmp_path,
+        *only(embed_v2=1, pooling=1, score=2, rerank=3, malformed_post=1, valid_image=1, document=1),
+        "--malformed-cases",
+        "v2_embed_output_dimension,score_truncate_zero",
+        "--page-side",
+        "512",
+        "--max-requests",
+        "120",
+        users=3,
+        seconds=240,
+        timeout=360,
+    )  # ends at 120 requests, however busy the machine
+    df = locust_rows(rows(tmp_path))
+    routed = df[df["kind"].isin(schema.ROUTE_KINDS) & df["final"]]
+    assert set(routed["endpoint"]) == set(routes.PATHS), r.stdout[-2000:]
+    assert (routed["outcome"] == schema.OK).all(), routed[routed["outcome"] != schema.OK]
+    post = df[df["kind"] == "malformed_post"]
+    got = post.groupby("case")["status"].agg(set).to_dict()
+    assert got == {"v2_embed_output_dimension": {400}, "score_truncate_zero": {500}}, got
+    docs = df[(df["kind"] == "document") & df["final"]]
+    assert len(docs) >= 3 and (docs["outcome"] == schema.OK).all() and (docs["n_images"] >= 2).all()
+    assert fixed_server.health()[0]

@@ -38,7 +38,7 @@ def test_a_server_that_answers_a_repeated_image_wrongly_fails_the_gate(tmp_path)
     assert (~checked.astype(bool)).sum() > 10, df["consistent"].value_counts(dropna=False)
     wrong = df[df["consistent"] == False]  # noqa: E712  (a nullable column)
     assert (wrong["outcome"] == "ok").all() and wrong["error"].str.startswith("wrong answer: cosine").all()
-    assert set(wrong["kind"]) <= {"valid_image", "multi_image"}  # texts it answers the same
+    assert set(wrong["kind"]) <= {"valid_image", "multi_image", "batch", "document"}  # texts it answers the same
     locust_stats = json.loads((tmp_path / "locust.json").read_text())
     assert sum(e["num_failures"] for e in locust_stats) >= len(wrong)  # a failure in Locust's stats too
 

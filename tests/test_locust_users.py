@@ -14,6 +14,7 @@ from locust_run import only
 
 from mmchaos import schema
 from mmchaos.options import WEIGHTS
+from mmchaos.payloads import routes
 
 FILE_URL_CASE = ["--malformed-cases", "image_file_url_not_allowed"]  # the stand-in answers 500 and closes
 POISON_CASE = ["--malformed-cases", "dimensions_unsupported"]  # the stand-in answers 400 (the report's trigger)
@@ -56,20 +57,34 @@ def test_think_time_spaces_each_users_requests(inprocess_locust, standin_here, t
 
 
 def test_kinds_follow_their_weights(inprocess_locust, standin_here, tmp_path):
+    """Every kind at its default weight, each route kind on the routes the server's /openapi.json lists."""
     weights = {k: w for k, (w, _) in WEIGHTS.items()}
-    with standin_here() as s:
+    listed = ["/v2/embed", "/pooling", "/score", "/v1/rerank", "/v2/rerank"]  # not /v1/score, not /rerank
+    with standin_here("--routes", ",".join(listed)) as s:
         run = inprocess_locust.run(
             "embeddings", s.base_url, tmp_path, "--abort-after-ms", "2000", users=6, max_requests=600
         )
     df = run.rows()
     n = len(df)
     assert n >= 600
+    routed = df[df["kind"].isin(routes.ROUTE_KINDS)]
+    assert set(routed["endpoint"]) == set(listed) and (routed["outcome"] == "ok").all()
+    assert (df.loc[df["kind"].isin(["score", "rerank"]), "n_images"] == routes.DOCUMENTS).all()
     total = sum(weights.values())
     for kind, w in weights.items():
         p = w / total
         share = (df["kind"] == kind).mean()
         tol = 4 * (p * (1 - p) / n) ** 0.5 + 0.005  # four standard errors
         assert abs(share - p) <= tol, (kind, share, p, tol)
+
+
+def test_without_a_readable_api_the_route_kinds_are_not_sent(inprocess_locust, standin_here, tmp_path, caplog):
+    with standin_here() as s:  # no /openapi.json: 404
+        run = inprocess_locust.run("embeddings", s.base_url, tmp_path, users=2, max_requests=60)
+    assert run.exit_code == 0
+    assert set(run.rows()["endpoint"]) <= {"/v1/embeddings", "/tokenize"}
+    said = [r.getMessage() for r in caplog.records if "openapi.json" in r.getMessage()]
+    assert len(said) == 1 and "route kinds (embed_v2, pooling, score, rerank) are not sent" in said[0]
 
 
 def test_aborts_are_rows_with_outcome_aborted(inprocess_locust, standin_here, tmp_path):

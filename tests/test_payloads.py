@@ -477,10 +477,12 @@ def catalogue():
 
 
 def _image_urls(body):
-    convs = body["messages"]
-    if convs and isinstance(convs[0], list):
-        convs = [m for conv in convs for m in conv]
-    return [p["image_url"]["url"] for m in convs for p in m["content"] if p.get("type") == "image_url"]
+    """Every image part's URL, wherever the route puts its parts (messages, Cohere inputs, documents)."""
+    if isinstance(body, dict):
+        if body.get("type") == "image_url":
+            return [body["image_url"]["url"]]
+        return [u for v in body.values() for u in _image_urls(v)]
+    return [u for v in body for u in _image_urls(v)] if isinstance(body, list) else []
 
 
 def _user_text(body):

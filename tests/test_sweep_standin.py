@@ -175,8 +175,7 @@ def test_every_weight_zero_at_a_point_is_refused(tmp_path):
     f = sweep_campaign(tmp_path, sweep="malformed_post = [0, 1]")
     text = f.read_text().replace(
         "abort = 0",
-        "abort = 0\n"
-        + "\n".join(f"{k} = 0" for k in ("valid_image", "text", "multi_image", "batch", "tokenize", "video")),
+        "abort = 0\n" + "\n".join(f"{k} = 0" for k in schema.VALID_KINDS),
     )
     f.write_text(text)
     with pytest.raises(campaign_plan.CampaignError, match=r"at malformed_post=0 every kind's weight is 0"):

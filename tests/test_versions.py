@@ -53,6 +53,7 @@ def test_every_probe_sequence_has_a_plain_http_sender_and_bad_names_are_named():
         "poison_reuse": 400,
         "tokenize_reuse": 200,
         "abort_reuse": None,
+        "route_poison_reuse": 400,
     }
     assert probe_sequences.parse(" abort_reuse, poison_reuse ") == ["abort_reuse", "poison_reuse"]
     assert probe_sequences.parse("") == list(probe_sequences.NAMES)
@@ -102,7 +103,7 @@ def test_abort_and_tokenize_probes_and_a_trigger_that_did_not_apply(tmp_path):
 def test_a_server_that_does_not_start_is_one_attempt_and_a_row_per_probe(tmp_path):
     said = []
     rows = _survey(tmp_path, configs={"bad": ["--no-such-flag"]}, say=said.append).run(["0.3.0"])
-    assert [r.outcome for r in rows] == [survey.NOT_RUN] * 3
+    assert [r.outcome for r in rows] == [survey.NOT_RUN] * len(probe_sequences.NAMES)
     assert all("did not start" in r.detail for r in rows)
     assert sum("fresh server" in s for s in said) == 1  # the later probes do not start it again
 
@@ -193,18 +194,22 @@ def test_engine_poison_probe_on_the_report_version_and_the_fixed_one(tmp_path):
         REPORT_VERSION,
         FIXED_VERSION,
         "--probes",
-        "poison_reuse",
+        "poison_reuse,route_poison_reuse",
         "--config",
         "default=",
         "--no-install",
         "--results",
         str(tmp_path),
-        timeout=900,
-    )  # two server starts, and their probes
+        timeout=1200,
+    )  # four server starts (a probe per server), and their probes
     assert r.returncode == 0, r.stderr
-    rows = {row["version"]: row for row in csv.DictReader((tmp_path / "table.csv").open())}
-    assert rows[REPORT_VERSION]["outcome"] == "crashed"
-    chain = rows[REPORT_VERSION]["chain"].split(" → ")
-    assert chain[:2] == ["cache_drift", "detokenizer_assert"], chain
-    assert rows[FIXED_VERSION]["outcome"] == "retryable 503" and rows[FIXED_VERSION]["steps"] == "400 503 200"
+    table = list(csv.DictReader((tmp_path / "table.csv").open()))
+    # a poison on Cohere's /v2/embed is a poison for /v1/embeddings too: the cache is the server's, not the route's
+    for probe in ("poison_reuse", "route_poison_reuse"):
+        rows = {row["version"]: row for row in table if row["probe"] == probe}
+        assert rows[REPORT_VERSION]["outcome"] == "crashed", (probe, rows)
+        chain = rows[REPORT_VERSION]["chain"].split(" → ")
+        assert chain[:2] == ["cache_drift", "detokenizer_assert"], (probe, chain)
+        assert rows[FIXED_VERSION]["outcome"] == "retryable 503", (probe, rows)
+        assert rows[FIXED_VERSION]["steps"] == "400 503 200", (probe, rows)
     assert f"the first release that stops crashing is {FIXED_VERSION}" in r.stdout

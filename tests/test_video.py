@@ -3,7 +3,6 @@ request and its row columns, video in the mix, and a video counted as a poisoned
 
 from __future__ import annotations
 
-import argparse
 import base64
 import io
 import json
@@ -12,10 +11,11 @@ from dataclasses import replace
 import av
 import pandas as pd
 import pytest
+import traffic_of
 
 from mmchaos import options, sameness, schema
 from mmchaos.analysis.results import media_hashes
-from mmchaos.locustfiles.plugin.traffic import Traffic, UserTraffic
+from mmchaos.locustfiles.plugin.traffic import UserTraffic
 from mmchaos.payloads import bodies, video, video_cases
 
 
@@ -112,16 +112,7 @@ def test_video_cases_are_built_with_their_kind_case_and_status():
         assert req.meta.video_hashes == (video.malformed(name).hash,)
 
 
-def _traffic(**over) -> Traffic:
-    o = argparse.Namespace(**{x.name: x.default for x in options.OPTIONS})
-    o.image_preset, o.pool_size = "small", 8
-    for k, v in over.items():
-        setattr(o, k, v)
-    return Traffic(o)
-
-
-def _kinds_off(**on):
-    return {f"weight_{k}": on.get(k, 0) for k in options.WEIGHTS}
+_traffic, _kinds_off = traffic_of.traffic, traffic_of.only
 
 
 def test_the_mix_sends_videos_repeated_and_fresh():

@@ -29,8 +29,10 @@ from mmchaos.hang_up import HUNG_UP, hang_up
 # timing moves with the machine's load, so the probe tries a short ladder of delays, each with an image of its
 # own. (The mix's aborts, 40 ms, are realistic timing, not a trigger.)
 ABORT_LADDER_MS = (1, 2, 4, 8, 16)
-# dimensions on a model without Matryoshka support fails after rendering (measured on 0.30.0 and 0.32.0)
+# dimensions on a model without Matryoshka support fails after rendering (measured on 0.30.0 and 0.32.0), and so
+# does Cohere's output_dimension on /v2/embed (payloads/malformed_cases.toml v2_embed_output_dimension)
 POISON_FIELDS: dict[str, Any] = {"dimensions": 5}
+ROUTE_POISON_PATH, ROUTE_POISON_FIELDS = "/v2/embed", {"output_dimension": 5, "embedding_types": ["float"]}
 
 _FIRST = {name: s.first_step for name, s in probe_sequences.SEQUENCES.items()}  # each probe's first step
 
@@ -108,6 +110,19 @@ def poison_then_reuse(
     return _reuse(res, base_url, image_request(model, image), retries, timeout)
 
 
+def route_poison_then_reuse(
+    base_url: str, model: str, *, nonce: int = 0, retries: int = 2, timeout: float = 30.0
+) -> ReproResult:
+    """A post-render 400 on Cohere's /v2/embed (expect 400) → reuse on /v1/embeddings → retries on 503: a poison on
+    one route is a poison for all (the multimodal cache is the server's, not the route's)."""
+    image = probe_image(nonce)
+    content = [{"type": "image_url", "image_url": {"url": image}}, {"type": "text", "text": "a photo"}]
+    body = {"model": model, "inputs": [{"content": content}], **ROUTE_POISON_FIELDS}
+    res = ReproResult()
+    res.steps.append(_post(base_url, _FIRST["route_poison_reuse"], body, timeout, path=ROUTE_POISON_PATH))
+    return _reuse(res, base_url, image_request(model, image), retries, timeout)
+
+
 def tokenize_then_reuse(
     base_url: str, model: str, *, nonce: int = 0, retries: int = 2, timeout: float = 30.0
 ) -> ReproResult:
@@ -156,6 +171,7 @@ _SENDERS: dict[str, Callable[..., ReproResult]] = {
     "poison_reuse": poison_then_reuse,
     "tokenize_reuse": tokenize_then_reuse,
     "abort_reuse": abort_then_reuse,
+    "route_poison_reuse": route_poison_then_reuse,
 }
 # name -> (sequence, the first step's status when the trigger applied: None = hung up before any answer)
 SEQUENCES: dict[str, tuple[Callable[..., ReproResult], int | None]] = {

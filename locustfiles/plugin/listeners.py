@@ -27,6 +27,7 @@ from locust.runners import STATE_INIT, MasterRunner, WorkerRunner
 
 from mmchaos import arrivals, options, paths, schema
 from mmchaos.auth import api_key, auth_headers
+from mmchaos.payloads import routes
 from mmchaos.redact import Redactor
 from mmchaos.tables import PartWriter, table_dir
 
@@ -192,6 +193,14 @@ def resolve_model(host: str) -> str:
     return r.json()["data"][0]["id"]
 
 
+def resolve_routes(host: str) -> str:
+    """The other pooling routes the server at ``host`` lists in its /openapi.json (a ``--routes`` value)."""
+    r = requests.get(host.rstrip("/") + "/openapi.json", headers=auth_headers(), timeout=10)
+    r.raise_for_status()
+    listed = r.json().get("paths") or {}
+    return ",".join(p for p in routes.PATHS if "post" in (listed.get(p) or {})) or routes.NO_ROUTES
+
+
 def _test_start(environment, **_):
     o = opts(environment)
     runner = environment.runner
@@ -214,6 +223,18 @@ def _test_start(environment, **_):
                 o.model = resolve_model(environment.host)
             except (requests.RequestException, KeyError, IndexError, ValueError) as e:
                 log.error("cannot read the model name from %s/v1/models (%s): pass --model", environment.host, e)
+        if not o.routes:
+            try:
+                o.routes = resolve_routes(environment.host)
+            except (requests.RequestException, AttributeError, ValueError) as e:
+                o.routes = routes.NO_ROUTES
+                if any(getattr(o, f"weight_{k}") > 0 for k in routes.ROUTE_KINDS):
+                    log.warning(
+                        "mmchaos: cannot read %s/openapi.json (%s): the route kinds (%s) are not sent; pass --routes",
+                        environment.host,
+                        e,
+                        ", ".join(routes.ROUTE_KINDS),
+                    )
         Path(o.results_dir).mkdir(parents=True, exist_ok=True)
         if state.inbox is not None:
             state.inbox.open_run(o.run_id, o.results_dir)

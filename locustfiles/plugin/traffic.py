@@ -14,7 +14,8 @@ import numpy as np
 
 from mmchaos.options import WEIGHTS
 from mmchaos.payloads import bodies as build
-from mmchaos.payloads import catalogue, fresh, malformed, video, video_cases
+from mmchaos.payloads import catalogue, documents, fresh, malformed, routes, video, video_cases
+from mmchaos.payloads.pool import PoolImage
 from mmchaos.payloads.reuse import ReuseModel
 from mmchaos.payloads.shared_pool import shared_pool
 
@@ -40,7 +41,15 @@ class Traffic:
 
     def __init__(self, o):
         self.o = o
-        weights = np.array([max(0, getattr(o, f"weight_{k}")) for k in KINDS], dtype=float)
+        self.routes = routes.served(routes.listed(o.routes))  # route kind -> the paths the server lists for it
+        # a route kind the server does not serve is not sent (its weight stays in the options, for the next server)
+        weights = np.array(
+            [
+                0 if k in routes.ROUTE_KINDS and k not in self.routes else max(0, getattr(o, f"weight_{k}"))
+                for k in KINDS
+            ],
+            dtype=float,
+        )
         if weights.sum() <= 0:
             raise TrafficConfigError("all request weights are 0: give at least one kind a weight")
         self.p = weights / weights.sum()
@@ -55,11 +64,17 @@ class Traffic:
                 kw["max_side"] = o.max_side
             self.pool = shared_pool(**kw)
         self.reuse = ReuseModel(len(self.pool), o.zipf, o.fresh_fraction)
+        self.documents: tuple[documents.Document, ...] = ()
+        if o.weight_document > 0:  # made (or read from the disk cache) only when documents are sent
+            side = min(o.page_side, o.max_side) if o.max_side else o.page_side
+            self.documents = documents.document_pool(o.doc_pool_size, o.image_seed, o.doc_pages, side)
+        self.doc_reuse = ReuseModel(max(1, len(self.documents)), o.zipf, o.fresh_fraction)
         cases = catalogue.load_cases(*([o.cases_file] if o.cases_file else []))
         names = [n.strip() for n in o.malformed_cases.split(",") if n.strip()]
         weighted = [k for k in ("malformed_pre", "malformed_post") if self.p[KINDS.index(k)] > 0]
         try:
-            self.cases = cases.by_kind(o.max_model_len, names, weighted)
+            served = [p for paths in self.routes.values() for p in paths]
+            self.cases = cases.by_kind(o.max_model_len, names, weighted, served)
         except ValueError as e:
             raise TrafficConfigError(str(e)) from e
         self.instruction = o.instruction or None
@@ -84,6 +99,8 @@ class UserTraffic:
         ss = np.random.SeedSequence([seed, worker_index, user_id])
         self.rng = np.random.default_rng(ss)
         self.sampler = traffic.reuse.sampler(ss.spawn(1)[0])
+        self.doc_sampler = traffic.doc_reuse.sampler(ss.spawn(1)[0])  # the next child: the images' draws stay
+        self.fresh_docs = 0
         self.model = model
         self.user_id = user_id
         self.worker_index = worker_index
@@ -97,6 +114,16 @@ class UserTraffic:
             token = f"{self.worker_index}-{self.user_id}-{self.fresh_n}"
             return fresh.fresh_image(self.t.pool[d.pool_index], token, self.offload)
         return self.t.pool[d.pool_index]
+
+    def document(self) -> tuple[PoolImage, ...]:
+        """A document's pages: one of the pool's, or a never-sent one (pool pages stamped anew, as fresh images)."""
+        d = self.doc_sampler.draw()
+        doc = self.t.documents[d.pool_index]
+        if not d.fresh:
+            return doc.pages
+        self.fresh_docs += 1
+        token = f"doc-{self.worker_index}-{self.user_id}-{self.fresh_docs}"
+        return tuple(fresh.fresh_image(p, f"{token}-{i}", self.offload) for i, p in enumerate(doc.pages))
 
     def video(self) -> video.Video:
         """A clip of the video pool (uniform: four clips are all hot), or with --fresh-fraction a never-sent one."""
@@ -155,6 +182,17 @@ class UserTraffic:
             return build.batch_request(self.model, inputs, instruction=ins, encoding_format=self._format())
         if kind == "tokenize":
             return build.tokenize_request(self.model, self.image(), self._text(), instruction=ins)
+        if kind == "document":
+            pages = [build.EmbedInput(images=(p,)) for p in self.document()]
+            req = build.batch_request(self.model, pages, instruction=ins, encoding_format=self._format())
+            return req._replace(meta=replace(req.meta, kind="document"))
+        if kind in routes.ROUTE_KINDS:
+            paths = self.t.routes[kind]
+            path = paths[int(self.rng.integers(len(paths)))]
+            n = routes.DOCUMENTS if kind in ("score", "rerank") else 1
+            return routes.route_request(
+                path, self.model, [self.image() for _ in range(n)], self._text(), instruction=ins
+            )
         cases = self.t.cases[kind]
         case = cases[int(self.rng.integers(len(cases)))]
         return malformed.build_malformed_request(
