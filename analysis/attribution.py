@@ -111,7 +111,18 @@ class _ImageIndex:
     def __init__(self, c: CampaignResults):
         r = c.requests
         media = media_hashes(r)
-        cols = ["config", "trial", "t_start", "latency_ms", "kind", "case", "request_id", "status", "outcome"]
+        cols = [
+            "config",
+            "trial",
+            "t_start",
+            "latency_ms",
+            "kind",
+            "case",
+            "request_id",
+            "status",
+            "outcome",
+            "endpoint",
+        ]
         img = r.loc[pd.notna(media), cols].assign(media=media[pd.notna(media)])
         self.configs = c.configs
         self.img = img
@@ -237,6 +248,7 @@ CAUSE_COLUMNS = [
     "cause_status",
     "cause_before_s",
     "cause_request_id",
+    "cause_endpoint",  # the route of the request that poisoned: a poison on one route is one for every route
     "named_image",
 ]
 
@@ -347,6 +359,7 @@ def _with_causes(c: CampaignResults, events: pd.DataFrame, index: _ImageIndex) -
             None if np.isnan(status[r]) else int(status[r]),
             str(outcome[k]),
             rid_of(img, r),
+            endpoint=None if pd.isna(img["endpoint"].iat[r]) else str(img["endpoint"].iat[r]),
         )
         t_event, race = float(events.at[ev, "t"]), ev in at_once
         events.at[ev, "cause"] = cause_rule.describe(use, t_event, at_once=race)
@@ -354,6 +367,7 @@ def _with_causes(c: CampaignResults, events: pd.DataFrame, index: _ImageIndex) -
         events.at[ev, "cause_case"] = cause_rule.label(use) if race else use.case or NO_CASE  # race: the other use
         events.at[ev, "cause_status"], events.at[ev, "cause_before_s"] = use.status, t_event - use.t
         events.at[ev, "cause_request_id"] = use.request_id
+        events.at[ev, "cause_endpoint"] = use.endpoint
     return events
 
 

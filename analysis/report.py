@@ -227,7 +227,7 @@ def build(
 
     doc = Doc(f"mmchaos report — {c.name}")
     sections_verdict.intro(doc, c, baseline, window_s, compared)
-    sections_verdict.cards(doc, c, verdict, crash, cost, baseline)  # the first screen: the cards and the figure
+    sections_verdict.cards(doc, c, verdict, crash, cost, baseline, events)  # the first screen: the cards and the figure
     if tradeoff is not None:
         doc.image("tradeoff.png", tradeoff, "crash rate against latency and throughput cost, per configuration")
     sections_verdict.explanation(doc, c, baseline, window_s)

@@ -55,9 +55,10 @@ def explanation(doc: Doc, c: CampaignResults, baseline: str, window_s: float) ->
 RATE = "crashes per hour of uptime"
 
 
-def cards(doc, c, verdict, crash, cost, baseline) -> None:
-    """The first screen: per configuration its verdict, why in one line, its crashes at the one rate, its cost
-    against the baseline, and where its first crash is with the command that shrinks it."""
+def cards(doc, c, verdict, crash, cost, baseline, events=None) -> None:
+    """The first screen: per configuration its verdict, why in one line, its crashes at the one rate and the routes
+    they came through, its cost against the baseline, and where its first crash is with the command that shrinks
+    it."""
     v, cr = by_config(verdict), by_config(crash)
     cst = stats.pooled_cost(cost)
     trials = c.trials.set_index(["config", "trial"])
@@ -72,6 +73,8 @@ def cards(doc, c, verdict, crash, cost, baseline) -> None:
             )
         else:
             lines.append(f"no crash in {int(r['trials'])} trial(s): at most {num(r['per_hour_up_hi'])} {RATE} (95 %)")
+        if events is not None and (through := _through(events, cfg)):
+            lines.append(through)
         if cfg == baseline:
             lines.append("the baseline the costs are measured against")
         elif cfg in cst.index:
@@ -85,6 +88,16 @@ def cards(doc, c, verdict, crash, cost, baseline) -> None:
             lines.append(f"shrink its first crash: mmchaos minimize {folder}")
         out.append((cfg, v[cfg]["title"], lines))
     doc.cards(out)
+
+
+def _through(events: pd.DataFrame, cfg: str) -> str | None:
+    """The routes of the requests that poisoned the images its crashes missed (a poison on one route kills the
+    server through any other), where the server's log named them."""
+    e = events[(events["event"] == "crash") & (events["config"] == cfg)]
+    routes = e["cause_endpoint"].dropna().value_counts() if "cause_endpoint" in e else pd.Series(dtype=int)
+    if not len(routes):
+        return None
+    return "crashed through " + ", ".join(f"{route} ({n})" for route, n in routes.items()) + ": the poison's route"
 
 
 def _reason(v, r) -> str:

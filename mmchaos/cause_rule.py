@@ -41,6 +41,7 @@ class Use:
     outcome: str
     request_id: str | None = None
     t_end: float | None = None  # when its answer or failure came (None: not known)
+    endpoint: str | None = None  # the route it was sent to: a poison on one route poisons every route
 
 
 AT_ONCE = "first_use_at_once"  # the cause's kind when two requests carried a new image at once
@@ -114,8 +115,9 @@ def label(u: Use) -> str:
 
 
 def describe(u: Use, t_event: float, at_once: bool = False) -> str:
-    """``malformed_post/dimensions_unsupported (HTTP 400), 1.0 s before``; for a race of first uses, ``the
-    image's first use at once with batch (HTTP 500), 0.0 s before``."""
+    """``malformed_post/dimensions_unsupported on /v1/embeddings (HTTP 400), 1.0 s before``; for a race of first
+    uses, ``the image's first use at once with batch on /v1/embeddings (HTTP 500), 0.0 s before``."""
     got = f"HTTP {u.status}" if u.status is not None else u.outcome
-    said = f"{label(u)} ({got}), {t_event - u.t:.1f} s before"
+    route = f" on {u.endpoint}" if u.endpoint else ""
+    said = f"{label(u)}{route} ({got}), {t_event - u.t:.1f} s before"
     return f"the image's first use at once with {said}" if at_once else said

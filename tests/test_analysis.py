@@ -93,9 +93,11 @@ def req(
     expected=None,
     latency=100.0,
     request_id=None,
+    endpoint=None,
 ):
     n_images = 0 if hashes is None else len(hashes.split(","))
     return {
+        "endpoint": endpoint,
         "t_start": T0 + t,
         "kind": kind,
         "outcome": outcome,
@@ -693,6 +695,35 @@ def test_a_drift_line_matches_every_image_of_the_request_it_names(tmp_path):
 # --- the cause, in the server's own words (issue 23) ---------------------------------------------------------
 
 
+def test_a_poison_on_one_route_is_the_cause_of_a_drift_on_another_and_the_cause_says_which(tmp_path):
+    camp = tmp_path / "routes"
+    write_trial(
+        camp,
+        "a",
+        0,
+        manifest={},
+        health=health([1, 2]),
+        requests=[
+            req(1, "malformed_post", S.HTTP_ERROR, 400, "h1", "v2_embed_output_dimension", 400, endpoint="/v2/embed"),
+            req(3, "valid_image", hashes="h1", request_id="mmc-r-0-0-3", endpoint="/v1/embeddings"),
+        ],
+        log_events=[
+            {
+                "t": T0 + 3.1,
+                "signature": "cache_drift",
+                "fatal": False,
+                "mm_hash": "ab" * 8,
+                "request_id": "mmc-r-0-0-3",
+                "line": "drift embd-mmc-r-0-0-3",
+            }
+        ],
+    )
+    events, _ = attribute(load_results(camp))
+    [ev] = events.to_dict("records")
+    assert ev["cause_endpoint"] == "/v2/embed"
+    assert ev["cause"] == "malformed_post/v2_embed_output_dimension on /v2/embed (HTTP 400), 2.1 s before"
+
+
 def test_the_cause_is_the_first_post_render_failure_of_the_image_the_server_named(hand):
     events, summary = attribute(load_results(hand), window_s=10)
     drift = events[(events["event"] == "drift") & (events["request_id"] == "mmc-r-0-0-5")].iloc[0]
@@ -864,7 +895,17 @@ def test_plain_words_name_the_cause_and_never_a_pre_render_case_from_two_inciden
             manifest={"t_start": T0, "t_end": T0 + 600},
             health=health([1, 50]),
             requests=[
-                req(10, "malformed_post", S.HTTP_ERROR, 400, "h1", "dimensions", 400),
+                # the poison went through /score in one trial: the crash came through /v1/embeddings all the same
+                req(
+                    10,
+                    "malformed_post",
+                    S.HTTP_ERROR,
+                    400,
+                    "h1",
+                    "dimensions",
+                    400,
+                    endpoint=("/v1/embeddings", "/score")[trial],
+                ),
                 *[req(11 + i, "valid_image", hashes=f"k{i}") for i in range(20)],
                 req(39, "malformed_pre", S.HTTP_ERROR, 400, "h5", "content_unknown_type", 400),
                 req(40, "valid_image", S.CONNECTION_ERROR, None, "h1", request_id=f"mmc-r-0-{trial}-40"),
@@ -897,7 +938,9 @@ def test_plain_words_name_the_cause_and_never_a_pre_render_case_from_two_inciden
     # a failing configuration is said to fail by what happened, not by the name of the check it failed
     assert words.startswith("- v: fails — the server crashed in 2 of 2 trial(s)"), words
     assert "FAILS" not in words and "(failed:" not in words, words
-    assert "malformed_post/dimensions (HTTP 400), 30.1 s before" in md  # the incidents table's cause column
+    assert "malformed_post/dimensions on /score (HTTP 400), 30.1 s before" in md  # the incidents table's cause column
+    card = md.split("In plain words:")[0]
+    assert "crashed through " in card and "/score (1)" in card and "/v1/embeddings (1)" in card, card
 
 
 def test_a_wrong_answer_fails_its_configuration_in_plain_words(tmp_path):

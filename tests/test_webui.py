@@ -514,7 +514,7 @@ def test_categories():
 def test_drift_and_crash_events_name_their_cause_by_the_image_the_server_named(tmp_path):
     """The panel applies the report's cause rule live: the drift line names the reuse (not answered yet when the
     line is read), whose image had failed after render in the poison 400; the crash after it takes that cause,
-    and the events tab shows it in its own column."""
+    and the events tab shows it in its own column, with the route the poison went through."""
     from mmchaos.logtail import LogTail
 
     log = tmp_path / "server.log"
@@ -531,7 +531,7 @@ def test_drift_and_crash_events_name_their_cause_by_the_image_the_server_named(t
     _request(
         p,
         _resp(400, "dimensions"),
-        ctx("malformed_post", "mmc-ab-0-1-2", "h1", case="dimensions", expected_status=400),
+        ctx("malformed_post", "mmc-ab-0-1-2", "h1", case="dimensions", expected_status=400, endpoint="/v2/embed"),
         11.0,
     )
     _request(
@@ -554,7 +554,7 @@ def test_drift_and_crash_events_name_their_cause_by_the_image_the_server_named(t
         ctx("valid_image", "mmc-ab-0-1-3", "h1"),
         12.0,
     )
-    assert drift["cause"].startswith("malformed_post/dimensions (HTTP 400), "), drift
+    assert drift["cause"].startswith("malformed_post/dimensions on /v2/embed (HTTP 400), "), drift
     p.on_health({"t": 13.0, "ok": False, "status": None, "error": "ConnectionRefusedError"})
     [crash] = [e for e in p.state()["events"] if e["event"] == "crash"]
     assert crash["cause"] == drift["cause"]

@@ -112,7 +112,9 @@ class LiveState:
     def on_attempt(self, a: Attempt) -> None:
         self.outcomes.add(a)
         images = a.image_hashes.split(",") if a.image_hashes else []
-        me = cause_rule.Use(a.t, a.kind, a.case, a.status, a.outcome, a.request_id, t_end=time.time()) if a.t else None
+        me = None
+        if a.t:
+            me = cause_rule.Use(a.t, a.kind, a.case, a.status, a.outcome, a.request_id, time.time(), a.endpoint)
         if a.drift:
             cause = self._cause(images, a.t or time.time(), a.request_id, me)
             self._drift_event({"t": a.t, "kind": a.kind, "error": a.error, "signature": a.drift}, cause)

@@ -63,6 +63,7 @@ class Attempt:
     image_hashes: str | None = None  # comma-joined content hashes of its images (the cause of a drift is one's)
     request_id: str | None = None
     consistent: bool | None = None  # the wrong-answer oracle's comparison (None: not compared)
+    endpoint: str | None = None  # the route it went to (a drift's cause may be a poison on another route)
 
     @property
     def category(self) -> str:
@@ -90,6 +91,7 @@ def classify_request(sigs: Signatures, response, context, exception, start_time=
         ctx.get("image_hashes"),
         ctx.get("request_id"),
         ctx.get("consistent"),
+        ctx.get("endpoint"),
     )
 
 
@@ -108,6 +110,7 @@ def cut_attempt(context, start_time=None) -> Attempt:
         ctx.get("sched_lag_ms"),
         ctx.get("image_hashes"),
         ctx.get("request_id"),
+        endpoint=ctx.get("endpoint"),
     )
 
 
