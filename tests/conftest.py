@@ -42,12 +42,19 @@ def require_engine_and_model(version: str) -> None:
 
 
 @contextlib.contextmanager
-def vllm_server(version: str, flags: list[str], log: Path, timeout: float = 420, env: dict | None = None):
-    """A real vLLM server on the tiny model; fails (never skips) when the engine or model is missing."""
+def vllm_server(
+    version: str, flags: list[str], log: Path, timeout: float = 420, env: dict | None = None, model: str | None = None
+):
+    """A real vLLM server on the tiny model (or the tiny ``model`` of that name: `mmchaos model list`); fails (never
+    skips) when the engine or model is missing."""
+    from mmchaos.harness.servers import model as models
     from mmchaos.harness.servers.server import Server, Target
 
     require_engine_and_model(version)
-    server = Server(Target(mode="engine", engine=version, flags=flags, env=dict(env or {})), log)
+    if model is not None and not models.is_built(models.recipe(model).folder, models.recipe(model).version):
+        pytest.fail(f"the tiny model {model} is not built: run `mmchaos model build {model}` (or `make test`)")
+    folder = None if model is None else str(models.recipe(model).folder)
+    server = Server(Target(mode="engine", engine=version, flags=flags, env=dict(env or {}), model=folder), log)
     server.start()
     try:
         server.wait_healthy(timeout)

@@ -32,10 +32,7 @@ def run(a) -> int:
             ("serves", "serves"),
             ("built_at", "built at"),
         ]
-        rows = [
-            (r.name, r.architecture, r.accepts, r.routes, str(r.folder) if model_build.is_built(r.folder) else "-")
-            for r in model_build.RECIPES.values()
-        ]
+        rows = [(r.name, r.architecture, r.accepts, r.routes, _built(r)) for r in model_build.RECIPES.values()]
         listing(columns, rows)
         return 0
     names = a.names or [model_build.DEFAULT]
@@ -46,3 +43,7 @@ def run(a) -> int:
     for name in names:
         model_build.build(Path(a.dir) if a.dir else None, engine_version=a.engine, say=console.print, name=name)
     return 0
+
+
+def _built(r) -> str:
+    return str(r.folder) if model_build.is_built(r.folder, r.version) else "-"

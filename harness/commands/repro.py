@@ -8,6 +8,7 @@ from pathlib import Path
 from mmchaos import paths
 from mmchaos.signatures import Signatures
 
+from ..servers import model as model_build
 from .common import add_server_args, console, start, target_from_args
 
 HELP = (
@@ -32,7 +33,8 @@ def run(a) -> int:
     log = Path(a.log or paths.home() / "logs" / f"repro-{time.strftime('%Y%m%d-%H%M%S')}.log")
     server = start(target, log, a.port, a.timeout)
     try:
-        res = repro.poison_then_reuse(server.base_url, server.model_name(), nonce=int(time.time()))
+        text = repro.PROBE_TEXT if model_build.takes_text_with_image(target.model) else None
+        res = repro.poison_then_reuse(server.base_url, server.model_name(), nonce=int(time.time()), text=text)
         for s in res.steps:
             detail = f"{s.dim}-dim embedding" if s.dim else (s.error or "")
             print(f"{s.name:8} {s.status if s.status is not None else '-':>4}  {s.latency_ms:7.0f} ms  {detail}")

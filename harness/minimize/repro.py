@@ -49,8 +49,13 @@ def probe_image(nonce: int = 0, size: int = 256, variant: int = 0) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
-def image_request(model: str, image_url: str, text: str = "a photo", **extra) -> dict:
-    content = [{"type": "image_url", "image_url": {"url": image_url}}, {"type": "text", "text": text}]
+PROBE_TEXT = "a photo"  # beside the image; None for a model that takes an image alone (CLIP: model.Recipe)
+
+
+def image_request(model: str, image_url: str, text: str | None = PROBE_TEXT, **extra) -> dict:
+    content = [{"type": "image_url", "image_url": {"url": image_url}}]
+    if text is not None:
+        content.append({"type": "text", "text": text})
     return {"model": model, "messages": [{"role": "user", "content": content}], "encoding_format": "float", **extra}
 
 
@@ -83,9 +88,9 @@ def _post(base_url: str, name: str, body: dict, timeout: float, path: str = "/v1
     return Step(name, r.status_code, r.text[:200], ms)
 
 
-def embed_image(base_url: str, model: str, *, nonce: int, timeout: float = 60.0) -> Step:
+def embed_image(base_url: str, model: str, *, nonce: int, timeout: float = 60.0, text: str | None = PROBE_TEXT) -> Step:
     """One valid image request (a server must serve one before a probe on it means anything)."""
-    return _post(base_url, "valid", image_request(model, probe_image(nonce)), timeout)
+    return _post(base_url, "valid", image_request(model, probe_image(nonce), text), timeout)
 
 
 def _reuse(res: ReproResult, base_url: str, body: dict, retries: int, timeout: float) -> ReproResult:
@@ -101,34 +106,53 @@ def _reuse(res: ReproResult, base_url: str, body: dict, retries: int, timeout: f
 
 
 def poison_then_reuse(
-    base_url: str, model: str, *, nonce: int = 0, retries: int = 2, timeout: float = 30.0
+    base_url: str,
+    model: str,
+    *,
+    nonce: int = 0,
+    retries: int = 2,
+    timeout: float = 30.0,
+    text: str | None = PROBE_TEXT,
 ) -> ReproResult:
     """poison (expect 400) → reuse with the same image → on 503 (retryable) retry up to ``retries`` times."""
     image = probe_image(nonce)
     res = ReproResult()
-    res.steps.append(_post(base_url, _FIRST["poison_reuse"], image_request(model, image, **POISON_FIELDS), timeout))
-    return _reuse(res, base_url, image_request(model, image), retries, timeout)
+    poison = image_request(model, image, text, **POISON_FIELDS)
+    res.steps.append(_post(base_url, _FIRST["poison_reuse"], poison, timeout))
+    return _reuse(res, base_url, image_request(model, image, text), retries, timeout)
 
 
 def route_poison_then_reuse(
-    base_url: str, model: str, *, nonce: int = 0, retries: int = 2, timeout: float = 30.0
+    base_url: str,
+    model: str,
+    *,
+    nonce: int = 0,
+    retries: int = 2,
+    timeout: float = 30.0,
+    text: str | None = PROBE_TEXT,
 ) -> ReproResult:
     """A post-render 400 on Cohere's /v2/embed (expect 400) → reuse on /v1/embeddings → retries on 503: a poison on
     one route is a poison for all (the multimodal cache is the server's, not the route's)."""
     image = probe_image(nonce)
-    content = [{"type": "image_url", "image_url": {"url": image}}, {"type": "text", "text": "a photo"}]
+    content = image_request(model, image, text)["messages"][0]["content"]
     body = {"model": model, "inputs": [{"content": content}], **ROUTE_POISON_FIELDS}
     res = ReproResult()
     res.steps.append(_post(base_url, _FIRST["route_poison_reuse"], body, timeout, path=ROUTE_POISON_PATH))
-    return _reuse(res, base_url, image_request(model, image), retries, timeout)
+    return _reuse(res, base_url, image_request(model, image, text), retries, timeout)
 
 
 def tokenize_then_reuse(
-    base_url: str, model: str, *, nonce: int = 0, retries: int = 2, timeout: float = 30.0
+    base_url: str,
+    model: str,
+    *,
+    nonce: int = 0,
+    retries: int = 2,
+    timeout: float = 30.0,
+    text: str | None = PROBE_TEXT,
 ) -> ReproResult:
     """/tokenize of the image (expect 200; it renders and never runs) → reuse → retries on 503."""
     image = probe_image(nonce)
-    body = image_request(model, image)
+    body = image_request(model, image, text)
     # the embedding request renders without a generation prompt; /tokenize adds one unless told not to
     tok = {"model": model, "messages": body["messages"], "add_generation_prompt": False}
     res = ReproResult()
@@ -144,13 +168,14 @@ def abort_then_reuse(
     retries: int = 2,
     timeout: float = 30.0,
     abort_after_ms: float | None = None,
+    text: str | None = PROBE_TEXT,
 ) -> ReproResult:
     """For each hang-up delay in turn (``abort_after_ms``, else the ABORT_LADDER_MS), a never-seen image: a valid
     request the client hangs up on (as a caller that times out) → reuse → retries on 503. It stops at the first
     reuse not answered 200 at once. A server that answers before the hang-up is recorded as such."""
     res = ReproResult()
     for i, ms in enumerate((abort_after_ms,) if abort_after_ms else ABORT_LADDER_MS):
-        body = image_request(model, probe_image(nonce, variant=i))
+        body = image_request(model, probe_image(nonce, variant=i), text)
         res.steps.append(_hang_up(base_url, body, ms))
         _reuse(res, base_url, body, retries, timeout)
         if res.steps[-1].name != "reuse" or res.steps[-1].status != 200:

@@ -3,6 +3,9 @@ the names serve, repro, versions and campaigns take them by (``model = "clip-emb
 
 from __future__ import annotations
 
+import json
+import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +34,14 @@ class Recipe:
     def folder(self) -> Path:
         return paths.model_dir(self.name)
 
+    @property
+    def version(self) -> str:
+        """The builder's RECIPE_VERSION (a model built by another version of the recipe is stale)."""
+        found = re.search(r'^RECIPE_VERSION = "([^"]+)"', self.builder.read_text(), re.M)
+        if not found:
+            raise ModelError(f"{self.builder} names no RECIPE_VERSION")
+        return found.group(1)
+
 
 RECIPES = {
     r.name: r
@@ -47,15 +58,14 @@ RECIPES = {
             "tiny_qwen2vl.py",
             "Qwen2VLForConditionalGeneration",
             "images, videos and text together (GME, DSE)",
-            "lists /v1/embeddings and the rest, but its first image "
-            "request is a 500 (EngineCore error) on 0.30.0 and 0.32.0: not usable yet",
+            "/v1/embeddings, /v2/embed, /pooling, /score, /rerank",
         ),
         Recipe(
             "clip-embed",
             "tiny_clip.py",
             "CLIPModel",
             "an image or a text, not both (vLLM's clip.py)",
-            "/v1/embeddings, /v2/embed, /pooling, /score, /rerank (not yet measured)",
+            "/v1/embeddings, /v2/embed, /pooling, /score, /rerank (an image alone or a text alone)",
         ),
         Recipe(
             "qwen3vl-rerank",
@@ -90,8 +100,31 @@ def resolve(model: str | None) -> str | None:
     return str(folder)
 
 
-def is_built(folder: Path) -> bool:
-    return (folder / STAMP).is_file() and (folder / "config.json").is_file()
+# vLLM's clip.py and siglip.py: an input is an image or a text, not both ("CLIP accepts text-only or image-only
+# inputs, not both!", a 400 before the multimodal cache, measured on 0.30.0 and 0.32.0)
+IMAGE_ALONE = frozenset({"CLIPModel", "SiglipModel"})
+
+
+def takes_text_with_image(model: str | None) -> bool:
+    """Whether the model (a recipe's name, a folder, or None for the default) takes a text beside an image in one
+    input, read from its config.json's architectures (a hub name: assumed so)."""
+    folder = RECIPES[model].folder if model in RECIPES else Path(model or paths.default_model_dir())
+    try:
+        archs = json.loads((folder / "config.json").read_text()).get("architectures") or []
+    except (OSError, ValueError):
+        return True
+    return not IMAGE_ALONE & set(archs)
+
+
+def is_built(folder: Path, version: str | None = None) -> bool:
+    """Whether ``folder`` holds a model we built (by recipe ``version``, when given)."""
+    if not ((folder / STAMP).is_file() and (folder / "config.json").is_file()):
+        return False
+    try:
+        built = json.loads((folder / STAMP).read_text()).get("recipe_version")
+    except (OSError, ValueError):
+        return False
+    return version is None or built == version
 
 
 def _pick_engine(version: str | None) -> engines.Engine:
@@ -109,9 +142,12 @@ def build(out: Path | None = None, engine_version: str | None = None, say=print,
     r = recipe(name)
     out = Path(out or r.folder).resolve()
     e = _pick_engine(engine_version)
-    if is_built(out):
+    if is_built(out, r.version):
         say(f"model {name} already built at {out}")
         return out
+    if is_built(out):  # ours, by an older recipe: made again (a fix of the recipe must reach every machine)
+        say(f"model {name} at {out} was built by an older recipe: building it again ({r.version})")
+        shutil.rmtree(out)
     if out.exists() and any(out.iterdir()):
         raise ModelError(f"{out} exists and is not an mmchaos model: give an empty or new folder")
     out.parent.mkdir(parents=True, exist_ok=True)

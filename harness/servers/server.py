@@ -6,6 +6,7 @@ we recorded at launch) and removes the folder, so nothing it spawned is left beh
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -35,6 +36,24 @@ from .processes import LOOPBACK, free_port, group_members, port_in_use, stop_gro
 # fails to reload ("no attribute 'finalize_loading'"), so every start compiled again: 30 s of a ~85 s start on
 # 2 cores. The multimodal caches this suite is about are untouched by it.
 ENGINE_BASE_FLAGS = ["--runner", "pooling", "--max-model-len", "4096", "--dtype", "bfloat16", "-O0"]
+
+
+def engine_base_flags(model: str) -> list[str]:
+    """ENGINE_BASE_FLAGS, with the model's own length where it is shorter than 4,096 (vLLM refuses a longer
+    --max-model-len: CLIP's text tower takes 77 positions)."""
+    try:
+        cfg = json.loads(Path(model, "config.json").read_text())
+    except (OSError, ValueError):
+        return ENGINE_BASE_FLAGS
+    own = [c.get("max_position_embeddings") for c in (cfg, cfg.get("text_config") or {}) if isinstance(c, dict)]
+    limit = min((int(n) for n in own if isinstance(n, (int, float)) and n > 0), default=None)
+    if limit is None or limit >= 4096:
+        return ENGINE_BASE_FLAGS
+    flags = list(ENGINE_BASE_FLAGS)
+    flags[flags.index("--max-model-len") + 1] = str(limit)
+    return flags
+
+
 # A cuda engine on a GPU box serves the user's model as the user would: only the embedding runner is ours.
 CUDA_BASE_FLAGS = ["--runner", "pooling"]
 # read by in_engine/vllm_launch.py (stdlib only there): the server ends with this pid's thread that started it (Linux's
@@ -221,7 +240,7 @@ class Server:
             self.host,
             "--port",
             str(self.port),
-            *(ENGINE_BASE_FLAGS if cpu else CUDA_BASE_FLAGS),
+            *(engine_base_flags(model) if cpu else CUDA_BASE_FLAGS),
             *t.flags,
         ]
         return argv, env

@@ -25,6 +25,7 @@ from mmchaos.signatures import Match, Signatures
 
 from ..minimize import repro
 from ..servers import engines
+from ..servers import model as model_build
 from ..servers.server import Server, ServerError, Target
 
 # outcomes of one probe on one server, worst first
@@ -157,6 +158,8 @@ class Survey:
     ):
         self.results = Path(results)
         self.model = model  # a model other than the default: part of what a kept row was measured on
+        # an image alone where the model takes no text beside it (CLIP), else the probe's text beside it
+        self.text = repro.PROBE_TEXT if model_build.takes_text_with_image(model) else None
         self.configs = configs if configs is not None else dict(DEFAULT_CONFIGS)
         try:
             self.probes = probe_sequences.parse(",".join(probes or ()))
@@ -293,7 +296,7 @@ class Survey:
             self.say(f"  server healthy after {t:.0f} s")
             model = server.model_name()
             self.nonce += 1
-            warm = repro.embed_image(server.base_url, model, nonce=self.nonce)
+            warm = repro.embed_image(server.base_url, model, nonce=self.nonce, text=self.text)
             if warm.status == 200:
                 return _Live(server, log, model)
             why = f"a valid image request was answered {warm.status or warm.error}: {(warm.error or '')[:200]}"
@@ -314,7 +317,7 @@ class Survey:
         sequence, trigger = repro.SEQUENCES[probe]
         self.nonce += 1
         kw: dict[str, Any] = {"abort_after_ms": self.abort_after_ms} if probe == "abort_reuse" else {}
-        res = sequence(server.base_url, live.model, nonce=self.nonce, **kw)
+        res = sequence(server.base_url, live.model, nonce=self.nonce, text=self.text, **kw)
         alive = (
             _settle(server, self.settle_s)
             if res.steps[-1].status != 200

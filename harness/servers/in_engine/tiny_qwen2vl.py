@@ -19,7 +19,7 @@ import tiny_common
 import tiny_model as qwen
 from tiny_common import meta_state_dict, save_weights, step
 
-RECIPE_VERSION = "mmchaos-tiny-qwen2vl-v1"
+RECIPE_VERSION = "mmchaos-tiny-qwen2vl-v2"
 ARCHITECTURE = "Qwen2VLForConditionalGeneration"
 PATCH, MERGE, TEMPORAL = 14, 2, 2
 DIM = 64
@@ -60,15 +60,17 @@ def write_configs(tmp, ids):
         "hidden_size": DIM,
         "intermediate_size": 128,
         "num_hidden_layers": 2,
-        "num_attention_heads": 4,
+        # head_dim 32 (hidden / heads; Qwen2 has no head_dim key): vLLM's CPU attention takes 32, 64, 80... and
+        # refused v1's 16 at the first request ("Unsupported CPU attention configuration: head_dim=16")
+        "num_attention_heads": 2,
         "num_key_value_heads": 2,
         "hidden_act": "silu",
         "max_position_embeddings": 32768,
         "rms_norm_eps": 1e-6,
         "use_cache": True,
         "tie_word_embeddings": True,
-        # head_dim 16: sum(mrope_section) == head_dim // 2
-        "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [2, 3, 3]},
+        # sum(mrope_section) == head_dim // 2
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [4, 6, 6]},
         "bos_token_id": ids["<|endoftext|>"],
         "eos_token_id": ids["<|im_end|>"],
         "pad_token_id": ids["<|endoftext|>"],
