@@ -138,6 +138,13 @@ OPTIONS = [
     Option("image_dir", str, "", "use your own images from this folder instead of generated ones"),
     Option("image_seed", int, 0, "seed of the generated image pool", minimum=0),
     Option("multi_images", int, 3, "images per multi_image request", minimum=2),
+    Option(
+        "images_alone",
+        bool,
+        False,
+        "an image is an input of its own, no text or instruction beside it, one per input (CLIP and SigLIP take an "
+        "image or a text, not both; multi_image and video are not sent)",
+    ),
     Option("doc_pool_size", int, 12, "distinct documents in the document pool", minimum=1),
     Option("doc_pages", int, 8, "median pages of a document (log-normal, 2 to 40)", minimum=1),
     Option(

@@ -150,6 +150,17 @@ def _swap_urls(node: Any, urls: list[DataURL]) -> Any:
     return node
 
 
+def image_beside_text(node: Any) -> bool:
+    """Whether some content list of a body (a message's, a Cohere input's, a document's) holds an image and a text:
+    what a model that takes an image or a text, not both (CLIP), refuses before its cache."""
+    if isinstance(node, dict):
+        return any(image_beside_text(v) for v in node.values())
+    if not isinstance(node, list):
+        return False
+    types = {p.get("type") for p in node if isinstance(p, dict)}
+    return {"image_url", "text"} <= types or any(image_beside_text(v) for v in node)
+
+
 def image_part(image: PoolImage) -> dict:
     return {"type": "image_url", "image_url": {"url": image.data_url}}
 

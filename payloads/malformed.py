@@ -24,7 +24,7 @@ def build_malformed_request(
     model: str,
     *,
     max_model_len: int | None = None,
-    text: str = DEFAULT_TEXT,
+    text: str | None = DEFAULT_TEXT,
     instruction: str | None = DEFAULT_INSTRUCTION,
 ) -> BuiltRequest:
     """The concrete request of ``case`` built around pool image ``image``: the valid request (image + text,
@@ -35,7 +35,11 @@ def build_malformed_request(
     if case.endpoint == TOKENIZE_PATH:
         base = tokenize_request(model, image, text, instruction=instruction)
     elif case.endpoint in ROUTE_PATHS:
-        base = route_request(case.endpoint, model, (image,), text, instruction=instruction)
+        # no text beside the image (CLIP): none in the inputs, the query of score and rerank stays a text
+        alone = text is None
+        base = route_request(
+            case.endpoint, model, (image,), text or DEFAULT_TEXT, instruction=instruction, image_alone=alone
+        )
     else:
         base = image_request(model, image, text, instruction=instruction)
     body = copy.deepcopy(base.body)

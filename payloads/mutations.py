@@ -19,7 +19,7 @@ class MutationContext:
     image: PoolImage
     model: str
     max_model_len: int | None
-    text: str
+    text: str | None  # None: the model takes an image alone (no text beside it)
     instruction: str | None
     params: Mapping[str, Any]
 

@@ -40,20 +40,23 @@ def route_request(
     text: str,
     *,
     instruction: str | None = DEFAULT_INSTRUCTION,
+    image_alone: bool = False,
 ) -> BuiltRequest:
-    """A valid request to ``path`` carrying ``images``: one input of all of them (``/v2/embed``, ``/pooling``), or
-    one document per image against ``text`` as the query (score, rerank)."""
+    """A valid request to ``path`` carrying ``images``: one input of all of them and ``text`` (``/v2/embed``,
+    ``/pooling``), or one document per image against ``text`` as the query (score, rerank). ``image_alone``: no
+    text beside an image in any input (CLIP takes an image or a text, not both)."""
     kind = KIND_OF_PATH.get(path)
     if kind is None:
         raise ValueError(f"no body form for {path!r} (one of {', '.join(PATHS)})")
     if not images:
         raise ValueError(f"a {kind} request needs at least one image")
+    beside = None if image_alone else text
     if kind == "embed_v2":
-        body: dict = {"model": model, "inputs": [item(images, text)], "embedding_types": ["float"]}
+        body: dict = {"model": model, "inputs": [item(images, beside)], "embedding_types": ["float"]}
     elif kind == "pooling":
-        body = {"model": model, "messages": conversation(tuple(images), text, instruction)}
+        body = {"model": model, "messages": conversation(tuple(images), beside, None if image_alone else instruction)}
     else:
-        docs = [item((im,), f"document {i + 1}") for i, im in enumerate(images)]
+        docs = [item((im,), None if image_alone else f"document {i + 1}") for i, im in enumerate(images)]
         body = {"model": model, "query" if kind == "rerank" else "queries": text, "documents": docs}
     meta = RequestMeta(
         kind=kind,

@@ -10,7 +10,9 @@ import json
 import pytest
 import requests
 from conftest import FIXED_VERSION, REPORT_VERSION, vllm_server
+from locust_run import locust, locust_rows, rows
 
+from mmchaos import schema
 from mmchaos.payloads import bodies, routes
 from mmchaos.payloads.shared_pool import shared_pool
 
@@ -88,11 +90,34 @@ def test_on_the_fixed_version_each_architecture_serves_what_it_takes_and_misses_
                     server, "/v1/embeddings", {"model": model, "messages": bodies.conversation((both,), None, None)}
                 )
                 assert again.status_code == 200  # refused before its cache: no poison
+                _the_mix_with_images_alone(server, tmp_path / "clip-mix")
             else:
                 conv = bodies.conversation((im,), "a photo", None)
                 assert _post(server, "/v1/embeddings", {"model": model, "messages": conv}).status_code == 200
             assert _poison_then_reuse(server, name, seed=43) == (POISON_STATUS[name], 503)
             assert server.health()[0]
+
+
+def _the_mix_with_images_alone(server, folder) -> None:
+    """The default mix as a CLIP campaign sends it (--images-alone): every valid request on every route it lists is
+    answered, at the latest after the SDK's retries of a poisoned image's 503."""
+    r = locust(
+        "locustfiles/embeddings.py",
+        server.base_url,
+        folder,
+        "--images-alone",
+        "--page-side",
+        "256",
+        "--max-requests",
+        "120",
+        users=3,
+        seconds=240,
+        timeout=360,
+    )  # ends at 120 requests, however busy the machine
+    df = locust_rows(rows(folder))
+    valid = df[df["kind"].isin(schema.VALID_KINDS) & df["final"]]
+    assert len(valid) > 40 and (valid["outcome"] == schema.OK).all(), valid[valid["outcome"] != schema.OK]
+    assert {"/v1/embeddings", "/score"} <= set(valid["endpoint"]), r.stdout[-2000:]
 
 
 def _valid(path: str, model: str, ims, text) -> tuple[str, dict]:

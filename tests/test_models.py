@@ -52,3 +52,26 @@ def test_bad_model_names_are_one_line_errors(tmp_path, argv, says):
     assert r.returncode == 2 and "Traceback" not in r.stderr
     [line] = r.stderr.strip().splitlines()
     assert says in line, line
+
+
+def test_a_campaign_of_a_model_that_takes_an_image_alone_sends_images_alone(tmp_path):
+    """Read from the model's own config.json (CLIP's architecture), so a folder of the user's counts too."""
+    import json
+
+    from mmchaos.harness.campaign import plan as campaign_plan
+    from mmchaos.harness.campaign import runner as campaign_runner
+
+    clip = tmp_path / "my-clip"
+    clip.mkdir()
+    (clip / "config.json").write_text(json.dumps({"architectures": ["CLIPModel"]}))
+    assert not model.takes_text_with_image(str(clip)) and model.takes_text_with_image(None)
+    argvs = []
+    for chosen, options in ((str(clip), ""), (str(clip), "images_alone = false"), ("", "")):
+        f = tmp_path / "c.toml"
+        f.write_text(
+            f'[campaign]\nname = "c"\ntarget = "command"\ncommand = "true {{port}}"\nmodel = "{chosen}"\n'
+            f"[workload.options]\n{options}\n[[config]]\nname = \"a\"\n"
+        )
+        plan = campaign_plan.load(f)
+        argvs.append(campaign_runner.locust_argv(plan, plan.configs[0], 0, tmp_path, "http://127.0.0.1:9", "m", "r"))
+    assert ["--images-alone" in argv for argv in argvs] == [True, False, False]

@@ -71,3 +71,26 @@ def test_a_routes_malformed_cases_only_where_it_is_served():
     u = UserTraffic(t, 2, 0, 0, "m")
     reqs = [u.build(u.next_kind()) for _ in range(400)]
     assert {"/v2/embed", "/score", "/v1/embeddings"} <= {r.path for r in reqs}
+
+
+def _inputs(body) -> list[list[dict]]:
+    """The parts of every input of a body, whatever its route's form."""
+    if isinstance(body.get("messages"), list):
+        convs = body["messages"] if isinstance(body["messages"][0], list) else [body["messages"]]
+        return [[p for m in conv for p in (m["content"] if isinstance(m["content"], list) else [])] for conv in convs]
+    return [i["content"] for i in body.get("inputs") or body.get("documents") or []]
+
+
+def test_images_alone_puts_no_text_and_one_image_in_any_input():
+    """What CLIP takes (vLLM refuses an image with a text beside it, 400): on every kind, route and post-render case
+    (the poisons must get as far as the cache; a pre-render case is refused before it, whatever it carries)."""
+    weights = {k: 1 for k in options.WEIGHTS}
+    t = _traffic(**{f"weight_{k}": w for k, w in weights.items()}, routes=",".join(routes.PATHS), images_alone=True)
+    u = UserTraffic(t, 3, 0, 0, "m")
+    reqs = [u.build(u.next_kind()) for _ in range(600)]
+    kinds = {r.meta.kind for r in reqs}
+    assert {"multi_image", "video"}.isdisjoint(kinds) and {"valid_image", "score", "malformed_post"} <= kinds
+    for r in (r for r in reqs if r.meta.kind != "malformed_pre"):
+        for parts in _inputs(r.body) if isinstance(r.body, dict) else []:
+            types = [p.get("type") for p in parts if isinstance(p, dict)]
+            assert types.count("image_url") <= 1 and not ("image_url" in types and "text" in types), (r.meta, parts)

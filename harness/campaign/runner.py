@@ -37,6 +37,7 @@ from ..injection.control import FaultControl
 from ..injection.injector import FaultInjector
 from ..injection.proxy import FaultProxy, ProxyError
 from ..servers import crash_watch, engines, model
+from ..servers.model import takes_text_with_image
 from ..servers.processes import wait_port_free
 from ..servers.server import Server, ServerError, Target
 from . import distributed, provenance
@@ -182,6 +183,8 @@ def locust_argv(
         str(w.max_requests),
     ]
     argv += locust_options.to_argv(w.mix, w.options)
+    if "images_alone" not in w.options and not takes_text_with_image(camp.model or None):
+        argv.append("--images-alone")  # the campaign's model takes an image or a text, not both (CLIP)
     if w.rate:  # open loop; the campaign's report judges whether the rate was held, not Locust's gate
         argv += [
             "--rate",

@@ -42,14 +42,10 @@ class Traffic:
     def __init__(self, o):
         self.o = o
         self.routes = routes.served(routes.listed(o.routes))  # route kind -> the paths the server lists for it
-        # a route kind the server does not serve is not sent (its weight stays in the options, for the next server)
-        weights = np.array(
-            [
-                0 if k in routes.ROUTE_KINDS and k not in self.routes else max(0, getattr(o, f"weight_{k}"))
-                for k in KINDS
-            ],
-            dtype=float,
-        )
+        # a route kind the server does not serve is not sent (its weight stays in the options, for the next server);
+        # nor, to a model that takes an image alone (CLIP), several images in one input or a video
+        unsent = {*routes.ROUTE_KINDS} - {*self.routes} | ({"multi_image", "video"} if o.images_alone else set())
+        weights = np.array([0 if k in unsent else max(0, getattr(o, f"weight_{k}")) for k in KINDS], dtype=float)
         if weights.sum() <= 0:
             raise TrafficConfigError("all request weights are 0: give at least one kind a weight")
         self.p = weights / weights.sum()
@@ -77,8 +73,16 @@ class Traffic:
             self.cases = cases.by_kind(o.max_model_len, names, weighted, served)
         except ValueError as e:
             raise TrafficConfigError(str(e)) from e
-        self.instruction = o.instruction or None
+        self.instruction = None if o.images_alone else o.instruction or None
+        if o.images_alone:  # a post-render case that puts a text beside its image is refused before the cache there
+            self.cases["malformed_post"] = [c for c in self.cases["malformed_post"] if self._alone(c)]
+            if not self.cases["malformed_post"] and "malformed_post" in weighted:
+                raise TrafficConfigError("--images-alone: no selected post-render case carries an image alone")
         self.videos = video.pool(o.image_seed)
+
+    def _alone(self, case) -> bool:
+        req = malformed.build_malformed_request(case, self.pool[0], "m", max_model_len=self.o.max_model_len, text=None)
+        return not build.image_beside_text(req.body)
 
 
 class UserTraffic:
@@ -156,6 +160,11 @@ class UserTraffic:
     def _text(self) -> str:
         return TEXTS[int(self.rng.integers(len(TEXTS)))]
 
+    def _beside(self) -> str | None:
+        """The text beside an image in its input (drawn either way: the same seed draws the same requests)."""
+        text = self._text()
+        return None if self.t.o.images_alone else text
+
     def next_kind(self) -> str:
         # the draw of rng.choice(len(KINDS), p=p) -- one uniform, searched in p's normalised cumulative sum --
         # without its ~20 us of argument checks per call: the same kinds for the same seed
@@ -167,7 +176,7 @@ class UserTraffic:
             return self._video_request(kind)
         if kind in ("valid_image", "abort"):
             req = build.image_request(
-                self.model, self.image(), self._text(), instruction=ins, encoding_format=self._format()
+                self.model, self.image(), self._beside(), instruction=ins, encoding_format=self._format()
             )
             return req if kind == "valid_image" else req._replace(meta=replace(req.meta, kind="abort"))
         if kind == "text":
@@ -178,10 +187,12 @@ class UserTraffic:
                 self.model, ims, self._text(), instruction=ins, encoding_format=self._format()
             )
         if kind == "batch":
-            inputs = [build.EmbedInput(images=(self.image(),), text=self._text()) for _ in range(max(1, o.batch_size))]
+            inputs = [
+                build.EmbedInput(images=(self.image(),), text=self._beside()) for _ in range(max(1, o.batch_size))
+            ]
             return build.batch_request(self.model, inputs, instruction=ins, encoding_format=self._format())
         if kind == "tokenize":
-            return build.tokenize_request(self.model, self.image(), self._text(), instruction=ins)
+            return build.tokenize_request(self.model, self.image(), self._beside(), instruction=ins)
         if kind == "document":
             pages = [build.EmbedInput(images=(p,)) for p in self.document()]
             req = build.batch_request(self.model, pages, instruction=ins, encoding_format=self._format())
@@ -190,11 +201,12 @@ class UserTraffic:
             paths = self.t.routes[kind]
             path = paths[int(self.rng.integers(len(paths)))]
             n = routes.DOCUMENTS if kind in ("score", "rerank") else 1
-            return routes.route_request(
-                path, self.model, [self.image() for _ in range(n)], self._text(), instruction=ins
-            )
+            ims = [self.image() for _ in range(n)]
+            alone = self.t.o.images_alone
+            return routes.route_request(path, self.model, ims, self._text(), instruction=ins, image_alone=alone)
         cases = self.t.cases[kind]
         case = cases[int(self.rng.integers(len(cases)))]
+        text = None if o.images_alone else malformed.DEFAULT_TEXT
         return malformed.build_malformed_request(
-            case, self.image(), self.model, max_model_len=o.max_model_len, instruction=ins
+            case, self.image(), self.model, max_model_len=o.max_model_len, text=text, instruction=ins
         )
