@@ -353,3 +353,22 @@ def test_the_probes_send_each_sequence_step_by_step_each_step_a_row(inprocess_lo
     first_round = df.iloc[:7]  # one sequence of each: 3 + 2 + 2 rows
     assert first_round.groupby("probe")["image_hashes"].nunique().eq(1).all()  # one image per sequence...
     assert first_round["image_hashes"].nunique() == 3  # ... never seen before
+
+
+def test_routes_asked_for_and_not_listed_by_the_server_are_not_sent(inprocess_locust, standin_here, tmp_path, caplog):
+    with standin_here("--routes", "/v2/embed,/score") as s:
+        run = inprocess_locust.run(
+            "embeddings",
+            s.base_url,
+            tmp_path,
+            *only(valid_image=1, embed_v2=2, rerank=2),
+            "--routes",
+            "/v2/embed,/rerank",
+            users=2,
+            max_requests=80,
+        )
+    assert run.exit_code == 0
+    sent = set(run.rows()["endpoint"]) - {"/v1/embeddings", "/tokenize"}
+    assert sent == {"/v2/embed"}  # /rerank is not listed, /score was not asked for
+    said = [r.getMessage() for r in caplog.records if "--routes" in r.getMessage()]
+    assert said == ["mmchaos: --routes: /rerank not listed by the server's /openapi.json: not sent"]

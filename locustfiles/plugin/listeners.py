@@ -201,6 +201,32 @@ def resolve_routes(host: str) -> str:
     return ",".join(p for p in routes.PATHS if "post" in (listed.get(p) or {})) or routes.NO_ROUTES
 
 
+def _routes_to_send(host: str, o) -> str:
+    """--routes as given (a path the server does not list left out, said in one line), or the routes the server
+    lists; none when its /openapi.json cannot be read and none were given."""
+    try:
+        listed = resolve_routes(host)
+    except (requests.RequestException, AttributeError, ValueError) as e:
+        if not o.routes and any(getattr(o, f"weight_{k}") > 0 for k in routes.ROUTE_KINDS):
+            log.warning(
+                "mmchaos: cannot read %s/openapi.json (%s): the route kinds (%s) are not sent; pass --routes",
+                host,
+                e,
+                ", ".join(routes.ROUTE_KINDS),
+            )
+        return o.routes or routes.NO_ROUTES
+    if not o.routes:
+        return listed
+    try:
+        asked = routes.listed(o.routes)
+    except ValueError:
+        return o.routes  # the mix refuses it in one line when it is built
+    left_out = [p for p in asked if p not in routes.listed(listed)]
+    if left_out:
+        log.warning("mmchaos: --routes: %s not listed by the server's /openapi.json: not sent", ", ".join(left_out))
+    return ",".join(p for p in asked if p not in left_out) or routes.NO_ROUTES
+
+
 def _test_start(environment, **_):
     o = opts(environment)
     runner = environment.runner
@@ -223,18 +249,7 @@ def _test_start(environment, **_):
                 o.model = resolve_model(environment.host)
             except (requests.RequestException, KeyError, IndexError, ValueError) as e:
                 log.error("cannot read the model name from %s/v1/models (%s): pass --model", environment.host, e)
-        if not o.routes:
-            try:
-                o.routes = resolve_routes(environment.host)
-            except (requests.RequestException, AttributeError, ValueError) as e:
-                o.routes = routes.NO_ROUTES
-                if any(getattr(o, f"weight_{k}") > 0 for k in routes.ROUTE_KINDS):
-                    log.warning(
-                        "mmchaos: cannot read %s/openapi.json (%s): the route kinds (%s) are not sent; pass --routes",
-                        environment.host,
-                        e,
-                        ", ".join(routes.ROUTE_KINDS),
-                    )
+        o.routes = _routes_to_send(environment.host, o)
         Path(o.results_dir).mkdir(parents=True, exist_ok=True)
         if state.inbox is not None:
             state.inbox.open_run(o.run_id, o.results_dir)
