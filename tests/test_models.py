@@ -70,7 +70,7 @@ def test_a_campaign_of_a_model_that_takes_an_image_alone_sends_images_alone(tmp_
         f = tmp_path / "c.toml"
         f.write_text(
             f'[campaign]\nname = "c"\ntarget = "command"\ncommand = "true {{port}}"\nmodel = "{chosen}"\n'
-            f"[workload.options]\n{options}\n[[config]]\nname = \"a\"\n"
+            f'[workload.options]\n{options}\n[[config]]\nname = "a"\n'
         )
         plan = campaign_plan.load(f)
         argvs.append(campaign_runner.locust_argv(plan, plan.configs[0], 0, tmp_path, "http://127.0.0.1:9", "m", "r"))
