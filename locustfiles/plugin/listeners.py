@@ -197,7 +197,9 @@ def resolve_routes(host: str) -> str:
     """The other pooling routes the server at ``host`` lists in its /openapi.json (a ``--routes`` value)."""
     r = requests.get(host.rstrip("/") + "/openapi.json", headers=auth_headers(), timeout=10)
     r.raise_for_status()
-    listed = r.json().get("paths") or {}
+    listed = r.json().get("paths")
+    if not isinstance(listed, dict):  # a server that answers anything with the same body (a null endpoint)
+        raise ValueError("not an OpenAPI document")
     return ",".join(p for p in routes.PATHS if "post" in (listed.get(p) or {})) or routes.NO_ROUTES
 
 
