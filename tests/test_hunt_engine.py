@@ -148,7 +148,10 @@ def test_on_032_default_the_hunt_reports_the_drift_as_retryable_and_no_crash(fix
     assert "hunt: searching blind: the target is not an engine" in r.stderr, r.stderr[-2000:]
     assert "Searched blind" in (out / "findings.md").read_text()
     found = _findings(out)
-    assert not {f["oracle"] for f in found} & {"crash", "hang"}, r.stderr[-3000:]
+    assert not {f["oracle"] for f in found} & {"crash"}, r.stderr[-3000:]
+    # an attached server's hang cannot be confirmed on a fresh one: unconfirmed, it may be a slow answer on a loaded
+    # machine (seen in CI: one request of 1,626 unanswered in 15 s beside two other lanes' servers)
+    assert not [f for f in found if f["oracle"] == "hang" and f["confirmed"]], r.stderr[-3000:]
     drift = [f for f in found if "cache_miss" in f["fingerprint"] or "drift" in f["fingerprint"]]
     assert drift and all(f["oracle"] == "drift" for f in drift), [f["fingerprint"] for f in found]
     assert fixed_server.exit_code() is None and fixed_server.health()[0]
