@@ -12,8 +12,10 @@ import requests
 from locust_run import locust, only, rows
 from prometheus_client.parser import text_string_to_metric_families
 
+from mmchaos.payloads import routes
+
 pytestmark = pytest.mark.engine
-HANDLERS = ("/v1/embeddings", "/tokenize")
+HANDLERS = ("/v1/embeddings", "/tokenize", *routes.PATHS)  # every route the mix sends to
 
 
 def served(base_url: str) -> float:
