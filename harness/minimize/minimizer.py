@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from mmchaos import schema
+from mmchaos import paths, schema
 from mmchaos.errors import MmchaosError
 from mmchaos.files import write_json_atomic
 from mmchaos.manifest import ManifestError
@@ -40,7 +40,7 @@ from mmchaos.signatures import Signatures
 from mmchaos.tables import read_table
 
 from ..servers import engines
-from ..servers.server import ENGINE_BASE_FLAGS, Target
+from ..servers.server import Target, engine_base_flags
 from . import repro_script
 from .candidate_run import Outcome, run_candidate, target_of
 
@@ -357,7 +357,9 @@ class Minimizer:
         """How the trial's server was started (secrets masked, as in its manifest)."""
         t = self.target
         if t.mode == "engine":
-            return shlex.join(["vllm", "serve", "MODEL", *ENGINE_BASE_FLAGS, *t.flags])
+            # the base flags the server took (a model shorter than 4,096 positions has its own --max-model-len)
+            base = engine_base_flags(t.model or str(paths.default_model_dir()))
+            return shlex.join(["vllm", "serve", "MODEL", *base, *t.flags])
         return f"{t.command} {shlex.join(t.flags)}".strip()
 
     # -- state ---------------------------------------------------------------------------------------------

@@ -223,7 +223,8 @@ def _routes_to_send(host: str, o) -> str:
         asked = routes.listed(o.routes)
     except ValueError:
         return o.routes  # the mix refuses it in one line when it is built
-    left_out = [p for p in asked if p not in routes.listed(listed)]
+    served = set(routes.listed(listed))
+    left_out = [p for p in asked if p not in served]
     if left_out:
         log.warning("mmchaos: --routes: %s not listed by the server's /openapi.json: not sent", ", ".join(left_out))
     return ",".join(p for p in asked if p not in left_out) or routes.NO_ROUTES
